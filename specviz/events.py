@@ -1,0 +1,78 @@
+"""The small, frozen events the engine yields; the UI, the CLI and the benchmark all read this stream.
+
+A run yields one `Start`, then `Round`s (speculative) or `Step`s (autoregressive), then one `Done`.
+Times are seconds of this run's own compute (`elapsed_s` is cumulative), so two runs interleaved in
+one worker can still be drawn on a fair common clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+Kind = Literal["resampled", "bonus"]
+
+
+@dataclass(frozen=True)
+class Start:
+    mode: Literal["spec", "ar"]
+    prompt_ids: tuple[int, ...]
+    gamma: int
+    temperature: float
+    prefill_s: float  # time to encode the prompt (both models for spec)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Top candidates of p and q at one drafted position (only when SpecConfig.detail > 0)."""
+
+    token_ids: tuple[int, ...]  # union of the top ids of p and q, sorted by p descending
+    p: tuple[float, ...]
+    q: tuple[float, ...]
+    residual: tuple[float, ...]  # norm(max(0, p - q)) at these ids: where a correction would come from
+
+
+@dataclass(frozen=True)
+class Round:
+    """One draft/verify round of speculative decoding (one target forward call)."""
+
+    index: int
+    drafted: tuple[int, ...]  # the gamma tokens q proposed, in order
+    q: tuple[float, ...]  # q_i(x_i): the probability the draft gave its own proposal
+    p: tuple[float, ...]  # p_i(x_i): the probability the target gives it
+    accept_prob: tuple[float, ...]  # min(1, p_i / q_i)
+    r: tuple[float, ...]  # the uniform draws (NaN where greedy: acceptance is then argmax equality)
+    n: int  # how many proposals were accepted (the first n)
+    correction: int  # the token the target adds: resampled at position n, or the bonus if n == gamma
+    kind: Kind
+    tokens: tuple[int, ...]  # what this round adds to the output: drafted[:n] + (correction,), cut at EOS/max
+    draft_s: float
+    verify_s: float
+    elapsed_s: float  # cumulative compute of this run, prefill included
+    candidates: tuple[Candidates, ...] = field(default=())  # gamma + 1 entries when detail > 0
+
+    @property
+    def rejected(self) -> int | None:
+        """The proposal the target turned down, if any."""
+        return self.drafted[self.n] if self.n < len(self.drafted) else None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One token of plain autoregressive decoding (one target forward call)."""
+
+    index: int
+    token: int
+    p: float  # probability the (tempered, filtered) target gave this token; 1.0 when greedy
+    forward_s: float
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class Done:
+    token_ids: tuple[int, ...]  # the new tokens
+    finish_reason: Literal["eos", "length"]
+    stats: dict  # see metrics.stats_keys: target_calls, drafted, accepted, acceptance_rate, ...
+
+
+Event = Union[Start, Round, Step, Done]

@@ -1,0 +1,343 @@
+"""Loading models: hub id or local folder or the built-in pair; device, dtype, quantisation; a bounded cache.
+
+Every failure a caller can cause becomes one SpecvizError sentence. Hub look-ups fail fast when offline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
+from .limits import env_int
+
+os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")  # a dead network should fail in seconds, not a minute
+os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
+HUB_PROBE_TTL_S = 60.0  # remember the answer a minute, so a UI does not probe on every load
+
+QUANTIZE = (None, "4bit", "8bit")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for the engine. `vocab_map` is set for drafts with a trimmed vocabulary."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    quantize: str | None = None
+    memory_bytes: int = 0
+    vocab_map: torch.Tensor | None = None  # (N,) draft row -> target token id
+    input_map: torch.Tensor | None = field(default=None, repr=False)  # (V,) target token id -> draft row
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "", "auto"):
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise SpecvizError(f"Unknown device {device!r}; use cpu, cuda, cuda:N or mps.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecvizError("CUDA was asked for but no CUDA GPU is available here; use --device cpu.")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SpecvizError(f"There is no GPU {dev}; this machine has {torch.cuda.device_count()} (cuda:0 ...).")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise SpecvizError("MPS was asked for but is not available here; use --device cpu.")
+    if dev.type not in ("cpu", "cuda", "mps"):
+        raise SpecvizError(f"Unsupported device {device!r}; use cpu, cuda, cuda:N or mps.")
+    return dev
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise SpecvizError(f"Unsupported dtype {dtype}; use float32, float16 or bfloat16.")
+        return dtype
+    if dtype in (None, "", "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device.type == "mps" else torch.float32
+    if dtype not in DTYPES:
+        raise SpecvizError(f"Unknown dtype {dtype!r}; use auto, float32, float16 or bfloat16.")
+    return DTYPES[dtype]
+
+
+def resolve_source(name: str) -> str:
+    """A hub id or folder for `name`; the built-in names become their local folders."""
+    if name == BUILTIN_TARGET:
+        from .builtin import ensure_target
+
+        return str(ensure_target())
+    if name == BUILTIN_DRAFT:
+        if not (BUILTIN_DRAFT_DIR / "config.json").is_file():
+            raise SpecvizError(f"The built-in draft is missing from {BUILTIN_DRAFT_DIR}; reinstall specviz.")
+        return str(BUILTIN_DRAFT_DIR)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    if path.exists():
+        raise SpecvizError(f"{name} is a file; give the folder that holds the model's config.json.")
+    looks_like_path = name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1)
+    if looks_like_path or name.count("/") > 1:
+        raise SpecvizError(f"The folder {name} does not exist.")
+    return name
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+_probe: dict[str, float | bool] = {}
+
+
+def hub_reachable() -> bool:
+    """Whether the hub answers one HEAD request (proxies honoured) within HUB_PROBE_TIMEOUT_S; cached a minute.
+
+    The request runs in a thread so that even a hanging DNS lookup costs at most the timeout.
+    """
+    if _offline():
+        return False
+    if _probe and time.monotonic() - float(_probe["at"]) < HUB_PROBE_TTL_S:
+        return bool(_probe["ok"])
+    from huggingface_hub import constants, get_session
+
+    answer: dict[str, bool] = {}
+    done = threading.Event()
+
+    def ask() -> None:
+        try:
+            get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+            answer["ok"] = True  # any status, even an error page, means the network works
+        except Exception:
+            answer["ok"] = False
+        finally:
+            done.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    done.wait(HUB_PROBE_TIMEOUT_S)
+    ok = answer.get("ok", False)
+    _probe.update(at=time.monotonic(), ok=ok)
+    return ok
+
+
+def _quant_config(quantize: str | None, device: torch.device):
+    if quantize is None:
+        return None
+    if quantize not in QUANTIZE:
+        raise SpecvizError(f"Unknown quantisation {quantize!r}; use 4bit or 8bit.")
+    if device.type != "cuda":
+        raise SpecvizError(
+            f"bitsandbytes 4-bit/8-bit loading needs a CUDA GPU and this run is on {device.type}; "
+            "load without --quantize here."
+        )
+    try:
+        import accelerate  # noqa: F401
+        import bitsandbytes  # noqa: F401
+        from transformers import BitsAndBytesConfig
+    except ImportError:
+        raise SpecvizError("Quantised loading needs the bitsandbytes and accelerate packages.") from None
+    if quantize == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def _load_vocab_map(source: str, device: torch.device, target_vocab: int | None) -> tuple:
+    f = Path(source) / "specviz_vocab.json"
+    if not f.is_file():
+        return None, None
+    ids = torch.tensor(json.loads(f.read_text())["target_ids"], dtype=torch.long)
+    size = max(int(ids.max()) + 1, target_vocab or 0)
+    inp = torch.zeros(size, dtype=torch.long)  # unknown target ids are fed to the draft as row 0
+    inp[ids] = torch.arange(len(ids))
+    return ids.to(device), inp.to(device)
+
+
+def _causal_classes() -> frozenset[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names: set[str] = set()
+    for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update(v if isinstance(v, (list, tuple)) else [v])
+    return frozenset(names)
+
+
+def _check_causal(name: str, config, trust_remote_code: bool) -> None:
+    """Refuse encoders (BERT, ...) and seq2seq models before their weights are read."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = list(getattr(config, "architectures", None) or [])
+    if archs:  # what the checkpoint was saved as: a BertModel folder says so even though bert has a causal head
+        causal = _causal_classes()
+        if any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            return
+        raise SpecvizError(
+            f"{name} is a {archs[0]} ({config.model_type}), not a causal language model that generates text."
+        )
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise SpecvizError(f"{name} is a {config.model_type} model, not a causal language model that generates text.")
+
+
+def _first_line(e: BaseException) -> str:
+    """The first line of an exception's message, short and without its final full stop (we add ours)."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200].rstrip(" .:")
+
+
+def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | None, trust_remote_code: bool):
+    from safetensors import SafetensorError  # a corrupt or truncated weights file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve_source(name)
+    local_dir = Path(source).is_dir()
+    if local_dir and not (Path(source) / "config.json").is_file():
+        raise SpecvizError(f"The folder {name} has no config.json, so it does not hold a Hugging Face model.")
+    # Offline or unreachable hub: read the local cache only, instead of retrying the network for half a minute.
+    cache_only = not local_dir and not hub_reachable()
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=cache_only)
+    except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise SpecvizError(f"{name} needs custom code from its repository, which specviz does not run.") from None
+        if local_dir:
+            raise SpecvizError(f"The folder {name} holds no model transformers can read: {_first_line(e)}.") from None
+        where = ""
+        if cache_only:
+            why = "the hub is offline here" if _offline() else "the hub cannot be reached from here"
+            where = f" ({why} and it is not in the local cache)"
+        raise SpecvizError(f"The model {name} could not be found{where}.") from None
+    _check_causal(name, config, trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, trust_remote_code=trust_remote_code, local_files_only=cache_only
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            dtype=dtype,
+            quantization_config=_quant_config(quantize, device),
+            device_map={"": str(device)} if quantize else None,
+            trust_remote_code=trust_remote_code,
+            local_files_only=cache_only,
+        )
+    except SpecvizError:
+        raise
+    except torch.OutOfMemoryError:
+        raise SpecvizError(f"Out of memory while loading {name}; try a smaller model or --quantize 4bit.") from None
+    except ImportError as e:
+        raise SpecvizError(f"The model {name} needs a package that is not installed: {_first_line(e)}.") from None
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError, SafetensorError) as e:
+        raise SpecvizError(f"The model {name} could not be loaded: {_first_line(e)}.") from None
+    if not quantize:
+        try:
+            model.to(device)
+        except (RuntimeError, TypeError) as e:
+            raise SpecvizError(f"The model {name} could not be moved to {device}: {_first_line(e)}.") from None
+    model.eval()
+    memory = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+    return model, tokenizer, source, memory
+
+
+class ModelCache:
+    """Loaded models by (name, device, dtype, quantize), least recently used evicted past `capacity`."""
+
+    def __init__(self, capacity: int = 4):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple, LoadedModel] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, make) -> LoadedModel:
+        with self._lock:  # one load at a time: two visitors asking for one model load it once
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+            lm = make()  # raises without touching the cache: a failed load never poisons it
+            self._items[key] = lm
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+            return lm
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+CACHE = ModelCache(env_int("SPECVIZ_MAX_LOADED_MODELS", 4))
+
+
+def load_model(
+    name: str | LoadedModel,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
+    trust_remote_code: bool = False,
+) -> LoadedModel:
+    """Load (or fetch from the cache) one causal LM by hub id, folder or built-in name."""
+    if isinstance(name, LoadedModel):
+        return name
+    if not isinstance(name, str) or not name.strip():
+        raise SpecvizError("A model must be named by a Hugging Face id or a folder.")
+    name = name.strip()
+    dev = _resolve_device(device)
+    dt = _resolve_dtype(dtype, dev)
+    _quant_config(quantize, dev)  # a bad --quantize fails here, before anything is read
+
+    def make() -> LoadedModel:
+        model, tokenizer, source, memory = _load(name, dev, dt, quantize, trust_remote_code)
+        vocab_map, input_map = _load_vocab_map(source, dev, None)
+        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map)
+
+    return CACHE.get((name, str(dev), str(dt), quantize, trust_remote_code), make)
+
+
+def load_pair(
+    target: str | LoadedModel | None = None,
+    draft: str | LoadedModel | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[LoadedModel, LoadedModel]:
+    """The target p and the draft q; None means the built-in pair. Quantisation applies to the target only."""
+    p = load_model(
+        target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize, trust_remote_code=trust_remote_code
+    )
+    q = load_model(draft or BUILTIN_DRAFT, device=device or p.device, dtype=dtype, trust_remote_code=trust_remote_code)
+    if q.input_map is not None and q.input_map.numel() < p.vocab_size:  # target ids past the map -> row 0
+        grown = torch.zeros(p.vocab_size, dtype=torch.long, device=q.input_map.device)
+        grown[: q.input_map.numel()] = q.input_map
+        q.input_map = grown
+    return p, q

@@ -1,0 +1,411 @@
+"""The pair check: can this draft q serve this target p, and is it worth it?
+
+Three questions, in order: do the two tokenizers give every token id the same meaning (if not, stop:
+the draft's proposals would be nonsense to the target); what does a draft step cost relative to a target
+step (c); how often does the target accept the draft's greedy proposals (alpha, written `a` here as in
+the formula). From a and c the expected speedup for each block size gamma follows (Leviathan et al. 2023,
+Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula lives in `expected_speedup`;
+the benchmark and the UI import it from here.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .config import GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
+from .models import LoadedModel, load_pair
+
+SAMPLE_PROMPTS = (
+    "Tell me about gravity.",
+    "Write a short poem about the sea.",
+    "What is the capital of France, and why is it famous?",
+    "Explain how a bicycle works to a child.",
+    "def fibonacci(n):",
+)
+MIN_SPEEDUP = 1.05  # below this a second model is not worth its memory and complexity
+MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
+CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
+TIMING_WARMUP, TIMING_STEPS = 3, 16
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
+VERDICTS = ("compatible", "not worth it", "incompatible")
+
+
+def expected_speedup(a: float, gamma: int, c: float) -> float:
+    """Expected walltime speedup over plain decoding: (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)).
+
+    a: the chance a drafted token is accepted (0..1); gamma: tokens drafted per round; c: the cost of one
+    draft step relative to one target step. The numerator is the expected tokens per round, summed as
+    1 + a + ... + a^gamma so that a = 1 (gamma + 1 tokens) and a = 0 (one token) need no special case.
+    It assumes the target verifies gamma + 1 tokens as fast as it decodes one (true while memory-bound).
+    """
+    try:
+        a, c = float(a), float(c)
+    except (TypeError, ValueError):
+        raise SpecvizError(f"a and c must be numbers, not {a!r} and {c!r}.") from None
+    if not 0.0 <= a <= 1.0:
+        raise SpecvizError(f"The acceptance rate a must be between 0 and 1, not {a}.")
+    if not (math.isfinite(c) and c >= 0.0):
+        raise SpecvizError(f"The cost ratio c must be a finite number of at least 0, not {c}.")
+    try:
+        g = operator.index(gamma)  # int, numpy integers; not 2.5
+    except TypeError:
+        g = 0
+    if isinstance(gamma, bool) or g < 1:
+        raise SpecvizError(f"gamma must be a whole number of at least 1, not {gamma!r}.")
+    tokens_per_round = sum(a**i for i in range(g + 1))
+    return tokens_per_round / (g * c + 1.0)
+
+
+def speedup_table(a: float, c: float, gammas: range = range(1, GAMMA_MAX + 1)) -> tuple[float, ...]:
+    """expected_speedup for each gamma (1..16 by default)."""
+    return tuple(expected_speedup(a, g, c) for g in gammas)
+
+
+# --- tokenizers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenizerCheck:
+    """Token ids compared one by one over the smaller tokenizer, added tokens included."""
+
+    target_size: int  # len(tokenizer): every id it can produce
+    draft_size: int
+    compared: int
+    mismatches: int  # ids whose token differs, or that only the larger tokenizer has among the compared
+    examples: tuple[tuple[int, str | None, str | None], ...]  # (id, target token, draft token), a few
+    special_tokens: tuple[tuple[str, str | None, str | None], ...]  # (name, target, draft) where they differ
+    chat_template_same: bool
+    target_has_chat_template: bool
+    draft_has_chat_template: bool
+
+    @property
+    def mismatch_fraction(self) -> float:
+        return self.mismatches / self.compared if self.compared else 1.0
+
+    @property
+    def compatible(self) -> bool:
+        return self.compared > 0 and self.mismatch_fraction <= MAX_MISMATCH_FRACTION
+
+
+def _id_to_token(tok) -> dict[int, str]:
+    return {int(i): t for t, i in tok.get_vocab().items()}
+
+
+def compare_tokenizers(target_tok, draft_tok, n_examples: int = 5) -> TokenizerCheck:
+    """Compare id -> token for every id of the smaller tokenizer (not just vocab_size: added tokens count)."""
+    p_ids, q_ids = _id_to_token(target_tok), _id_to_token(draft_tok)
+    small = p_ids if len(p_ids) <= len(q_ids) else q_ids
+    bad = sorted(i for i in small if p_ids.get(i) != q_ids.get(i))
+    examples = tuple((i, p_ids.get(i), q_ids.get(i)) for i in bad[:n_examples])
+    specials = tuple(
+        (name, getattr(target_tok, name, None), getattr(draft_tok, name, None))
+        for name in SPECIAL_TOKENS
+        if getattr(target_tok, name, None) != getattr(draft_tok, name, None)
+    )
+    p_tpl, q_tpl = getattr(target_tok, "chat_template", None), getattr(draft_tok, "chat_template", None)
+    return TokenizerCheck(
+        len(p_ids), len(q_ids), len(small), len(bad), examples, specials, p_tpl == q_tpl, bool(p_tpl), bool(q_tpl)
+    )
+
+
+# --- measurements --------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int]) -> tuple[float, float]:
+    """Median seconds of one single-token cached forward call of p and of q, after a warm-up.
+
+    The two models alternate step by step, so a busy machine slows both alike and c stays fair.
+    """
+    from .engine import _Runner  # the engine's own call path: cache, vocabulary mapping and all
+
+    V = target.vocab_size
+    runs = [(_Runner(target, V), target.device), (_Runner(draft, V), draft.device)]
+    prompt = torch.tensor(prompt_ids, dtype=torch.long)
+    times: list[list[float]] = [[], []]
+    for run, dev in runs:
+        run.feed(prompt.to(dev), last_only=True)
+    for step in range(TIMING_WARMUP + TIMING_STEPS):
+        for k, (run, dev) in enumerate(runs):
+            x = prompt[-1:].to(dev)
+            _sync(dev)
+            t0 = time.perf_counter()
+            run.feed(x, last_only=True)
+            _sync(dev)
+            if step >= TIMING_WARMUP:
+                times[k].append(time.perf_counter() - t0)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    a: float  # accepted / tested positions: the per-token chance under the i.i.d. model (its MLE)
+    accepted: int
+    tested: int  # positions the target judged: every accepted one plus the first rejected of each round
+    drafted: int
+    rounds: int
+    new_tokens: int
+
+
+def measure_acceptance(
+    target: LoadedModel, draft: LoadedModel, prompt_ids: list[list[int]], max_new_tokens: int
+) -> Acceptance:
+    """Greedy speculative decoding of each prompt (gamma 4); a counts only positions the target judged.
+
+    accepted / drafted (the engine's acceptance_rate) would count proposals after a rejection as failures
+    although nobody looked at them, which understates a: at a = 0.8 and gamma 4 it reads 0.59.
+    """
+    from .engine import speculative_decode
+    from .events import Done, Round
+
+    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0))
+    accepted = tested = drafted = rounds = new = 0
+    for ids in prompt_ids:
+        for ev in speculative_decode(target, draft, ids, cfg):
+            if isinstance(ev, Round):
+                g = len(ev.drafted)
+                accepted += ev.n
+                tested += ev.n + (1 if ev.n < g else 0)
+                drafted += g
+                rounds += 1
+            elif isinstance(ev, Done):
+                new += len(ev.token_ids)
+    return Acceptance(accepted / tested if tested else 0.0, accepted, tested, drafted, rounds, new)
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairReport:
+    """Everything `check_pair` found. Measured fields are None when the pair is incompatible."""
+
+    target: str
+    draft: str
+    verdict: str  # one of VERDICTS
+    reasons: tuple[str, ...]  # sentences: why this verdict
+    warnings: tuple[str, ...]  # sentences: worth knowing, but not deciding
+    tokenizer: TokenizerCheck
+    device: str
+    dtype: str
+    target_params: int
+    draft_params: int
+    target_memory_bytes: int
+    draft_memory_bytes: int
+    target_vocab_rows: int  # rows of the output layer (may be padded past the tokenizer)
+    draft_vocab_rows: int
+    draft_trimmed: bool  # the draft carries a specviz_vocab.json (a subset of the target's ids)
+    target_step_s: float | None = None
+    draft_step_s: float | None = None
+    c: float | None = None  # draft_step_s / target_step_s
+    acceptance: Acceptance | None = None
+    prompts: int = 0
+    max_new_tokens: int = 0
+    speedups: tuple[float, ...] = field(default=())  # expected speedup for gamma = 1, 2, ..., 16
+    best_gamma: int | None = None
+    best_speedup: float | None = None
+
+    @property
+    def param_ratio(self) -> float:
+        return self.draft_params / self.target_params if self.target_params else 0.0
+
+    @property
+    def a(self) -> float | None:
+        return self.acceptance.a if self.acceptance else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["param_ratio"] = self.param_ratio
+        d["tokenizer"]["mismatch_fraction"] = self.tokenizer.mismatch_fraction
+        d["tokenizer"]["compatible"] = self.tokenizer.compatible
+        d["speedups"] = [{"gamma": g, "speedup": s} for g, s in enumerate(self.speedups, start=1)]
+        return d
+
+    def report(self) -> str:
+        """A readable summary for the terminal."""
+        t = self.tokenizer
+        lines = [
+            f"target      {self.target}: {_params(self.target_params)} parameters, {_bytes(self.target_memory_bytes)}"
+            f", output layer {self.target_vocab_rows:,} rows",
+            f"draft       {self.draft}: {_params(self.draft_params)} parameters, {_bytes(self.draft_memory_bytes)}"
+            f", output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
+            f"            the draft has {self.param_ratio:.3g}x the target's parameters ({self.device}, {self.dtype})",
+        ]
+        if t.mismatches == 0:
+            tok = f"identical over {t.compared:,} ids"
+        else:
+            tok = f"{t.mismatches:,} of {t.compared:,} ids differ ({t.mismatch_fraction:.1%})"
+        sizes = f"target {t.target_size:,} tokens, draft {t.draft_size:,}"
+        lines.append(f"tokenizers  {tok} ({sizes}); chat template {'same' if t.chat_template_same else 'differs'}")
+        if self.c is not None and self.acceptance is not None:
+            acc = self.acceptance
+            lines += [
+                f"cost ratio  c = {self.c:.3f} (one cached step: draft {self.draft_step_s * 1e3:.2f} ms, "
+                f"target {self.target_step_s * 1e3:.2f} ms; median of {TIMING_STEPS})",
+                f"acceptance  a = {acc.a:.3f} (greedy, gamma {CHECK_GAMMA}, {self.prompts} prompts: "
+                f"{acc.accepted} of {acc.tested} judged proposals accepted, {acc.new_tokens} tokens "
+                f"in {acc.rounds} rounds)",
+                "expected speedup by gamma: (1 - a^(g+1)) / ((1 - a)(g c + 1))",
+            ]
+            top = max(self.speedups)
+            for g, s in enumerate(self.speedups, start=1):
+                bar = "█" * max(1, round(30 * s / top))
+                mark = "  <- best" if g == self.best_gamma else ""
+                lines.append(f"  gamma {g:2d}  {s:5.2f}x  {bar}{mark}")
+        lines.append(f"verdict     {self.verdict.upper()}")
+        lines += [f"  - {r}" for r in self.reasons]
+        if self.warnings:
+            lines.append("warnings")
+            lines += [f"  - {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _tok(s: str | None) -> str:
+    return "nothing" if s is None else repr(s)
+
+
+def _tokenizer_findings(t: TokenizerCheck, draft: LoadedModel, target_rows: int) -> tuple[list[str], list[str]]:
+    """(reasons it is incompatible, warnings)."""
+    bad, warn = [], []
+    if not t.compatible:
+        i, p_tok, q_tok = t.examples[0] if t.examples else (None, None, None)
+        eg = f"; e.g. id {i} is {_tok(p_tok)} for the target but {_tok(q_tok)} for the draft" if t.examples else ""
+        bad.append(
+            f"The tokenizers differ: {t.mismatches:,} of {t.compared:,} token ids ({t.mismatch_fraction:.1%}) "
+            f"mean different tokens{eg}, so the target would misread every draft."
+        )
+    elif t.mismatches:
+        ex = ", ".join(f"id {i}: {_tok(p)} vs {_tok(q)}" for i, p, q in t.examples)
+        warn.append(f"{t.mismatches} token ids differ ({ex}); drafts of those tokens will be rejected.")
+    if draft.vocab_map is not None and draft.vocab_map.numel() and int(draft.vocab_map.max()) >= target_rows:
+        bad.append(
+            f"The draft's trimmed vocabulary points at id {int(draft.vocab_map.max())}, "
+            f"past the target's {target_rows} output rows."
+        )
+    if t.compatible and t.target_size != t.draft_size:
+        side = "target" if t.target_size > t.draft_size else "draft"
+        warn.append(
+            f"The {side}'s tokenizer has {abs(t.target_size - t.draft_size):,} more tokens "
+            f"({t.target_size:,} vs {t.draft_size:,}); the first {t.compared:,} agree."
+        )
+    for name, p_tok, q_tok in t.special_tokens:
+        warn.append(
+            f"The {name.replace('_', ' ')} differs: {_tok(p_tok)} for the target, {_tok(q_tok)} for the draft "
+            "(decoding uses the target's)."
+        )
+    if not t.chat_template_same:
+        if t.target_has_chat_template and t.draft_has_chat_template:
+            what = "The chat templates differ"
+        else:
+            what = f"Only the {'target' if t.target_has_chat_template else 'draft'} has a chat template"
+        warn.append(f"{what}; prompts are formatted with the target's, which may lower acceptance.")
+    return bad, warn
+
+
+def _worth(a: float, c: float, best_gamma: int, best: float) -> tuple[str, list[str]]:
+    if best >= MIN_SPEEDUP:
+        return "compatible", [
+            f"The tokenizers match and the draft is expected to make greedy decoding {best:.2f}x faster "
+            f"at gamma {best_gamma} (acceptance a = {a:.2f}, cost ratio c = {c:.2f})."
+        ]
+    why = []
+    if a < 0.5:
+        why.append(f"The draft agrees with the target too rarely: acceptance a = {a:.2f}, so most drafts are wasted.")
+    if c > 0.5:
+        why.append(f"The draft is too slow: one draft step costs {c:.2f} of a target step (c), eating the saving.")
+    if not why:
+        why.append(f"Acceptance a = {a:.2f} and cost ratio c = {c:.2f} together leave too little to gain.")
+    why.append(
+        f"The best expected speedup is {best:.2f}x (gamma {best_gamma}), below the {MIN_SPEEDUP}x "
+        "that pays for a second model."
+    )
+    return "not worth it", why
+
+
+def check_pair(
+    target: str | LoadedModel | None = None,
+    draft: str | LoadedModel | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    max_new_tokens: int = 32,
+    prompts: list[str] | tuple[str, ...] | None = None,
+) -> PairReport:
+    """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
+
+    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
+    prompts: texts for the acceptance run (default: SAMPLE_PROMPTS), formatted as `generate` would.
+    """
+    from .api import encode_prompt
+
+    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens)  # validates max_new_tokens up front
+    if prompts is None:
+        prompts = SAMPLE_PROMPTS
+    if isinstance(prompts, str):
+        prompts = (prompts,)
+    prompts = tuple(prompts)
+    if not prompts or not all(isinstance(x, str) and x.strip() for x in prompts):
+        raise SpecvizError("prompts must be a list of non-empty texts.")
+    p, q = load_pair(target, draft, device=device, dtype=dtype)
+
+    t = compare_tokenizers(p.tokenizer, q.tokenizer)
+    bad, warnings = _tokenizer_findings(t, q, p.vocab_size)
+    base = dict(
+        target=p.name,
+        draft=q.name,
+        tokenizer=t,
+        device=str(p.device),
+        dtype=str(p.dtype).removeprefix("torch."),
+        target_params=p.n_params,
+        draft_params=q.n_params,
+        target_memory_bytes=p.memory_bytes,
+        draft_memory_bytes=q.memory_bytes,
+        target_vocab_rows=p.vocab_size,
+        draft_vocab_rows=q.vocab_size,
+        draft_trimmed=q.vocab_map is not None,
+        warnings=tuple(warnings),
+    )
+    if bad:  # nothing to measure: the target cannot read the draft's proposals
+        return PairReport(verdict="incompatible", reasons=tuple(bad), **base)
+
+    ids = [encode_prompt(p, x) for x in prompts]
+    p_s, q_s = measure_step_times(p, q, ids[0])
+    c = q_s / p_s
+    acc = measure_acceptance(p, q, ids, cfg.max_new_tokens)
+    speedups = speedup_table(acc.a, c)
+    best_gamma = max(range(len(speedups)), key=speedups.__getitem__) + 1
+    best = speedups[best_gamma - 1]
+    verdict, reasons = _worth(acc.a, c, best_gamma, best)
+    return PairReport(
+        verdict=verdict,
+        reasons=tuple(reasons),
+        target_step_s=p_s,
+        draft_step_s=q_s,
+        c=c,
+        acceptance=acc,
+        prompts=len(prompts),
+        max_new_tokens=cfg.max_new_tokens,
+        speedups=speedups,
+        best_gamma=best_gamma,
+        best_speedup=best,
+        **base,
+    )

@@ -1,0 +1,114 @@
+"""Pure math on logits: tempered/filtered probabilities, the accept/reject test and the residual.
+
+Notation as in Leviathan et al. 2023 (Algorithm 1) and Chen et al. 2023: p is the target's distribution,
+q the draft's, x_i the i-th drafted token, r_i ~ U(0, 1) the draw that accepts it when r_i < p(x_i)/q(x_i).
+All probability math runs in float32, whatever dtype the models compute in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import SamplingConfig, SpecvizError
+
+_BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
+
+
+def clean_logits(logits: torch.Tensor) -> torch.Tensor:
+    """float32 logits with NaN as -inf; where a row has +inf entries, those share the row's mass equally."""
+    x = logits.float()
+    x = torch.nan_to_num(x, nan=-torch.inf, posinf=torch.inf, neginf=-torch.inf)
+    pos = torch.isposinf(x)
+    if pos.any():
+        rows = pos.any(dim=-1, keepdim=True)
+        x = torch.where(rows, torch.where(pos, 0.0, -torch.inf), x)
+    if not torch.isfinite(x.amax(dim=-1)).all():
+        raise SpecvizError(_BROKEN)
+    return x
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last axis, NaN-safe; no softmax needed."""
+    return clean_logits(logits).argmax(dim=-1)
+
+
+def to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p.
+
+    The same function is applied to p and to q, and q is exactly what the draft samples from.
+    """
+    if cfg.greedy:  # the limit T -> 0: all mass on the argmax
+        x = clean_logits(logits)
+        return torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).float()
+    x = clean_logits(logits) / cfg.temperature
+    if 0 < cfg.top_k < x.shape[-1]:
+        kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]  # (..., 1)
+        x = x.masked_fill(x < kth, -torch.inf)
+    if cfg.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        sorted_p = torch.softmax(sorted_x, dim=-1)
+        mass_before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # (..., V) mass of strictly better tokens
+        drop = mass_before >= cfg.top_p  # the top token always stays (its mass_before is 0)
+        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), -torch.inf)
+    return torch.softmax(x, dim=-1)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): the distribution a rejected position is resampled from.
+
+    If p <= q everywhere (numerically p == q) nothing can be rejected in exact arithmetic; fall back to p.
+    """
+    diff = torch.clamp(p - q, min=0.0)
+    total = diff.sum(dim=-1, keepdim=True)
+    return torch.where(total > 1e-12, diff / total.clamp_min(1e-30), p)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token id from a (V,) distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one block of gamma drafted tokens."""
+
+    n: int  # accepted count: the first n proposals stand
+    correction: int  # resampled at position n (n < gamma) or the bonus token (n == gamma)
+    p_x: tuple[float, ...]  # p_i(x_i)
+    q_x: tuple[float, ...]  # q_i(x_i)
+    accept_prob: tuple[float, ...]  # min(1, p_i(x_i) / q_i(x_i))
+    r: tuple[float, ...]  # the draws; NaN when greedy
+
+
+def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """Greedy verification: accept while x_i equals the target's argmax. drafted (gamma,), logits (gamma+1, V)."""
+    gamma = drafted.shape[0]
+    best = greedy(target_logits)  # (gamma+1,)
+    match = (best[:gamma] == drafted).tolist()
+    n = match.index(False) if False in match else gamma
+    ones = tuple(1.0 if m else 0.0 for m in match)
+    return Verdict(n, int(best[n]), ones, (1.0,) * gamma, ones, (float("nan"),) * gamma)
+
+
+def verify_sampled(drafted: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator) -> Verdict:
+    """Speculative sampling. drafted (gamma,), q (gamma, V) the draft's probs, p (gamma+1, V) the target's."""
+    gamma = drafted.shape[0]
+    idx = torch.arange(gamma, device=p.device)
+    p_x = p[idx, drafted]  # (gamma,)
+    q_x = q[idx, drafted]  # (gamma,)  > 0: the draft sampled these from q
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(1e-30), torch.where(p_x > 0, torch.inf, 0.0))
+    accept_prob = ratio.clamp(max=1.0)
+    r = torch.rand(gamma, generator=generator, device=p.device)  # drawn for every position: one stream
+    accepted = (r < accept_prob).tolist()
+    n = accepted.index(False) if False in accepted else gamma
+    dist = residual(p[n], q[n]) if n < gamma else p[gamma]
+    return Verdict(
+        n,
+        sample(dist, generator),
+        tuple(p_x.tolist()),
+        tuple(q_x.tolist()),
+        tuple(accept_prob.tolist()),
+        tuple(r.tolist()),
+    )

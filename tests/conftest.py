@@ -1,0 +1,104 @@
+"""Tiny models built locally for the tests: no hub, no network (HF_HUB_OFFLINE=1)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has two cores
+
+CHARS = "abcdefghijklmnopqrstuvwxyz .,!?'\n0123456789:()=_"
+SHARPNESS = 10.0
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def make_tokenizer(vocab_size: int, chat: bool) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ids 0-2 special, then characters, then filler tokens up to vocab_size."""
+    specials = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+    vocab = {t: i for i, t in enumerate(specials)}
+    for ch in CHARS:
+        if len(vocab) < vocab_size:
+            vocab[ch] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<x{len(vocab)}>"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"<\|[a-z]+\|>|</s>|."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharper than the tiny init, so sampled text has structure and greedy text varies
+        model.lm_head.weight.mul_(SHARPNESS)
+    return model.eval()
+
+
+def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3):
+    """A target and a draft that is the target plus noise (so it agrees often, not always)."""
+    tok = make_tokenizer(vocab_size, chat)
+    target = make_model(vocab_size, seed=0)
+    draft = make_model(vocab_size, seed=0)
+    with torch.no_grad():  # the draft is the target with a noisy output layer: agrees often, not always
+        g = torch.Generator().manual_seed(1)
+        head = target.lm_head.weight
+        draft.lm_head.weight.copy_(head + draft_noise * head.std() * torch.randn(head.shape, generator=g))
+    paths = []
+    for name, m in (("target", target), ("draft", draft)):
+        path = root / name
+        m.save_pretrained(path)
+        tok.save_pretrained(path)
+        paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """(target_dir, draft_dir): vocabulary 64, with a chat template."""
+    return save_pair(tmp_path_factory.mktemp("tiny"), 64)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory):
+    """(target_dir, draft_dir): vocabulary 8, no chat template: small enough to enumerate outcomes."""
+    return save_pair(tmp_path_factory.mktemp("tiny8"), 8, chat=False, draft_noise=1.0)
+
+
+@pytest.fixture(scope="session")
+def loaded_pair(tiny_pair):
+    from specviz import load_pair
+
+    return load_pair(*tiny_pair, device="cpu")

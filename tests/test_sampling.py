@@ -1,0 +1,122 @@
+"""The acceptance math on hand-built distributions: deterministic cases, numerics and the output law."""
+
+import math
+
+import pytest
+import torch
+
+from specviz.config import SamplingConfig, SpecvizError
+from specviz.sampling import clean_logits, residual, to_probs, verify_greedy, verify_sampled
+
+T1 = SamplingConfig(temperature=1.0)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def onehot_logits(ids, V=6):
+    x = torch.full((len(ids), V), -10.0)
+    x[torch.arange(len(ids)), torch.tensor(ids)] = 10.0
+    return x
+
+
+def test_greedy_all_accepted_gives_bonus():
+    v = verify_greedy(torch.tensor([1, 2, 3]), onehot_logits([1, 2, 3, 4]))
+    assert (v.n, v.correction) == (3, 4)
+
+
+def test_greedy_first_rejected_gives_target_argmax():
+    v = verify_greedy(torch.tensor([5, 2, 3]), onehot_logits([1, 2, 3, 4]))
+    assert (v.n, v.correction) == (0, 1)
+    assert v.accept_prob == (0.0, 1.0, 1.0)
+
+
+def test_sampled_accepts_when_p_covers_q():
+    # p = q exactly: min(1, p/q) = 1 everywhere, so everything is accepted and the bonus comes from p[gamma]
+    p = torch.tensor([[0.5, 0.5, 0, 0], [0.2, 0.8, 0, 0], [0, 0, 0, 1.0]])
+    q = p[:2].clone()
+    v = verify_sampled(torch.tensor([0, 1]), q, p, gen())
+    assert v.n == 2 and v.correction == 3 and v.accept_prob == (1.0, 1.0)
+
+
+def test_sampled_rejects_token_target_never_makes_and_resamples_from_residual():
+    p = torch.tensor([[0.0, 0.3, 0.7], [1 / 3, 1 / 3, 1 / 3]])
+    q = torch.tensor([[0.9, 0.1, 0.0]])
+    for seed in range(20):
+        v = verify_sampled(torch.tensor([0]), q, p, gen(seed))
+        assert v.n == 0 and v.accept_prob == (0.0,)
+        # residual = norm(max(0, p - q)) = norm([0, 0.2, 0.7]): token 0 is impossible
+        assert v.correction in (1, 2)
+
+
+def test_residual_values_and_zero_sum_fallback():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.3, 0.5])
+    assert torch.allclose(residual(p, q), torch.tensor([1.0, 0.0, 0.0]))
+    # p == q: max(0, p - q) sums to zero; the fallback is p itself, a proper distribution
+    r = residual(p, p.clone())
+    assert torch.allclose(r, p) and math.isclose(float(r.sum()), 1.0, rel_tol=1e-6)
+
+
+def test_q_zero_on_drafted_token_is_accepted_not_nan():
+    # a trimmed draft can give q(x) = 0; min(1, p/q) must be 1 (not NaN) when p(x) > 0, and 0 when p(x) = 0
+    p = torch.tensor([[0.5, 0.5], [0.5, 0.5]])
+    q = torch.tensor([[0.0, 1.0]])
+    v = verify_sampled(torch.tensor([0]), q, p, gen())
+    assert v.accept_prob == (1.0,) and v.n == 1
+    p2 = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+    v2 = verify_sampled(torch.tensor([0]), q, p2, gen())
+    assert v2.accept_prob == (0.0,) and v2.n == 0 and v2.correction == 1
+
+
+def test_nan_and_inf_logits():
+    x = torch.tensor([[float("nan"), 1.0, 2.0], [0.0, float("inf"), float("inf")]])
+    probs = to_probs(x, T1)
+    assert torch.isfinite(probs).all()
+    assert probs[0, 0] == 0.0  # NaN is never chosen
+    assert torch.allclose(probs[1], torch.tensor([0.0, 0.5, 0.5]))  # +inf tokens share the mass
+    with pytest.raises(SpecvizError, match="NaN or infinite"):
+        clean_logits(torch.tensor([[float("nan"), float("-inf")]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_logits_are_computed_in_float32(dtype):
+    x = (torch.randn(3, 50, generator=gen()) * 30).to(dtype)
+    probs = to_probs(x, SamplingConfig(temperature=0.7, top_k=10, top_p=0.9))
+    assert probs.dtype == torch.float32
+    assert torch.allclose(probs.sum(-1), torch.ones(3), atol=1e-6)
+
+
+def test_top_k_and_top_p_filter_the_same_way_for_any_input():
+    x = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
+    assert torch.count_nonzero(to_probs(x, SamplingConfig(1.0, top_k=2))) == 2
+    # top_p 0.7: 0.5 alone is short of 0.7, 0.5 + 0.25 reaches it: two tokens stay
+    assert to_probs(x, SamplingConfig(1.0, top_p=0.7)).tolist()[0][2:] == [0.0, 0.0]
+    # the top token always survives, however small top_p is
+    assert to_probs(x, SamplingConfig(1.0, top_p=1e-9)).tolist()[0] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_greedy_probs_are_one_hot():
+    x = torch.tensor([[0.1, 3.0, 2.9]])
+    assert to_probs(x, SamplingConfig(0.0)).tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_one_block_output_follows_p_not_q():
+    """Draw x ~ q, verify against p, many times: the first emitted token must follow p exactly (TV < 0.01)."""
+    torch.manual_seed(0)
+    V = 5
+    p = torch.softmax(torch.randn(2, V) * 2, -1)
+    q = torch.softmax(torch.randn(1, V) * 2, -1)
+    g = gen(123)
+    N = 40_000
+    counts = torch.zeros(V)
+    drafted = torch.multinomial(q[0], N, replacement=True, generator=g)
+    for x in drafted.tolist():
+        v = verify_sampled(torch.tensor([x]), q, p, g)
+        counts[x if v.n == 1 else v.correction] += 1
+    emp = counts / N
+    tv_p = 0.5 * float((emp - p[0]).abs().sum())
+    tv_q = 0.5 * float((emp - q[0]).abs().sum())
+    assert tv_p < 0.01, (emp, p[0])
+    assert tv_q > 0.1  # the check has power: the draft's own law is far from what came out

@@ -1,0 +1,316 @@
+"""Computations behind the teaching views (no gradio, no plotly).
+
+- `Stepper`: one speculative run advanced one draft/verify round at a time (it holds the engine's generator).
+- `greedy_check` / `sample_check`: the exactness panel. At temperature 0 speculative and plain decoding are
+  compared token by token; above 0, many one-token speculative draws at one position are compared with p and q.
+- `forward_times`: the target's forward-pass time for 1..gamma+1 tokens at once, the reason the method pays.
+
+Names as in the papers: p the target's distribution, q the draft's, gamma the block size, n the accepted
+count, r the uniform draw.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from .config import SamplingConfig, SpecConfig, SpecvizError
+from .engine import _prefill, _Runner, autoregressive_decode, eos_ids, speculative_decode
+from .events import Done, Round
+from .models import LoadedModel
+from .sampling import greedy, residual, to_probs, verify_sampled
+
+# --- token text -------------------------------------------------------------------------------------
+
+
+def label(piece: str) -> str:
+    """A token made visible for a table or an axis: spaces as ␣, newlines as ⏎, nothing as ∅."""
+    return piece.replace(" ", "␣").replace("\n", "⏎").replace("\t", "⇥") or "∅"
+
+
+def prob(v: float) -> str:
+    """A probability for a table: three decimals, and "<0.001" rather than a misleading 0.000."""
+    return "0" if v == 0 else f"{v:.3f}" if v >= 0.001 else "<0.001"
+
+
+# --- stepping -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """What a step-through run depends on; a change of any of these starts the run over."""
+
+    prompt: str
+    gamma: int = 4
+    temperature: float = 0.0
+    seed: int = 0
+    max_new_tokens: int = 64
+
+
+class Stepper:
+    """A speculative run one round at a time. It holds the engine's generator (and so the KV caches)."""
+
+    DETAIL = 6  # top candidates of p and of q kept per drafted position
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], settings: StepSettings):
+        self.target, self.settings, self.prompt_ids = target, settings, list(prompt_ids)
+        cfg = SpecConfig(
+            settings.gamma, settings.max_new_tokens, settings.seed, SamplingConfig(settings.temperature), self.DETAIL
+        )
+        self._eos = eos_ids(target)
+        self._events = speculative_decode(target, draft, self.prompt_ids, cfg)
+        next(self._events)  # Start: the prompt is encoded by both models here
+        self.rounds: list[Round] = []
+        self.done: Done | None = None
+
+    def __deepcopy__(self, memo) -> Stepper:  # gr.State copies its values; a generator can't be copied
+        return self
+
+    @property
+    def output_ids(self) -> list[int]:
+        return [t for r in self.rounds for t in r.tokens]
+
+    def advance(self) -> Round | None:
+        """The next round, or None when the answer is complete."""
+        if self.done is not None:
+            return None
+        try:
+            ev = next(self._events)
+        except StopIteration:  # an earlier error ended the engine's generator
+            raise SpecvizError("This run was interrupted by an error; press Reset to start again.") from None
+        if isinstance(ev, Done):
+            self.done = ev
+            return None
+        self.rounds.append(ev)
+        ended = ev.tokens and ev.tokens[-1] in self._eos
+        if ended or len(self.output_ids) >= self.settings.max_new_tokens:
+            self.done = next(self._events)  # no compute: the engine's loop has ended
+        return ev
+
+    def close(self) -> None:
+        self._events.close()
+
+
+def _count(k: int, word: str, plural: str = "") -> str:
+    return f"{k} {word if k == 1 else plural or word + 's'}"
+
+
+def describe_round(rd: Round, pieces: list[str], greedy_mode: bool) -> str:
+    """The round in plain words. pieces: the text of rd.drafted followed by that of rd.correction."""
+    g, n = len(rd.drafted), rd.n
+    quote = [f"“{label(s)}”" for s in pieces]
+    them = "it" if g == 1 else f"all {g}"
+    out = [f"The draft guessed {_count(g, 'token')}. The target checked {them} in one forward pass"]
+    if n == g:
+        src = "its own top choice" if greedy_mode else "drawn from p"
+        out.append(
+            f" and accepted {them}. Nothing was rejected, so the same pass adds a bonus token, {quote[g]} ({src})."
+        )
+    else:
+        kept = f"kept the first {n} ({', '.join(quote[:n])})" if n else "kept none"
+        if greedy_mode:
+            why = "it is not the target's top choice"
+        else:
+            a = rd.accept_prob[n]
+            why = f"the draw r = {rd.r[n]:.2f} was not below p/q {'(almost 0)' if a < 0.005 else f'= {a:.2f}'}"
+        out.append(f", {kept} and rejected {quote[n]}: {why}.")
+        rest = g - n - 1
+        if rest:
+            were = "was" if rest == 1 else "were"
+            out.append(f" The {_count(rest, 'guess', 'guesses')} after it {were} thrown away.")
+        if greedy_mode:
+            out.append(f" In its place the target put its own top choice, {quote[g]}.")
+        else:
+            out.append(f" In its place the target drew {quote[g]} from the leftover distribution max(0, p − q).")
+    k = len(rd.tokens)
+    out.append(f" This round added {_count(k, 'token')} for one target pass.")
+    if k < n + 1:
+        out.append(" The answer ended inside this round.")
+    return "".join(out)
+
+
+# --- exactness ------------------------------------------------------------------------------------
+
+
+def _done(events) -> Done:
+    return next(ev for ev in events if isinstance(ev, Done))
+
+
+@dataclass(frozen=True)
+class GreedyCheck:
+    spec_ids: tuple[int, ...]
+    ar_ids: tuple[int, ...]
+
+    @property
+    def first_difference(self) -> int | None:
+        for i, (a, b) in enumerate(zip(self.spec_ids, self.ar_ids)):
+            if a != b:
+                return i
+        return None if len(self.spec_ids) == len(self.ar_ids) else min(len(self.spec_ids), len(self.ar_ids))
+
+    @property
+    def identical(self) -> bool:
+        return self.spec_ids == self.ar_ids
+
+
+def greedy_check(
+    target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], gamma: int, max_new_tokens: int
+) -> GreedyCheck:
+    """Speculative and plain greedy decoding of the same prompt, both complete."""
+    cfg = SpecConfig(gamma, max_new_tokens, 0, SamplingConfig(0.0))
+    spec = _done(speculative_decode(target, draft, prompt_ids, cfg))
+    ar = _done(autoregressive_decode(target, prompt_ids, cfg))
+    return GreedyCheck(spec.token_ids, ar.token_ids)
+
+
+@torch.inference_mode()
+def position_probs(
+    target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], sampling: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """p and q (V,) for the first new token, computed with the engine's own calls (so bit for bit its numbers)."""
+    V, dev = target.vocab_size, target.device
+    p_run, q_run = _Runner(target, V), _Runner(draft, V)
+    prompt = torch.tensor(prompt_ids, device=dev)
+    _prefill(p_run, prompt)
+    _prefill(q_run, prompt.to(draft.device))
+    q_logits = q_run.feed(prompt[-1:].to(draft.device), last_only=True)[-1].to(dev)  # (V,)
+    x = greedy(q_logits).view(1)  # any proposal: row 0 of the verify pass does not look at it
+    p_logits = p_run.feed(torch.cat([prompt[-1:], x]))[0]  # (V,) the same 2-token call shape as the engine
+    return to_probs(p_logits, sampling), to_probs(q_logits, sampling)
+
+
+def speculative_draws(p: torch.Tensor, q: torch.Tensor, draws: int, gen: torch.Generator) -> torch.Tensor:
+    """`draws` one-token speculative samples from fixed p, q (V,): the rule of `verify_sampled`, vectorised.
+
+    x ~ q; keep x when r < min(1, p(x)/q(x)); otherwise draw from residual(p, q) = norm(max(0, p - q)).
+    """
+    x = torch.multinomial(q, draws, replacement=True, generator=gen)  # (draws,) 1. draft
+    r = torch.rand(draws, generator=gen)  # (draws,) 2. the uniform draws
+    keep = r < (p[x] / q[x]).clamp(max=1.0)  # q[x] > 0: x was drawn from q
+    fix = torch.multinomial(residual(p, q), draws, replacement=True, generator=gen)  # (draws,) 3. resample
+    return torch.where(keep, x, fix)
+
+
+def first_tokens(p: torch.Tensor, q: torch.Tensor, seeds: Iterable[int]) -> list[int]:
+    """The first output token of the engine's run with each seed, replayed with `verify_sampled` on fixed p, q (V,).
+
+    Each seed gets its own generator, as a separate run of the engine does, and the same draws in the same
+    order (x ~ q, then r, then the resample), so the token matches the engine's bit for bit.
+    """
+    p_rows = torch.stack([p, p])  # (2, V): row 1 is the bonus position; it never changes the first token
+    q_rows = q[None]  # (1, V)
+    out = []
+    for seed in seeds:
+        gen = torch.Generator(device=p.device).manual_seed(seed)
+        x = torch.multinomial(q, 1, generator=gen)  # 1. draft one token from q
+        v = verify_sampled(x, q_rows, p_rows, gen)  # 2-3. verify: accept x, or resample from max(0, p - q)
+        out.append(int(x) if v.n == 1 else v.correction)
+    return out
+
+
+def total_variation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 0.5 * float((a - b).abs().sum())
+
+
+@dataclass(frozen=True)
+class SampleCheck:
+    p: torch.Tensor  # (V,) the target's distribution at the position
+    q: torch.Tensor  # (V,) the draft's
+    freq: torch.Tensor  # (V,) how often each token came out of speculative sampling, as a fraction
+    draws: int
+    seed0: int
+    tv_p: float  # total variation distance of the output to p: small
+    tv_q: float  # ... and to q: about TV(p, q)
+    tv_noise: float  # what the same number of perfect draws from p would show: the floor set by chance
+    real: tuple[tuple[int, int, int], ...]  # (seed, token from a real engine run, token replayed here)
+
+    @property
+    def real_agree(self) -> int:
+        return sum(a == b for _, a, b in self.real)
+
+
+def sample_check(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: list[int],
+    sampling: SamplingConfig,
+    draws: int = 1000,
+    real_runs: int = 5,
+    seed0: int = 0,
+) -> SampleCheck:
+    """`draws` one-token speculative samples at the first new position, and `real_runs` engine runs end to end.
+
+    The runs (seeds seed0, seed0+1, ...) are replayed here with `verify_sampled` on the same p and q: the
+    tokens agree, so the fast draws below follow the engine's own rule on the engine's own numbers.
+    """
+    p, q = position_probs(target, draft, prompt_ids, sampling)
+    V = p.shape[-1]
+    gen = torch.Generator(device=p.device).manual_seed(seed0)  # one generator for all the fast draws
+    freq = torch.bincount(speculative_draws(p, q, draws, gen), minlength=V).float() / draws  # (V,)
+    perfect = torch.bincount(torch.multinomial(p, draws, replacement=True, generator=gen), minlength=V) / draws
+    seeds = range(seed0, seed0 + real_runs)
+    engine = [
+        _done(speculative_decode(target, draft, prompt_ids, SpecConfig(1, 1, s, sampling))).token_ids[0] for s in seeds
+    ]
+    real = tuple(zip(seeds, engine, first_tokens(p, q, seeds)))
+    tv = total_variation
+    return SampleCheck(p, q, freq, draws, seed0, tv(freq, p), tv(freq, q), tv(perfect, p), real)
+
+
+# --- why it pays: forward time against block size ---------------------------------------------------
+
+
+@torch.inference_mode()
+def forward_times(
+    lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
+) -> list[float]:
+    """Median seconds of one forward pass over 1, 2, ... max_tokens new tokens, after the prompt is cached.
+
+    This is the verify pass's shape: a cache holding the text so far, and a block of new tokens.
+    The sizes are interleaved within each repetition so a busy machine slows all of them alike.
+    """
+    run = _Runner(lm, vocab_size or lm.vocab_size)  # a draft with a trimmed vocabulary needs the target's size
+    prompt = torch.tensor(prompt_ids, device=lm.device)
+    _prefill(run, prompt)
+    base = run.length
+    block = prompt.repeat(max_tokens // len(prompt_ids) + 1)[:max_tokens]  # (max_tokens,) any real tokens
+    cuda = lm.device.type == "cuda"
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    for rep in range(reps + 1):  # the first repetition warms up
+        for size in range(1, max_tokens + 1):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run.feed(block[:size])
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            run.rollback(base)
+            if rep:
+                samples[size - 1].append(dt)
+    return [statistics.median(s) for s in samples]
+
+
+def timing_sentence(times: list[float], draft_time: float | None = None) -> str:
+    """One sentence on what the measured forward times mean for the speedup on this machine."""
+    k, t1, tk = len(times), times[0], times[-1]
+    ratio = tk / t1
+    head = (
+        f"Here one target pass over {k} tokens takes {tk * 1e3:.0f} ms, {ratio:.1f}× the {t1 * 1e3:.0f} ms of a "
+        f"single token (scoring them one by one would take {k}×)"
+    )
+    if ratio <= 1.3:
+        tail = ", so checking a whole block of guesses costs about one token: every kept guess is nearly free."
+    elif ratio < 0.6 * k:
+        tail = ", so checking guesses together is much cheaper than one by one: each kept guess saves most of a pass."
+    elif ratio < 0.9 * k:
+        tail = ", so a block is cheaper than one by one, but the saving is modest: expect a smaller speedup here."
+    else:
+        tail = ", so this machine gains little from checking guesses together: the speedup here will be small or none."
+    if draft_time is not None:
+        tail += f" A draft pass costs {draft_time * 1e3:.0f} ms (c = {draft_time / t1:.2f} of a target pass)."
+    return head + tail

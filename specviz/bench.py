@@ -1,0 +1,535 @@
+"""The benchmark harness: python -m specviz bench.
+
+For one pair (target p, draft q), a prompt set and a grid of gamma x temperature, it runs in ONE process,
+interleaved per prompt (ar, spec, hf_spec, hf_ar, ar, spec, ... after a warm-up run), the same prompts through:
+  ar       plain autoregressive decoding of p with our engine (engine.autoregressive_decode)
+  spec     our speculative decoding (engine.speculative_decode)
+  hf_spec  transformers' assisted generation, p.model.generate(assistant_model=q, constant gamma): the peer
+  hf_ar    transformers' plain p.model.generate, the reference for our `ar`
+Every method is timed the same way: wall clock around one call, prompt already tokenised, prefill included.
+AR runs again in every cell, so each speedup is a ratio of runs made minutes apart under the same load.
+
+Per cell it reports tokens/s (median over prompts and repeats), speedups (median of the paired per-prompt
+ratios), the acceptance rate alpha, tokens per target call, the cost ratio c, the theoretical speedup
+(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) and, where measured falls >15% short of it, where the time went.
+At temperature 0 all four outputs must be identical token for token; a difference is flagged loudly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import metrics
+from .api import encode_prompt
+from .config import ASSETS, SamplingConfig, SpecConfig, SpecvizError
+from .engine import autoregressive_decode, eos_ids, speculative_decode
+from .events import Done, Step
+from .models import LoadedModel
+from .pairs import expected_speedup  # (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1))
+
+log = logging.getLogger("specviz")
+
+PROMPT_DIR = ASSETS / "prompts"
+PROMPT_SETS = ("everyday", "code", "summarise")
+METHODS = ("ar", "spec", "hf_spec", "hf_ar")
+SHORTFALL = 0.85  # measured below 85% of theory: say where the time went
+WARMUP_TOKENS = 8
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def load_prompts(spec: str, limit: int = 0) -> list[str]:
+    """A built-in set by name (everyday, code, summarise) or a text file: one prompt per non-empty line."""
+    path = PROMPT_DIR / f"{spec}.txt" if spec in PROMPT_SETS else Path(spec).expanduser()
+    if not path.is_file():
+        raise SpecvizError(f"No prompt set {spec!r}: use one of {', '.join(PROMPT_SETS)} or a file path.")
+    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise SpecvizError(f"The prompt file {path} has no prompts (one per line).")
+    return prompts[:limit] if limit and limit > 0 else prompts
+
+
+def parse_grid(text: str, kind: Callable[[str], float], name: str) -> list:
+    try:
+        values = [kind(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise SpecvizError(f"--{name} must be a comma-separated list of numbers, like 1,2,4.") from None
+    if not values:
+        raise SpecvizError(f"--{name} is empty.")
+    return list(dict.fromkeys(values))
+
+
+def machine_info() -> dict:
+    """CPU model, GPU, threads and library versions: the facts a reader needs to compare numbers."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    load = None
+    with contextlib.suppress(OSError):
+        load = Path("/proc/loadavg").read_text().split()[0]
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_avg_1min": load,  # the machine may be shared: read the numbers as ratios within one run
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+# --- transformers' assisted generation as the peer ------------------------------------------------
+
+
+class _MapIds(torch.nn.Module):
+    """The draft's input embedding, fed target ids: target id -> draft row (unknown -> row 0)."""
+
+    def __init__(self, embed: torch.nn.Module, input_map: torch.Tensor):
+        super().__init__()
+        self.embed = embed
+        self.register_buffer("input_map", input_map, persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(self.input_map[ids.clamp(max=self.input_map.numel() - 1)])
+
+
+class _FullVocab(torch.nn.Module):
+    """The draft's output layer, widened to the target's V: trimmed rows scattered, the rest -inf."""
+
+    def __init__(self, head: torch.nn.Module, vocab_map: torch.Tensor | None, V: int):
+        super().__init__()
+        self.head, self.V = head, V
+        self.register_buffer("vocab_map", vocab_map, persistent=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        z = self.head(h)  # (B, L, N)
+        if self.vocab_map is not None:
+            return z.new_full((*z.shape[:-1], self.V), -torch.inf).index_copy_(-1, self.vocab_map, z)
+        if z.shape[-1] >= self.V:
+            return z[..., : self.V]
+        return torch.nn.functional.pad(z, (0, self.V - z.shape[-1]), value=-torch.inf)
+
+
+def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.nn.Module:
+    """A view of q that transformers' assisted generation accepts, sharing q's weights (q is not modified).
+
+    transformers needs an assistant that reads and writes the target's token ids with the target's vocabulary
+    size; specviz's built-in draft has a trimmed vocabulary (row i = target id vocab_map[i]). The view is the
+    same architecture built on the meta device, given q's blocks, an input embedding that maps ids and an
+    output layer that scatters logits into the target's V (exactly what our engine does). Its own generation
+    config fixes gamma: num_assistant_tokens=gamma, schedule "constant", no confidence early stop.
+    """
+    m, V = draft.model, target.vocab_size
+    cfg = copy.deepcopy(m.config)
+    cfg.vocab_size = V
+    prefix = getattr(m, "base_model_prefix", "model")
+    try:
+        with torch.device("meta"):
+            view = type(m)(cfg)
+        src, dst = getattr(m, prefix), getattr(view, prefix)
+        for name, child in src.named_children():
+            setattr(dst, name, child)
+        embed = m.get_input_embeddings()
+        if draft.input_map is not None:
+            embed = _MapIds(embed, draft.input_map)
+        view.set_input_embeddings(embed)
+        view.set_output_embeddings(_FullVocab(m.get_output_embeddings(), draft.vocab_map, V))
+    except (AttributeError, TypeError, ValueError, RuntimeError) as e:
+        raise SpecvizError(f"transformers' assisted generation cannot use this draft ({e}).") from None
+    if any(t.is_meta for t in list(view.parameters()) + list(view.buffers())):
+        raise SpecvizError("transformers' assisted generation cannot use this draft (unmapped weights).")
+    view.generation_config = copy.deepcopy(m.generation_config)
+    view.generation_config.num_assistant_tokens = gamma
+    view.generation_config.num_assistant_tokens_schedule = "constant"
+    view.generation_config.assistant_confidence_threshold = 0.0  # draft exactly gamma, like ours
+    return view.eval()
+
+
+# --- one timed run per method ---------------------------------------------------------------------
+
+
+def _ours(events_fn) -> dict:
+    t0 = time.perf_counter()
+    events = list(events_fn())
+    seconds = time.perf_counter() - t0
+    done = events[-1]
+    assert isinstance(done, Done)
+    s = metrics.summary(events)
+    steps = [e.forward_s for e in events if isinstance(e, Step)]
+    return {
+        "tokens": list(done.token_ids),
+        "seconds": seconds,
+        "target_calls": s["target_calls"],
+        "draft_calls": done.stats.get("draft_calls", 0),
+        "drafted": s["drafted"],
+        "accepted": s["accepted"],
+        "prefill_s": s["prefill_s"],
+        "draft_s": s["draft_s"],
+        "verify_s": s["verify_s"],
+        "other_s": s["other_s"],
+        "step_s": statistics.median(steps) if steps else float("nan"),
+    }
+
+
+def _hf(target: LoadedModel, ids: list[int], cfg: SpecConfig, assistant: torch.nn.Module | None) -> dict:
+    s = cfg.sampling
+    x = torch.tensor([ids], device=target.device)
+    kw = dict(max_new_tokens=cfg.max_new_tokens, eos_token_id=sorted(eos_ids(target)), do_sample=not s.greedy)
+    kw["pad_token_id"] = kw["eos_token_id"][0]
+    if not s.greedy:
+        kw.update(temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
+    if assistant is not None:
+        kw.update(assistant_model=assistant, num_assistant_tokens=cfg.gamma, num_assistant_tokens_schedule="constant")
+    torch.manual_seed(cfg.seed)  # transformers samples from the global generator
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = target.model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kw)
+    seconds = time.perf_counter() - t0
+    return {"tokens": out[0, len(ids) :].tolist(), "seconds": seconds}
+
+
+def _runners(target: LoadedModel, draft: LoadedModel, hf: bool, gammas: Sequence[int]) -> tuple[dict, dict]:
+    views, notes = {}, {}
+    if hf:
+        for g in gammas:
+            try:
+                views[g] = hf_assistant(draft, target, g)
+            except SpecvizError as e:
+                notes["hf_spec"] = f"n/a: {e}"
+                break
+    runners = {
+        "ar": lambda ids, cfg: _ours(lambda: autoregressive_decode(target, ids, cfg)),
+        "spec": lambda ids, cfg: _ours(lambda: speculative_decode(target, draft, ids, cfg)),
+    }
+    if hf:
+        runners["hf_ar"] = lambda ids, cfg: _hf(target, ids, cfg, None)
+        if views:
+            runners["hf_spec"] = lambda ids, cfg: _hf(target, ids, cfg, views[cfg.gamma])
+    order = [m for m in METHODS if m in runners]
+    return {m: runners[m] for m in order}, notes
+
+
+def measure(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompts: Sequence[str],
+    gammas: Sequence[int],
+    temperatures: Sequence[float],
+    max_new_tokens: int = 64,
+    repeats: int = 1,
+    *,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    hf: bool = True,
+    raw: bool = False,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Every timed run: one row per (temperature, gamma, repeat, prompt, method). See `summarise_runs`."""
+    from tqdm.auto import tqdm
+
+    cfgs = {
+        (t, g): SpecConfig(g, max_new_tokens, seed, SamplingConfig(t, top_k, top_p))
+        for t in temperatures
+        for g in gammas
+    }  # validates every value before anything runs
+    if repeats < 1:
+        raise SpecvizError("--repeats must be at least 1.")
+    if not prompts:
+        raise SpecvizError("There are no prompts to run.")
+    encoded = [encode_prompt(target, p, raw) for p in prompts]
+    runners, notes = _runners(target, draft, hf, gammas)
+    for note in notes.values():
+        log.warning("transformers' assisted generation is skipped: %s", note)
+
+    warm = SpecConfig(gammas[0], min(WARMUP_TOKENS, max_new_tokens), seed, SamplingConfig(0.0))
+    for run in runners.values():  # first calls pay for lazy initialisation: never time them
+        run(encoded[0], warm)
+
+    rows = []
+    bar = tqdm(total=len(cfgs) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
+    with bar:
+        for (temperature, gamma), cfg in cfgs.items():
+            for rep in range(repeats):
+                for i, ids in enumerate(encoded):
+                    run_cfg = SpecConfig(gamma, max_new_tokens, seed + 1000 * rep + i, cfg.sampling)
+                    for method, run in runners.items():
+                        r = run(ids, run_cfg)
+                        n = len(r["tokens"])
+                        rows.append(
+                            {"temperature": temperature, "gamma": gamma, "repeat": rep, "prompt": i, "method": method,
+                             "new_tokens": n, "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"),
+                             **r}
+                        )  # fmt: skip
+                    bar.update(1)
+    runs = pd.DataFrame(rows)
+    runs.attrs["notes"] = notes
+    return runs
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+
+def _paired(cell: pd.DataFrame, a: str, b: str) -> float:
+    """Median over prompts and repeats of tokens/s of `a` over `b` in the same interleaved slot."""
+    w = cell.pivot_table(index=["repeat", "prompt"], columns="method", values="tokens_per_s")
+    if a not in w or b not in w:
+        return float("nan")
+    return float((w[a] / w[b]).median())
+
+
+def _identical(cell: pd.DataFrame) -> tuple[bool | None, list[str]]:
+    """Greedy cells: do all methods give the same tokens on every prompt? Returns (ok, differences)."""
+    if cell["temperature"].iloc[0] != 0:
+        return None, []
+    diffs = []
+    for (rep, i), slot in cell.groupby(["repeat", "prompt"]):
+        outs = dict(zip(slot["method"], slot["tokens"].map(tuple)))
+        ref = outs.get("ar")
+        for method, toks in outs.items():
+            if toks != ref:
+                at = next((k for k, (x, y) in enumerate(zip(toks, ref)) if x != y), min(len(toks), len(ref)))
+                diffs.append(f"prompt {i} repeat {rep}: {method} differs from ar at new token {at}")
+    return not diffs, diffs
+
+
+def _where_time_goes(spec: pd.DataFrame, ar: pd.DataFrame, gamma: int, c: float) -> dict:
+    """Shares of spec's decode time (prefill excluded) and what one verify call cost in AR steps."""
+    decode = float((spec["seconds"] - spec["prefill_s"]).sum())
+    rounds = float(spec["target_calls"].sum())
+    step = float(ar["step_s"].median())
+    draft, verify = float(spec["draft_s"].sum()), float(spec["verify_s"].sum())
+    return {
+        "draft_share": draft / decode if decode > 0 else float("nan"),
+        "verify_share": verify / decode if decode > 0 else float("nan"),
+        "other_share": max(decode - draft - verify, 0.0) / decode if decode > 0 else float("nan"),
+        "prefill_share": float(spec["prefill_s"].sum() / spec["seconds"].sum()),
+        "verify_cost": verify / rounds / step if rounds and step > 0 else float("nan"),  # theory assumes 1
+        "draft_cost": draft / rounds / (gamma * c * step) if rounds and c > 0 and step > 0 else float("nan"),
+    }
+
+
+def _note(r: dict) -> str:
+    if not r["measured_over_theory"] < SHORTFALL:
+        return ""
+    return (
+        f"{1 - r['measured_over_theory']:.0%} below theory: decode time is draft {r['draft_share']:.0%}, "
+        f"verify {r['verify_share']:.0%}, sampling/bookkeeping {r['other_share']:.0%}; one verify call of "
+        f"{r['gamma'] + 1} tokens costs {r['verify_cost']:.2f} single-token target steps (theory: 1); "
+        f"prefill is {r['prefill_share']:.0%} of spec wall time"
+    )
+
+
+def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (temperature, gamma) cell from the rows of `measure`."""
+    table = []
+    for (temperature, gamma), cell in runs.groupby(["temperature", "gamma"], sort=True):
+        by = {m: cell[cell["method"] == m] for m in METHODS}
+        spec, ar = by["spec"], by["ar"]
+        drafted, accepted = spec["drafted"].sum(), spec["accepted"].sum()
+        alpha = float(accepted / drafted) if drafted else 0.0
+        step = float(ar["step_s"].median())
+        c = float(spec["draft_s"].sum() / spec["draft_calls"].sum() / step) if spec["draft_calls"].sum() else 0.0
+        # decode-only speedup (prefill excluded from both), the quantity the formula models
+        ar_dec = ar["new_tokens"].sum() / (ar["seconds"] - ar["prefill_s"]).sum()
+        spec_dec = spec["new_tokens"].sum() / (spec["seconds"] - spec["prefill_s"]).sum()
+        theory = expected_speedup(alpha, int(gamma), c) if math.isfinite(c) else float("nan")
+        ok, diffs = _identical(cell)
+        row = {
+            "temperature": temperature,
+            "gamma": int(gamma),
+            "prompts": cell["prompt"].nunique(),
+            "repeats": cell["repeat"].nunique(),
+            **{f"{m}_tok_s": float(by[m]["tokens_per_s"].median()) if len(by[m]) else float("nan") for m in METHODS},
+            "speedup_vs_ar": _paired(cell, "spec", "ar"),
+            "speedup_vs_hf": _paired(cell, "spec", "hf_spec"),
+            "ar_vs_hf_ar": _paired(cell, "ar", "hf_ar"),
+            "acceptance": alpha,
+            "tokens_per_call": float(spec["new_tokens"].sum() / spec["target_calls"].sum()),
+            "c": c,
+            "decode_speedup": float(spec_dec / ar_dec),
+            "theory": theory,
+            "measured_over_theory": float(spec_dec / ar_dec / theory) if theory > 0 else float("nan"),
+            **_where_time_goes(spec, ar, int(gamma), c),
+            "identical": ok,
+            "differences": "; ".join(diffs),
+        }
+        row["note"] = _note(row)
+        table.append(row)
+    return pd.DataFrame(table)
+
+
+def run_bench(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompts: Sequence[str],
+    gammas: Sequence[int],
+    temperatures: Sequence[float],
+    max_new_tokens: int = 64,
+    repeats: int = 1,
+    **kwargs,
+) -> pd.DataFrame:
+    """Run the grid (see `measure` for the keyword options) and return the per-cell table.
+
+    Columns: temperature, gamma, prompts, repeats, {ar,spec,hf_spec,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
+    ar_vs_hf_ar, acceptance, tokens_per_call, c, decode_speedup, theory, measured_over_theory, draft_share,
+    verify_share, other_share, prefill_share, verify_cost, draft_cost, identical, differences, note.
+    """
+    runs = measure(target, draft, prompts, gammas, temperatures, max_new_tokens, repeats, **kwargs)
+    table = summarise_runs(runs)
+    for d in table.loc[table["identical"] == False, "differences"]:  # noqa: E712  (None means not greedy)
+        log.warning("GREEDY OUTPUTS DIFFER: %s", d)
+    return table
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+SHOW = {
+    "temperature": "T",
+    "gamma": "gamma",
+    "ar_tok_s": "ar tok/s",
+    "spec_tok_s": "spec tok/s",
+    "hf_spec_tok_s": "hf_spec tok/s",
+    "hf_ar_tok_s": "hf_ar tok/s",
+    "speedup_vs_ar": "spec/ar",
+    "speedup_vs_hf": "spec/hf_spec",
+    "ar_vs_hf_ar": "ar/hf_ar",
+    "acceptance": "alpha",
+    "tokens_per_call": "tok/call",
+    "c": "c",
+    "theory": "theory",
+    "measured_over_theory": "meas/theory",
+    "identical": "identical",
+}
+
+
+def format_table(table: pd.DataFrame) -> str:
+    shown = table[list(SHOW)].rename(columns=SHOW).copy()
+    shown["identical"] = shown["identical"].map({True: "yes", False: "NO", None: "n/a (sampled)"})
+    return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a")
+
+
+def _figures(table: pd.DataFrame) -> dict:
+    import plotly.graph_objects as go
+
+    speed, accept = go.Figure(), go.Figure()
+    for t, cell in table.groupby("temperature"):
+        speed.add_scatter(x=cell["gamma"], y=cell["speedup_vs_ar"], mode="lines+markers", name=f"spec / ar, T={t:g}")
+        if cell["speedup_vs_hf"].notna().any():  # hf_spec over ar, through the two paired ratios
+            speed.add_scatter(
+                x=cell["gamma"], y=cell["speedup_vs_ar"] / cell["speedup_vs_hf"], mode="lines+markers",
+                line={"dash": "dash"}, name=f"hf_spec / ar, T={t:g}",
+            )  # fmt: skip
+        speed.add_scatter(
+            x=cell["gamma"], y=cell["theory"], mode="lines", line={"dash": "dot"}, name=f"theory, T={t:g}"
+        )
+        accept.add_scatter(x=cell["gamma"], y=cell["acceptance"], mode="lines+markers", name=f"T={t:g}")
+    speed.add_hline(y=1.0, line={"color": "grey", "width": 1})
+    speed.update_layout(
+        title="Speedup over plain decoding vs gamma", xaxis_title="gamma", yaxis_title="speedup", xaxis={"dtick": 1}
+    )
+    accept.update_layout(
+        title="Acceptance rate vs gamma",
+        xaxis_title="gamma",
+        yaxis_title="alpha",
+        xaxis={"dtick": 1},
+        yaxis={"range": [0, 1]},
+    )
+    return {"speedup": speed, "acceptance": accept}
+
+
+def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str | None]:
+    """HTML always; PNG where kaleido finds a Chrome (Debian's chromium is tried). Returns (files, note)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files, note = [], None
+    if not os.environ.get("BROWSER_PATH"):
+        for chrome in ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"):
+            if Path(chrome).is_file():
+                os.environ["BROWSER_PATH"] = chrome  # where kaleido 1.x (choreographer) looks for a browser
+                break
+    for name, fig in _figures(table).items():
+        html = folder / f"{name}.html"
+        fig.write_html(html, include_plotlyjs=True)  # self-contained: opens offline
+        files.append(str(html))
+        if note is None and os.environ.get("SPECVIZ_BENCH_PNG", "1") != "0":
+            try:
+                png = folder / f"{name}.png"
+                fig.write_image(png, width=900, height=500)
+                files.append(str(png))
+            except Exception as e:  # kaleido raises many types when no browser runs; HTML is enough then
+                note = f"PNG export unavailable ({type(e).__name__}: {str(e).splitlines()[0][:120]}); HTML written."
+    return files, note
+
+
+def main(args) -> dict:
+    """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
+    from .models import load_pair
+
+    prompts = load_prompts(args.prompts, args.limit)
+    gammas = parse_grid(args.gammas, int, "gammas")
+    temperatures = parse_grid(args.temperatures, float, "temperatures")
+    p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    runs = measure(
+        p, q, prompts, gammas, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,
+        progress=True,
+    )  # fmt: skip
+    table = summarise_runs(runs)
+    facts = machine_info()
+    facts.update(target=p.name, draft=q.name, prompts=args.prompts, n_prompts=len(prompts),
+                 max_new_tokens=args.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
+    warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
+    warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
+    files = []
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        files.append(args.csv)
+    if args.plots:
+        plot_files, plot_note = write_plots(table, args.plots)
+        files += plot_files
+        if plot_note:
+            warnings.append(plot_note)
+    records = json.loads(table.to_json(orient="records"))
+    out = {"machine": facts, "table": records, "warnings": warnings, "files": files}
+    if args.json_out:
+        run_rows = json.loads(runs.drop(columns=["tokens"]).to_json(orient="records"))
+        Path(args.json_out).write_text(json.dumps({**out, "runs": run_rows}, indent=2))
+        files.append(args.json_out)
+    if not args.json:
+        print(f"{p.name} + {q.name} · {len(prompts)} prompts from {args.prompts} · {args.max_new_tokens} new tokens")
+        print(f"{facts['cpu']} · GPU {facts['gpu']} · torch {facts['torch']} ({facts['torch_threads']} threads) · "
+              f"transformers {facts['transformers']}")  # fmt: skip
+        print(format_table(table))
+        for _, r in table[table["note"] != ""].iterrows():
+            print(f"  T={r['temperature']:g} gamma={r['gamma']}: {r['note']}")
+        for w in warnings:
+            print(("!" * 8 + " " if "DIFFER" in w else "note: ") + w, file=sys.stderr)
+        for f in files:
+            print(f"wrote {f}")
+    return out

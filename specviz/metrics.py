@@ -1,0 +1,151 @@
+"""Events -> pandas: one row per round (speculative) or step (autoregressive), and the summary numbers.
+
+The benchmark, the CLI and the UI all read runs through here, so pandas stays out of the engine.
+Names as in the papers: n is the accepted count of a round, gamma its block size, alpha the acceptance
+rate (accepted / drafted), c the draft-to-target cost ratio.
+
+`events` may be one run's stream (Start, Round|Step ..., Done) or the (side, event) pairs of `engine.race`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pandas as pd
+
+from .events import Done, Event, Round, Start, Step
+
+# The keys of Done.stats (both modes; the spec-only ones are 0 for "ar").
+stats_keys = (
+    "mode",
+    "new_tokens",
+    "target_calls",
+    "draft_calls",
+    "drafted",
+    "accepted",
+    "acceptance_rate",
+    "tokens_per_target_call",
+    "wall_s",
+    "tokens_per_s",
+    "prefill_s",
+)
+
+COLUMNS = (
+    "side",  # "spec" or "ar" (the Start's mode, or the side race() gave)
+    "index",  # round / step number, from 0
+    "tokens",  # tokens this row added to the output
+    "n",  # accepted proposals (spec); 0 for ar
+    "gamma",  # proposals drafted (spec); 0 for ar
+    "kind",  # "bonus" | "resampled" (spec) | "step" (ar)
+    "draft_s",  # drafting time of the round; 0 for ar
+    "verify_s",  # the target call plus accept/resample (spec); the forward and sampling (ar)
+    "other_s",  # the rest of the row's compute: rollback, bookkeeping, the detail view
+    "row_s",  # the row's whole compute (elapsed_s minus the previous row's)
+    "elapsed_s",  # cumulative compute of the run, prefill included
+    "token_ids",  # tuple of the ids the row added
+)
+
+
+def _pairs(events: Iterable) -> Iterable[tuple[str | None, Event]]:
+    for item in events:
+        if isinstance(item, tuple) and len(item) == 2 and (item[0] is None or isinstance(item[0], str)):
+            yield item
+        else:
+            yield None, item
+
+
+def rounds_frame(events: Iterable) -> pd.DataFrame:
+    """One row per Round or Step, in stream order; columns as in COLUMNS."""
+    rows, mode, last = [], {}, {}
+    for side, ev in _pairs(events):
+        if isinstance(ev, Start):
+            mode[side] = ev.mode
+            last[side] = ev.prefill_s
+            continue
+        if not isinstance(ev, (Round, Step)):
+            continue
+        name = side or mode.get(side) or ("spec" if isinstance(ev, Round) else "ar")
+        row_s = ev.elapsed_s - last.get(side, 0.0)
+        last[side] = ev.elapsed_s
+        if isinstance(ev, Round):
+            rows.append(
+                (name, ev.index, len(ev.tokens), ev.n, len(ev.drafted), ev.kind, ev.draft_s, ev.verify_s,
+                 max(row_s - ev.draft_s - ev.verify_s, 0.0), row_s, ev.elapsed_s, ev.tokens)
+            )  # fmt: skip
+        else:
+            rows.append(
+                (name, ev.index, 1, 0, 0, "step", 0.0, ev.forward_s, max(row_s - ev.forward_s, 0.0), row_s,
+                 ev.elapsed_s, (ev.token,))
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _summary(frame: pd.DataFrame, start: Start | None, done: Done | None) -> dict:
+    drafted, accepted = int(frame["gamma"].sum()), int(frame["n"].sum())
+    new = int(frame["tokens"].sum())
+    prefill = start.prefill_s if start else 0.0
+    wall = float(frame["elapsed_s"].iloc[-1]) if len(frame) else prefill
+    decode = wall - prefill
+    calls = len(frame)
+    out = {
+        "mode": start.mode if start else (frame["side"].iloc[0] if len(frame) else ""),
+        "new_tokens": new,
+        "target_calls": calls,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "tokens_per_target_call": new / calls if calls else 0.0,
+        "prefill_s": prefill,
+        "draft_s": float(frame["draft_s"].sum()),
+        "verify_s": float(frame["verify_s"].sum()),
+        "other_s": float(frame["other_s"].sum()),
+        "wall_s": wall,
+        "tokens_per_s": new / wall if wall > 0 else 0.0,
+        "decode_tokens_per_s": new / decode if decode > 0 else 0.0,  # prefill excluded
+        "finish_reason": done.finish_reason if done else None,
+    }
+    return out
+
+
+def summaries(events: Iterable) -> dict[str, dict]:
+    """Summary numbers per side: {"spec": {...}, "ar": {...}} (see `summary` for the keys)."""
+    events = list(_pairs(events))
+    frame = rounds_frame(events)
+    starts, dones, names = {}, {}, {}
+    for side, ev in events:
+        if isinstance(ev, Start):
+            starts[side] = ev
+            names[side] = side or ev.mode
+        elif isinstance(ev, Done):
+            dones[side] = ev
+    return {names[s]: _summary(frame[frame["side"] == names[s]], starts[s], dones.get(s)) for s in starts}
+
+
+def summary(events: Iterable) -> dict:
+    """One run's numbers: new_tokens, target_calls, drafted, accepted, acceptance_rate (alpha),
+    tokens_per_target_call, prefill_s, draft_s, verify_s, other_s, wall_s, tokens_per_s, decode_tokens_per_s,
+    finish_reason. For the pairs of `race`, use `summaries`."""
+    by_side = summaries(events)
+    if len(by_side) != 1:
+        raise ValueError(f"summary() takes one run; these events hold {sorted(by_side)}: use summaries().")
+    return next(iter(by_side.values()))
+
+
+def acceptance_by_position(frame: pd.DataFrame) -> pd.Series:
+    """P(proposal i is accepted | it was drafted), i = 0 .. gamma-1, from a rounds frame of one spec run.
+
+    Position i was reached in every round with gamma > i and accepted where n > i.
+    """
+    spec = frame[frame["gamma"] > 0]
+    if spec.empty:
+        return pd.Series(dtype=float, name="acceptance")
+    g = int(spec["gamma"].max())
+    rate = [float((spec["n"] > i).sum() / max((spec["gamma"] > i).sum(), 1)) for i in range(g)]
+    return pd.Series(rate, index=pd.RangeIndex(g, name="position"), name="acceptance")
+
+
+def accepted_histogram(frame: pd.DataFrame) -> pd.Series:
+    """How many rounds accepted n = 0 .. gamma proposals (spec rows only)."""
+    spec = frame[frame["gamma"] > 0]
+    g = int(spec["gamma"].max()) if len(spec) else 0
+    return spec["n"].value_counts().reindex(range(g + 1), fill_value=0).rename_axis("n").rename("rounds")

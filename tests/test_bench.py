@@ -1,0 +1,131 @@
+"""The benchmark on the tiny pair: every column, the theory formula, the identical-output check, the CLI."""
+
+import json
+import logging
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+from specviz import bench, load_model
+from specviz.bench import expected_speedup, load_prompts, run_bench
+from specviz.events import Done
+
+PROMPTS = ["hello world", "the cat sat"]
+
+
+def test_theory_formula_on_known_values():
+    assert expected_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))  # 2.4011...
+    assert expected_speedup(0.8, 4, 0.1) == pytest.approx(2.40114, abs=1e-5)
+    assert expected_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # every proposal accepted
+    assert expected_speedup(0.0, 5, 0.2) == pytest.approx(1 / 2)  # nothing accepted: pure overhead
+    assert expected_speedup(0.6, 2, 0.0) == pytest.approx(1 + 0.6 + 0.36)  # a free draft: E[tokens per round]
+
+
+def test_prompt_sets_load_by_name_and_by_path(tmp_path):
+    everyday = load_prompts("everyday")
+    assert "Tell me about gravity." in everyday and "Cite 20 famous people." in everyday
+    for name in bench.PROMPT_SETS:
+        assert 8 <= len(load_prompts(name)) <= 12
+    f = tmp_path / "mine.txt"
+    f.write_text("one\n\n  two  \nthree\n")
+    assert load_prompts(str(f), limit=2) == ["one", "two"]
+    with pytest.raises(bench.SpecvizError):
+        load_prompts("no-such-set")
+
+
+@pytest.fixture(scope="module")
+def table(loaded_pair):
+    p, q = loaded_pair
+    return run_bench(p, q, PROMPTS, [1, 3], [0.0, 1.0], max_new_tokens=12, repeats=1)
+
+
+def test_bench_produces_every_column_for_every_cell(table):
+    assert len(table) == 4
+    assert sorted(zip(table["temperature"], table["gamma"])) == [(0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]
+    numeric = [c for c in table.columns if c not in ("identical", "differences", "note", "temperature")]
+    assert not table[numeric].isna().any().any(), table[numeric].isna().sum()
+    assert ((table["acceptance"] >= 0) & (table["acceptance"] <= 1)).all()
+    assert ((table["tokens_per_call"] >= 1) & (table["tokens_per_call"] <= table["gamma"] + 1)).all()
+    for _, r in table.iterrows():
+        assert r["theory"] == pytest.approx(expected_speedup(r["acceptance"], r["gamma"], r["c"]))
+    greedy = table[table["temperature"] == 0]
+    assert greedy["identical"].tolist() == [True, True] and (greedy["differences"] == "").all()
+    assert table.loc[table["temperature"] > 0, "identical"].isna().all()  # sampled outputs need not match
+    assert "spec/hf_spec" in bench.format_table(table)
+
+
+def test_identical_check_catches_a_planted_difference(loaded_pair, monkeypatch, caplog):
+    p, q = loaded_pair
+    real = bench.speculative_decode
+
+    def altered(*args, **kwargs):  # our speculative decoding, with its third token changed
+        for ev in real(*args, **kwargs):
+            if isinstance(ev, Done):
+                t = list(ev.token_ids)
+                t[2] = (t[2] + 1) % p.vocab_size
+                ev = Done(tuple(t), ev.finish_reason, ev.stats)
+            yield ev
+
+    monkeypatch.setattr(bench, "speculative_decode", altered)
+    with caplog.at_level(logging.WARNING, logger="specviz"):
+        t = run_bench(p, q, PROMPTS, [2], [0.0], max_new_tokens=8, hf=False)
+    assert t["identical"].tolist() == [False]
+    assert "spec differs from ar at new token 2" in t["differences"].iloc[0]
+    assert "GREEDY OUTPUTS DIFFER" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def trimmed_draft(tiny_pair, tmp_path_factory):
+    """The tiny draft with a trimmed vocabulary, like the built-in one: 40 of the 64 rows, mapped by a file."""
+    src = tiny_pair[1]
+    full = AutoModelForCausalLM.from_pretrained(src)
+    keep = list(range(0, 64, 3)) + [1, 2, 4, 5, 7, 8, 10, 11, 13, 14, 16, 17, 19, 20]  # specials + chars
+    keep = sorted(set(keep))
+    cfg = full.config
+    cfg.vocab_size = len(keep)
+    small = LlamaForCausalLM(cfg)
+    sd = full.state_dict()
+    sd["model.embed_tokens.weight"] = sd["model.embed_tokens.weight"][keep]
+    sd["lm_head.weight"] = sd["lm_head.weight"][keep]
+    small.load_state_dict(sd)
+    out = tmp_path_factory.mktemp("trimmed") / "draft"
+    small.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    (out / "specviz_vocab.json").write_text(json.dumps({"target_ids": keep}))
+    return str(out)
+
+
+def test_transformers_assisted_generation_runs_with_a_trimmed_vocabulary_draft(loaded_pair, trimmed_draft):
+    p, _ = loaded_pair
+    q = load_model(trimmed_draft, device="cpu")
+    assert q.vocab_map is not None and q.vocab_size < p.vocab_size
+    view = bench.hf_assistant(q, p, 3)
+    with torch.no_grad():
+        logits = view(torch.tensor([[1, 5, 6, 7]])).logits
+    assert logits.shape[-1] == p.vocab_size
+    unmapped = sorted(set(range(p.vocab_size)) - set(q.vocab_map.tolist()))
+    assert torch.isinf(logits[..., unmapped]).all()
+    assert q.model.get_output_embeddings().weight.shape[0] == len(q.vocab_map)  # q itself is untouched
+    t = run_bench(p, q, PROMPTS, [3], [0.0], max_new_tokens=16)
+    assert t["identical"].tolist() == [True], t["differences"].iloc[0]
+    assert t["hf_spec_tok_s"].notna().all()
+
+
+def test_cli_writes_csv_json_and_html_plots(tiny_pair, tmp_path, monkeypatch, capsys):
+    from specviz.__main__ import main
+
+    monkeypatch.setenv("SPECVIZ_BENCH_PNG", "0")  # no browser in the unit tests
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS))
+    csv, js, plots = tmp_path / "t.csv", tmp_path / "t.json", tmp_path / "plots"
+    args = ["bench", "--target", tiny_pair[0], "--draft", tiny_pair[1], "--device", "cpu", "--prompts", str(prompts)]
+    args += ["--gammas", "2", "--max-new-tokens", "6", "--csv", str(csv), "--json-out", str(js), "--plots", str(plots)]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["machine"]["torch"] == torch.__version__ and out["machine"]["cpu"]
+    assert out["table"][0]["identical"] is True
+    saved = json.loads(js.read_text())
+    assert len(saved["runs"]) == 2 * len(bench.METHODS)
+    assert csv.read_text().startswith("temperature,gamma")
+    assert (plots / "speedup.html").is_file() and (plots / "acceptance.html").is_file()

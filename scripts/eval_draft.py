@@ -1,0 +1,153 @@
+"""Measure a draft q against the target p on held-out prompts: greedy acceptance alpha and cost ratio c.
+
+alpha: the target's greedy reply to each held-out prompt is generated once (cached in --cache), then the
+draft is teacher-forced on prompt + reply and we count draft argmax == target token. In greedy speculative
+decoding the draft always predicts from a prefix the target wrote, so this IS the per-token acceptance.
+A target token that has no row in the trimmed draft vocabulary counts as a miss.
+
+c: the median time of one single-token cached forward (plain transformers, DynamicCache, float32) of q,
+divided by the same for p. Expected speedup per round of gamma drafted tokens, if a verify costs one target
+step (Leviathan et al. 2023, eq. 1 / theorem 3.8): (1 - alpha**(gamma+1)) / ((1 - alpha) * (gamma*c + 1)).
+
+    nice -n 15 python scripts/eval_draft.py --draft assets/draft
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from train_draft import HELDOUT, prompt_ids, read_heldout  # noqa: E402
+
+
+def load_draft(folder: str | Path):
+    """The draft in float32 (as the engine loads it) and its target-id -> row lookup."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    target_ids = json.loads((folder / "specviz_vocab.json").read_text())["target_ids"]
+    return model, torch.tensor(target_ids)
+
+
+def target_replies(target, tokenizer, prompts: list[str], cache: Path, max_new_tokens: int, batch_size: int):
+    """The target's greedy reply ids for each prompt; generated once, then read back from `cache`."""
+    done = json.loads(cache.read_text()) if cache.is_file() else {}
+    key = lambda p: f"{max_new_tokens}\t{p}"  # noqa: E731
+    todo = [p for p in prompts if key(p) not in done]
+    for i in range(0, len(todo), batch_size):
+        chunk = [prompt_ids(tokenizer, p) for p in todo[i : i + batch_size]]
+        T = max(map(len, chunk))
+        ids = torch.tensor([[2] * (T - len(x)) + x for x in chunk])  # (B, T) left-padded
+        mask = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in chunk])
+        with torch.inference_mode():
+            out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False,
+                                  max_new_tokens=max_new_tokens, pad_token_id=2)  # fmt: skip
+        chunk = todo[i : i + batch_size]
+        for p, row in zip(chunk, out[:, T:].tolist()):
+            done[key(p)] = row[: row.index(2) + 1] if 2 in row else row  # up to <|im_end|> (eos), kept
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(done))
+    return [done[key(p)] for p in prompts]
+
+
+@torch.inference_mode()
+def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
+    """Teacher-forced greedy acceptance of the draft on (prompt, target reply) pairs."""
+    lookup = torch.zeros(max(len(tokenizer), int(target_ids.max()) + 1), dtype=torch.long)
+    lookup[target_ids] = torch.arange(len(target_ids))
+    hits = total = oov = 0
+    per_prompt = []
+    for prompt, reply in zip(prompts, replies):
+        p = prompt_ids(tokenizer, prompt)
+        seq = torch.tensor(p + reply)  # (T,) target ids
+        logits = draft(lookup[seq][None]).logits[0]  # (T, N)
+        guess = target_ids[logits[len(p) - 1 : -1].argmax(-1)]  # (R,) draft argmax as target ids
+        truth = torch.tensor(reply)
+        h = int((guess == truth).sum())
+        hits, total = hits + h, total + len(reply)
+        oov += int((lookup[truth] == 0).sum()) - int((truth == target_ids[0]).sum())
+        per_prompt.append({"prompt": prompt, "alpha": h / len(reply), "tokens": len(reply)})
+    return {"alpha": hits / total, "tokens": total, "oov_rate": oov / total, "per_prompt": per_prompt}
+
+
+@torch.inference_mode()
+def ms_per_token(model, prompt: list[int], steps: int = 50, warmup: int = 5) -> float:
+    """Median ms of one cached single-token forward, after a prefill of `prompt` (model-vocabulary ids)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+    tok = out.logits[:, -1:].argmax(-1)  # (1, 1)
+    times = []
+    for _ in range(steps + warmup):
+        t = time.perf_counter()
+        out = model(tok, past_key_values=cache, use_cache=True)
+        tok = out.logits[:, -1:].argmax(-1)
+        times.append(1000 * (time.perf_counter() - t))
+    return statistics.median(times[warmup:])
+
+
+def speedup(alpha: float, c: float, gamma: int) -> float:
+    if alpha >= 1.0:
+        return (gamma + 1) / (gamma * c + 1)
+    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--draft", default=str(ROOT / "assets" / "draft"))
+    ap.add_argument("--target", default="", help="target folder; default: the built-in target")
+    ap.add_argument("--prompts", default=str(HELDOUT))
+    ap.add_argument("--cache", default=str(ROOT / "runs" / "heldout_target.json"), help="target replies cache")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch-size", type=int, default=8, help="target generation batch (left-padded)")
+    ap.add_argument("--timing-steps", type=int, default=50, help="0 skips timing")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default="", help="also write the results here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.target:
+        target_dir = Path(args.target)
+    else:
+        sys.path.insert(0, str(ROOT))
+        from specviz.builtin import ensure_target
+
+        target_dir = ensure_target()
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    draft, target_ids = load_draft(args.draft)
+    prompts = read_heldout(args.prompts)
+    replies = target_replies(target, tokenizer, prompts, Path(args.cache), args.max_new_tokens, args.batch_size)
+    res = acceptance(draft, target_ids, tokenizer, prompts, replies)
+    print(f"alpha (greedy acceptance) = {res['alpha']:.3f} over {res['tokens']} tokens of {len(prompts)} "
+          f"held-out prompts; target tokens outside the draft vocabulary: {res['oov_rate']:.3%}")  # fmt: skip
+    if args.timing_steps:
+        p = prompt_ids(tokenizer, prompts[0])
+        lookup = {t: i for i, t in enumerate(target_ids.tolist())}
+        ms_q = ms_per_token(draft, [lookup.get(t, 0) for t in p], args.timing_steps)
+        ms_p = ms_per_token(target, p, args.timing_steps)
+        c = ms_q / ms_p
+        res.update(ms_draft=ms_q, ms_target=ms_p, c=c)
+        res["speedup"] = {g: speedup(res["alpha"], c, g) for g in range(1, 9)}
+        best = max(res["speedup"], key=res["speedup"].get)
+        print(f"draft {ms_q:.2f} ms/token, target {ms_p:.2f} ms/token, c = {c:.3f}; expected speedup "
+              f"(verify = one target step) {res['speedup'][best]:.2f}x at gamma={best}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()

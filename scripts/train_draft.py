@@ -1,0 +1,399 @@
+"""Train specviz's built-in draft q for the target p (SmolLM2-135M-Instruct) from the target's own replies.
+
+The draft is a plain transformers LlamaForCausalLM over a TRIMMED vocabulary: only the target tokens that
+occur in the teacher data (plus the special tokens and the chat template's tokens). Row i of the draft is
+target token id `target_ids[i]` (saved in specviz_vocab.json; row 0 is target id 0, which is also where
+unknown input tokens go). The engine scatters q's N-way distribution into the target's 49152-way vocabulary.
+
+Why it looks the way it does (measured on a 2-core CPU, float32, one cached token per call):
+  * a draft's cost per token is dominated by reading its weights (memory bound) plus ~1 ms of per-call
+    framework overhead, so c = ms(q) / ms(p) is roughly params(q) / params(p) + overhead: a 30 MB-ish draft
+    with few layers and a trimmed output layer is what fits under c = 0.1;
+  * the target's width (576) lets us START from the target itself: its embedding rows (tied, so also the
+    output layer), its first blocks and its final norm. That init is far better than a random one.
+    When --hidden differs from the target's, the embedding is a PCA projection of the target's rows and
+    the blocks start random;
+  * the loss is next-token cross-entropy on the reply tokens only (the prompt is context). On sampled
+    replies this is an unbiased estimate of the cross-entropy to p itself, so argmax q -> argmax p.
+
+Usage (the shipped draft; see assets/draft/MODEL_CARD.md for the exact command):
+    nice -n 15 python scripts/train_draft.py --data /path/teacher.jsonl.gz --out runs/draft --minutes 90
+Re-running the same command resumes from <out>/state.pt. A usable draft folder is written to
+<out>/latest every --ckpt-minutes (atomically), and to <out>/final at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+HELDOUT = ROOT / "assets" / "prompts" / "heldout.txt"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+SPECIAL_IDS = (0, 1, 2)  # <|endoftext|> (also the row for unknown tokens), <|im_start|>, <|im_end|> (= eos)
+
+
+@dataclass
+class TrainConfig:
+    data: list[str] = field(default_factory=list)  # teacher JSONL(.gz) files: {"prompt","temperature","ids"}
+    out: str = "runs/draft"  # work folder: state.pt, log.jsonl, latest/, final/
+    target: str = ""  # target folder; "" = the built-in target (converted on first use)
+    heldout: str = str(HELDOUT)  # prompts never trained on (exact text match, case-insensitive)
+    # --- shape: None = the target's value (needed to copy the target's blocks) ---
+    layers: int = 2  # each block costs ~1 ms/token on 2 CPU cores at width 576; 2 is what fits c <= 0.1
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    intermediate: int | None = None
+    init_from_target: bool = True  # copy embedding rows, the first `layers` blocks and the final norm
+    # --- vocabulary: the output layer is the largest single cost, so keep only tokens seen often enough ---
+    min_count: int = 3  # a reply token must occur this often in the teacher data to get a row
+    max_vocab: int = 0  # >0: also cap the number of rows (most frequent kept)
+    # --- optimisation ---
+    batch_size: int = 16  # sequences per step (a sequence is prompt + reply, ~200 tokens)
+    max_len: int = 256  # longer sequences are cut (the teacher replies stop at 160 tokens)
+    lr: float = 6e-4  # peak; the init is pretrained, so lower than a from-scratch run would use
+    min_lr_frac: float = 0.1  # cosine decays to lr * min_lr_frac
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    steps: int = 0  # 0 = no step limit; the schedule then follows the time budget
+    minutes: float = 60.0  # wall-clock budget; the cosine schedule runs on max(step, time) progress
+    ckpt_minutes: float = 10.0  # how often a usable draft folder is written
+    val_frac: float = 0.04  # share of distinct prompts kept out for validation loss / acceptance
+    threads: int = 2  # torch.set_num_threads on CPU
+    seed: int = 0
+    save_dtype: str = "bfloat16"  # halves the file; the engine loads it as float32
+    device: str = ""  # "" = cuda if available else cpu
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+def norm_prompt(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def read_heldout(path: str | Path) -> list[str]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_teacher(paths: list[str]) -> list[dict]:
+    rows = []
+    for p in paths:
+        opener = gzip.open if str(p).endswith(".gz") else open
+        with opener(p, "rt", encoding="utf-8") as f:
+            rows.extend(json.loads(line) for line in f if line.strip())
+    return rows
+
+
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The target's chat template around one user message, ending where the reply starts."""
+    enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+    return list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+
+
+def build_vocab(rows: list[dict], prompts: dict[str, list[int]], cfg: TrainConfig) -> list[int]:
+    """target_ids for the draft's rows: specials first (row i = target i for i < 3), then by target id."""
+    counts = collections.Counter(t for r in rows for t in r["ids"])
+    keep = [t for t, n in counts.most_common() if n >= cfg.min_count]
+    if cfg.max_vocab:
+        keep = keep[: cfg.max_vocab]
+    always = set(SPECIAL_IDS) | {t for ids in prompts.values() for t in ids}  # template + prompt tokens
+    rest = sorted((set(keep) | always) - set(SPECIAL_IDS))
+    return list(SPECIAL_IDS) + rest
+
+
+def split_rows(rows: list[dict], heldout: list[str], cfg: TrainConfig) -> tuple[list[dict], list[dict], int]:
+    """Drop held-out prompts; put a fixed share of distinct prompts aside for validation."""
+    banned = {norm_prompt(p) for p in heldout}
+    kept = [r for r in rows if norm_prompt(r["prompt"]) not in banned]
+    distinct = sorted({r["prompt"] for r in kept})
+    random.Random(cfg.seed).shuffle(distinct)
+    val_prompts = set(distinct[: max(1, int(len(distinct) * cfg.val_frac))]) if cfg.val_frac > 0 else set()
+    train = [r for r in kept if r["prompt"] not in val_prompts]
+    val = [r for r in kept if r["prompt"] in val_prompts]
+    return train, val, len(rows) - len(kept)
+
+
+def encode(rows: list[dict], prompts: dict[str, list[int]], lookup: torch.Tensor, max_len: int) -> list[tuple]:
+    """Each row -> (draft rows (T,), index of the first reply token). Unknown tokens become row 0."""
+    out = []
+    for r in rows:
+        p = prompts[r["prompt"]]
+        seq = torch.tensor((p + r["ids"])[:max_len], dtype=torch.long)
+        if seq.numel() > len(p):
+            out.append((lookup[seq], len(p), r.get("temperature", 1.0)))
+    return out
+
+
+def make_batch(items: list[tuple], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (B, T) inputs and a (B, T) mask of positions whose NEXT token is a reply token."""
+    T = max(x.numel() for x, _, _ in items)
+    ids = torch.zeros(len(items), T, dtype=torch.long)
+    mask = torch.zeros(len(items), T, dtype=torch.bool)
+    for b, (x, start, _) in enumerate(items):
+        ids[b, : x.numel()] = x
+        mask[b, start - 1 : x.numel() - 1] = True  # position t predicts token t+1
+    return ids.to(device), mask.to(device)
+
+
+# --- model ----------------------------------------------------------------------------------------
+
+
+def build_draft(target, target_ids: list[int], cfg: TrainConfig):
+    """A LlamaForCausalLM over the trimmed vocabulary, initialised from the target where shapes allow."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tc = target.config
+    hidden = cfg.hidden or tc.hidden_size
+    heads = cfg.heads or (tc.num_attention_heads if hidden == tc.hidden_size else max(1, hidden // 64))
+    kv = cfg.kv_heads or (tc.num_key_value_heads if hidden == tc.hidden_size else heads)
+    inter = cfg.intermediate or (tc.intermediate_size if hidden == tc.hidden_size else 4 * hidden)
+    dc = LlamaConfig(
+        vocab_size=len(target_ids),
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=hidden // heads,
+        max_position_embeddings=tc.max_position_embeddings,
+        rms_norm_eps=tc.rms_norm_eps,
+        rope_parameters=dict(tc.rope_parameters),
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        unk_token_id=0,
+    )
+    draft = LlamaForCausalLM(dc)
+    rows = torch.tensor(target_ids)
+    E = target.get_input_embeddings().weight.detach().float()  # (49152, H_p)
+    with torch.no_grad():
+        if hidden == tc.hidden_size:
+            draft.model.embed_tokens.weight.copy_(E[rows])
+        else:  # PCA: project the target's rows onto their top `hidden` directions, keep the target's scale
+            X = E[rows] - E[rows].mean(0)
+            _, _, V = torch.linalg.svd(X, full_matrices=False)  # V: (H_p, H_p)
+            Z = X @ V[:hidden].T  # (N, hidden)
+            draft.model.embed_tokens.weight.copy_(Z * (E[rows].std() / Z.std()))
+        same = (hidden, heads, kv, inter) == (
+            tc.hidden_size,
+            tc.num_attention_heads,
+            tc.num_key_value_heads,
+            tc.intermediate_size,
+        )
+        if cfg.init_from_target and same:
+            for i in range(min(cfg.layers, tc.num_hidden_layers)):
+                draft.model.layers[i].load_state_dict(target.model.layers[i].state_dict())
+            draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    draft.tie_weights()
+    return draft
+
+
+def save_draft(draft, target_ids: list[int], target_dir: Path, out: Path, cfg: TrainConfig, meta: dict) -> None:
+    """Write the draft folder the engine loads; atomically (staged beside it, then renamed)."""
+    import copy
+
+    stage = out.with_name(out.name + ".tmp")
+    if stage.exists():
+        shutil.rmtree(stage)
+    model = copy.deepcopy(draft).to("cpu", dtype=getattr(torch, cfg.save_dtype))
+    model.save_pretrained(stage)
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).is_file():
+            shutil.copy2(target_dir / name, stage / name)
+    (stage / "specviz_vocab.json").write_text(json.dumps({"target_ids": target_ids}))
+    (stage / "train_meta.json").write_text(json.dumps(meta, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    stage.rename(out)
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+def lr_at(progress: float, step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cos)
+
+
+def reply_loss(draft, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy over reply positions only; the output layer runs on those positions alone."""
+    h = draft.model(input_ids=ids).last_hidden_state  # (B, T, H)
+    targets = ids[:, 1:][mask[:, :-1]]  # (M,) the next token at each masked position
+    logits = draft.lm_head(h[:, :-1][mask[:, :-1]])  # (M, N)
+    return F.cross_entropy(logits.float(), targets), (logits.argmax(-1) == targets).float().mean()
+
+
+@torch.no_grad()
+def evaluate(draft, val: list[tuple], device, batch_size: int) -> dict:
+    """Validation loss on all held-aside replies, and greedy acceptance on the greedy (temperature 0) ones.
+    Acceptance counts a miss where the target's token has no row in the draft (it maps to row 0)."""
+    draft.eval()
+    out = {}
+    for name, items in (("val", val), ("val_greedy", [v for v in val if v[2] == 0.0])):
+        tot_loss = tot_hit = n = 0.0
+        for i in range(0, len(items), batch_size):
+            ids, mask = make_batch(items[i : i + batch_size], device)
+            loss, acc = reply_loss(draft, ids, mask)
+            m = int(mask[:, :-1].sum())
+            tot_loss, tot_hit, n = tot_loss + loss.item() * m, tot_hit + acc.item() * m, n + m
+        if n:
+            out[f"{name}_loss"], out[f"{name}_acc"] = tot_loss / n, tot_hit / n
+    draft.train()
+    return out
+
+
+def train(cfg: TrainConfig, log=print) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.target:
+        target_dir = Path(cfg.target)
+    else:
+        sys.path.insert(0, str(ROOT))
+        from specviz.builtin import ensure_target
+
+        target_dir = ensure_target()
+
+    # 1. data: prompts through the chat template, held-out prompts removed, a validation split
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    rows = read_teacher(cfg.data)
+    train_rows, val_rows, n_banned = split_rows(rows, read_heldout(cfg.heldout), cfg)
+    prompts = {p: prompt_ids(tokenizer, p) for p in {r["prompt"] for r in rows}}
+    state_path = out / "state.pt"
+    state = torch.load(state_path, weights_only=False) if state_path.is_file() else None
+    if state is not None:
+        target_ids = state["target_ids"]  # the vocabulary is fixed once training has started
+    else:
+        target_ids = build_vocab(train_rows, prompts, cfg)
+    lookup = torch.zeros(max(len(tokenizer), max(target_ids) + 1), dtype=torch.long)  # target id -> row
+    lookup[torch.tensor(target_ids)] = torch.arange(len(target_ids))
+    train_items = encode(train_rows, prompts, lookup, cfg.max_len)
+    val_items = encode(val_rows, prompts, lookup, cfg.max_len)
+    n_tok = sum(x.numel() - s for x, s, _ in train_items)
+    log(
+        f"data: {len(train_items)} train replies ({n_tok} reply tokens), {len(val_items)} val, "
+        f"{n_banned} held-out dropped; vocab {len(target_ids)} rows"
+    )
+
+    # 2. model + optimiser (fresh from the target, or resumed)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    draft = build_draft(target, target_ids, cfg)
+    del target
+    decay = [p for n, p in draft.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in draft.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
+    step, elapsed = 0, 0.0
+    rng = random.Random(cfg.seed)
+    if state is not None:
+        draft.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, elapsed = state["step"], state["elapsed"]
+        rng.setstate(state["rng"])
+        log(f"resumed at step {step} after {elapsed / 60:.1f} min")
+    draft.to(device).train()
+    n_params = sum(p.numel() for p in draft.parameters())
+    log(f"draft: {cfg.layers} layers x {draft.config.hidden_size}, {n_params / 1e6:.2f}M params, device {device}")
+
+    def checkpoint(name: str, metrics: dict) -> None:
+        meta = {"step": step, "minutes": round(elapsed / 60, 2), "config": asdict(cfg), **metrics}
+        save_draft(draft, target_ids, target_dir, out / name, cfg, meta)
+        state = {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}
+        state.update(rng=rng.getstate(), target_ids=target_ids, config=asdict(cfg))
+        torch.save(state, out / "state.tmp")
+        (out / "state.tmp").replace(state_path)
+        with open(out / "log.jsonl", "a") as f:
+            f.write(json.dumps({"event": "checkpoint", **meta}) + "\n")
+
+    # 3. the loop: shuffled epochs of batches, lr from max(step, time) progress, periodic checkpoints
+    order: list[int] = []
+    last_ckpt, t0 = elapsed, time.time() - elapsed
+    ema = None
+    while True:
+        elapsed = time.time() - t0
+        progress = max(step / cfg.steps if cfg.steps else 0.0, elapsed / (60 * cfg.minutes) if cfg.minutes else 0.0)
+        if progress >= 1.0:
+            break
+        if len(order) < cfg.batch_size:
+            order = list(range(len(train_items)))
+            rng.shuffle(order)
+        batch = [train_items[order.pop()] for _ in range(cfg.batch_size)]
+        ids, mask = make_batch(batch, device)
+        lr = lr_at(progress, step, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss, acc = reply_loss(draft, ids, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        if step % 20 == 0 or step == 1:
+            rec = {"step": step, "min": round(elapsed / 60, 2), "lr": lr, "loss": loss.item(), "ema": ema}
+            rec["acc"] = acc.item()
+            log(json.dumps(rec))
+            with open(out / "log.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if elapsed - last_ckpt >= 60 * cfg.ckpt_minutes:
+            metrics = evaluate(draft, val_items, device, cfg.batch_size)
+            log(f"checkpoint at step {step}: {metrics}")
+            elapsed = time.time() - t0
+            checkpoint("latest", {"train_loss_ema": ema, **metrics})
+            last_ckpt = elapsed
+
+    # 4. final: evaluate, save the last state and the draft folder
+    metrics = evaluate(draft, val_items, device, cfg.batch_size)
+    log(f"final at step {step}: {metrics}")
+    checkpoint("latest", {"train_loss_ema": ema, **metrics})
+    save_draft(draft, target_ids, target_dir, out / "final", cfg, {"step": step, "train_loss_ema": ema, **metrics})
+    return out / "final"
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "data":
+            ap.add_argument(flag, nargs="+", required=True, help="teacher JSONL(.gz) files")
+        elif f.type == "bool":
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif "int | None" in str(f.type):
+            ap.add_argument(flag, type=int, default=None)
+        else:
+            kind = {"int": int, "float": float, "str": str}[str(f.type)]
+            ap.add_argument(flag, type=kind, default=f.default)
+    return TrainConfig(**vars(ap.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    train(parse_args())

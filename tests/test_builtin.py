@@ -1,0 +1,71 @@
+"""The built-in pair, for real: the target converted from the PyPI package offline, the shipped draft, exactness."""
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.real
+
+# SmolLM2-135M-Instruct's own greedy reply, recorded in ../shared/data/smollm2-teacher (first 24 tokens):
+# the converted target must reproduce it token for token.
+TEACHER_PROMPT = "Explain inflation to a 10-year-old."
+TEACHER_IDS = [4792, 346, 457, 253, 10976, 1076, 338, 506, 4048, 253, 2341, 282, 2478, 30, 3569, 28, 4219, 338, 1076,
+               314, 4048, 253, 2341, 282]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def builtin_pair():
+    import specviz
+
+    return specviz.load_pair(device="cpu")
+
+
+def test_target_converts_offline_from_a_clean_cache(tmp_path, monkeypatch):
+    from specviz import builtin
+
+    monkeypatch.setenv("SPECVIZ_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not builtin.target_dir().exists()
+    folder = builtin.ensure_target(progress=lambda msg: None)
+    assert folder.is_relative_to(tmp_path)
+    assert (folder / "model.safetensors").stat().st_size > 100e6
+    assert (folder / "tokenizer.json").is_file()
+
+
+def test_chat_template_is_applied(builtin_pair):
+    from specviz import encode_prompt
+
+    p, _ = builtin_pair
+    ids = encode_prompt(p, "What is AI?")
+    text = p.tokenizer.decode(ids)
+    assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
+    raw = encode_prompt(p, "What is AI?", raw=True)
+    assert "<|im_start|>" not in p.tokenizer.decode(raw)
+
+
+def test_converted_target_reproduces_its_recorded_greedy_reply(builtin_pair):
+    import specviz
+
+    p, _ = builtin_pair
+    r = specviz.generate(TEACHER_PROMPT, target=p, mode="ar", max_new_tokens=len(TEACHER_IDS))
+    assert list(r.token_ids) == TEACHER_IDS
+
+
+def test_generate_works_offline_with_the_builtin_pair():
+    import specviz
+
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    r = specviz.generate("Tell me about gravity.", max_new_tokens=24)
+    assert len(r.token_ids) == 24 and "ravit" in r.text
+    assert r.stats["target_calls"] < 24  # the draft got tokens accepted: fewer target calls than tokens
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_greedy_speculative_equals_greedy_target_on_the_real_pair(builtin_pair, gamma):
+    import specviz
+
+    p, q = builtin_pair
+    for prompt in ["What is AI?", "def fibonacci(n):", "Give me three tips for sleeping well."]:
+        ar = specviz.generate(prompt, target=p, mode="ar", max_new_tokens=40)
+        sp = specviz.generate(prompt, target=p, draft=q, gamma=gamma, max_new_tokens=40)
+        assert sp.token_ids == ar.token_ids, prompt

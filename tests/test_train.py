@@ -1,0 +1,162 @@
+"""Smoke tests of the draft tooling (scripts/train_draft.py, scripts/make_teacher_data.py) on tiny models.
+
+A tiny random Llama "target" and a word-level tokenizer with the target's special tokens (0 <|endoftext|>,
+1 <|im_start|>, 2 <|im_end|>) and a chat template are built in a fixture, so nothing touches the network.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import make_teacher_data  # noqa: E402
+import train_draft  # noqa: E402
+
+WORDS = [f"w{i}" for i in range(40)] + ["hello", "world", "tell", "me", "about", "cats", "dogs", "write", "a", "poem"]
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    """A tiny random LlamaForCausalLM + word-level tokenizer saved like the converted target."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("target")
+    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "user", "assistant", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<|endoftext|>", bos_token="<|im_start|>", eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+    )  # fmt: skip
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.chat_template = TEMPLATE
+    hf.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    return folder
+
+
+def fake_teacher(path: Path, tokenizer) -> list[dict]:
+    """Learnable replies: each prompt's reply counts up through a few words from a prompt-dependent start."""
+    rows = []
+    ids = [tokenizer.convert_tokens_to_ids(w) for w in WORDS[:40]]
+    for k, prompt in enumerate(["hello world", "tell me about cats", "tell me about dogs", "write a poem"]):
+        for temp in (0.0, 1.0, 1.0):
+            reply = [ids[(3 * k + j) % 40] for j in range(12)] + [2]
+            rows.append({"prompt": prompt, "temperature": temp, "ids": reply})
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return rows
+
+
+def test_prompt_ids_use_the_chat_template(target_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    ids = train_draft.prompt_ids(tok, "hello world")
+    assert tok.convert_ids_to_tokens(ids) == [
+        "<|im_start|>", "user", "hello", "world", "<|im_end|>", "<|im_start|>", "assistant",
+    ]  # fmt: skip
+
+
+def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    rows = fake_teacher(tmp_path / "teacher.jsonl.gz", tok)
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text("Write a poem\n")  # matches "write a poem" (case-insensitive): must not be trained on
+    args = ["--data", str(tmp_path / "teacher.jsonl.gz"), "--out", str(tmp_path / "run"), "--target",
+            str(target_dir), "--heldout", str(heldout), "--layers", "1", "--batch-size", "4", "--minutes", "0",
+            "--steps", "40", "--lr", "3e-3", "--warmup-steps", "2", "--val-frac", "0.4", "--min-count", "1", "--threads", "1"]  # fmt: skip
+    cfg = train_draft.parse_args(args)
+    final = train_draft.train(cfg, log=lambda *a: None)
+
+    # the folder loads as a plain causal LM and carries the tokenizer and the vocabulary map
+    draft = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    target_ids = json.loads((final / "specviz_vocab.json").read_text())["target_ids"]
+    assert target_ids[0] == 0 and target_ids[:3] == [0, 1, 2]
+    assert len(target_ids) == len(set(target_ids)) == draft.config.vocab_size
+    assert draft.config.tie_word_embeddings
+    assert (final / "tokenizer.json").is_file() and (final / "chat_template.jinja").is_file()
+    # every reply token of the training split has a row; the held-out prompt was never trained on
+    train_rows, val_rows, dropped = train_draft.split_rows(rows, ["Write a poem"], cfg)
+    assert dropped == 3 and all(r["prompt"] != "write a poem" for r in train_rows + val_rows)
+    seen = {t for r in train_rows for t in r["ids"]}
+    assert seen <= set(target_ids)
+    assert not (set(rows[-1]["ids"]) - seen) & set(target_ids[3:])
+
+    # the embedding rows started from the target's (hidden sizes match), and training lowered the loss
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in log if "loss" in r]
+    assert losses[-1] < 0.5 * losses[0]
+    assert log[-1]["event"] == "checkpoint" and log[-1]["step"] == 40
+
+    # re-running with a larger step budget resumes from state.pt instead of starting over
+    resumed = [a if a != "40" else "45" for a in args]  # the same run, five more steps
+    train_draft.train(train_draft.parse_args(resumed), log=lambda *a: None)
+    meta = json.loads((tmp_path / "run" / "final" / "train_meta.json").read_text())
+    assert meta["step"] == 45
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r].count(1) == 1  # step 1 was logged once: no restart
+
+
+def test_pca_init_when_the_draft_is_narrower(tmp_path, target_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    fake_teacher(tmp_path / "t.jsonl.gz", tok)
+    cfg = train_draft.TrainConfig(
+        data=[str(tmp_path / "t.jsonl.gz")], out=str(tmp_path / "run"), target=str(target_dir), heldout="",
+        layers=1, hidden=16, heads=2, intermediate=32, steps=2, minutes=0, batch_size=2, min_count=1, threads=1,
+    )  # fmt: skip
+    final = train_draft.train(cfg, log=lambda *a: None)
+    assert AutoModelForCausalLM.from_pretrained(final).config.hidden_size == 16
+
+
+def test_make_teacher_data_is_resumable_and_skips_heldout(tmp_path, target_dir):
+    prompts = make_teacher_data.builtin_prompts(0)
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_text(prompts[1] + "\n")
+    out = tmp_path / "teacher.jsonl.gz"
+    args = ["--out", str(out), "--n-prompts", "3", "--temperatures", "0", "1.0", "--max-new-tokens", "5",
+            "--batch-size", "2", "--target", str(target_dir), "--heldout", str(heldout), "--threads", "1"]  # fmt: skip
+    make_teacher_data.main(args)
+    with gzip.open(out, "rt") as f:
+        first = [json.loads(line) for line in f]
+    assert len(first) == 6
+    assert {r["prompt"] for r in first} == {prompts[0], prompts[2], prompts[3]}  # prompts[1] is held out
+    assert all(1 <= len(r["ids"]) <= 5 and r["temperature"] in (0.0, 1.0) for r in first)
+
+    make_teacher_data.main(args)  # nothing left to do: no duplicates
+    make_teacher_data.main([*args[:3], "4", *args[4:]])  # one more prompt: only its 2 replies are added
+    with gzip.open(out, "rt") as f:
+        again = [json.loads(line) for line in f]
+    assert again[:6] == first and len(again) == 8
+    assert {r["prompt"] for r in again[6:]} == {prompts[4]}
+
+
+def test_builtin_prompts_are_many_distinct_and_exclude_the_heldout_set():
+    prompts = make_teacher_data.builtin_prompts(0)
+    assert len(prompts) == len(set(prompts)) >= 600
+    heldout = {train_draft.norm_prompt(p) for p in train_draft.read_heldout(train_draft.HELDOUT)}
+    assert len(heldout) >= 30
+    assert not heldout & {train_draft.norm_prompt(p) for p in prompts}

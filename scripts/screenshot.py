@@ -1,0 +1,63 @@
+"""The README's picture: the app with the default pair racing, in Debian's chromium.
+
+    .venv/bin/python scripts/screenshot.py assets/screenshot.png [--prompt TEXT] [--sweep] [--tab NAME]
+
+The default pair is the built-in one unless SPECVIZ_TARGET / SPECVIZ_DRAFT say otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui.common import UIContext  # noqa: E402
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run", "--disable-quic"]  # fmt: skip
+SLOW_MS = 600_000  # real models on a small shared CPU
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="PNG file to write")
+    ap.add_argument("--prompt", default="Why is the sky blue? Explain it to a ten-year-old.")
+    ap.add_argument("--sweep", action="store_true", help="run the gamma sweep before the race")
+    ap.add_argument("--tab", default="", help="take the picture of this tab instead (after the race)")
+    ap.add_argument("--width", type=int, default=1400)
+    args = ap.parse_args()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo = build_demo(UIContext())
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+            page = browser.new_page(viewport={"width": args.width, "height": 1000})
+            page.goto(f"http://127.0.0.1:{port}/", wait_until="load", timeout=SLOW_MS)
+            expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
+            page.get_by_label("Prompt", exact=True).fill(args.prompt)
+            if args.sweep:
+                page.get_by_role("button", name="Sweep gamma").click()
+                page.wait_for_function("() => /Sweep done/.test(document.body.innerText)", timeout=SLOW_MS)
+            page.get_by_role("button", name="Run race").click()
+            expect(page.locator("#sv-message .sv-note")).to_contain_text("Done.", timeout=SLOW_MS)
+            if args.tab:
+                page.get_by_role("tab", name=args.tab).click()
+                page.wait_for_timeout(1000)
+            page.screenshot(path=args.out, full_page=True)
+            browser.close()
+    finally:
+        demo.close()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Events and sweep tables -> plotly Figures for the race page (no gradio import).
+
+Names as in the papers: gamma block size, n accepted count, alpha acceptance rate, c cost ratio
+(one draft call / one target call). Colours are the Okabe-Ito palette, safe for colour-blind readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from . import metrics
+from .events import Event, Round, Start, Step
+
+BLUE, VERMILLION, ORANGE, PURPLE, SKY, GREEN, GREY = (
+    "#0072B2",
+    "#D55E00",
+    "#E69F00",
+    "#CC79A7",
+    "#56B4E9",
+    "#009E73",
+    "#7f7f7f",
+)
+AR_COLOR, SPEC_COLOR = GREY, BLUE
+HEIGHT = 270
+
+try:  # the pair check's formula, when that module is there
+    from .pairs import expected_speedup
+except ImportError:  # TODO: drop once specviz.pairs ships expected_speedup
+
+    def expected_speedup(a: float, gamma: int, c: float) -> float:
+        """Leviathan et al. (2023), eq. 1: (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1))."""
+        tokens = gamma + 1 if a >= 1 else (1 - a ** (gamma + 1)) / (1 - a)
+        return tokens / (gamma * c + 1)
+
+
+def rounds_frame(events: Sequence[Event]) -> pd.DataFrame:
+    """The speculative rows of `metrics.rounds_frame`, plus `round` (from 1) and `emitted` (tokens) for the axes."""
+    f = metrics.rounds_frame(events)
+    f = f[f["kind"] != "step"].reset_index(drop=True)
+    return f.assign(round=f["index"] + 1, emitted=f["tokens"])
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        template="plotly_white",
+        height=HEIGHT,
+        margin={"l": 50, "r": 15, "t": 45, "b": 40},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1},
+        xaxis_title=x,
+        yaxis_title=y,
+    )
+    return fig
+
+
+def _curve(events: Sequence[Event]) -> tuple[list[float], list[int]]:
+    """(compute seconds, tokens so far) for one run, from 0 through the prompt encoding."""
+    t, n = [0.0], [0]
+    for ev in events:
+        if isinstance(ev, Start):
+            t.append(ev.prefill_s)
+            n.append(0)
+        elif isinstance(ev, Step):
+            t.append(ev.elapsed_s)
+            n.append(n[-1] + 1)
+        elif isinstance(ev, Round):
+            t.append(ev.elapsed_s)
+            n.append(n[-1] + len(ev.tokens))
+    return t, n
+
+
+def race_figure(ar: Sequence[Event], spec: Sequence[Event]) -> go.Figure:
+    """Tokens so far against each run's own compute clock: the steeper line is the faster side."""
+    fig = go.Figure()
+    for name, evs, color, dash in (("plain", ar, AR_COLOR, "dot"), ("speculative", spec, SPEC_COLOR, "solid")):
+        t, n = _curve(evs)
+        fig.add_trace(go.Scatter(x=t, y=n, name=name, mode="lines", line={"color": color, "dash": dash, "shape": "hv"}))
+    return _layout(fig, "The race: tokens so far", "compute time (s)", "tokens")
+
+
+def acceptance_figure(rounds: pd.DataFrame) -> go.Figure:
+    """Share of each round's proposals accepted (bars) and the running acceptance rate (line)."""
+    fig = go.Figure()
+    if len(rounds):
+        share = rounds["n"] / rounds["gamma"]
+        running = rounds["n"].cumsum() / rounds["gamma"].cumsum()
+        fig.add_trace(go.Bar(x=rounds["round"], y=share, name="this round", marker_color=SKY))
+        fig.add_trace(go.Scatter(x=rounds["round"], y=running, name="so far", line={"color": BLUE, "width": 3}))
+    fig = _layout(fig, "Acceptance rate: guesses kept per round", "round", "accepted / proposed")
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    return fig
+
+
+def tokens_per_round_figure(rounds: pd.DataFrame, gamma: int) -> go.Figure:
+    """How many tokens each round produced: 1 (first guess rejected) .. gamma+1 (all accepted + bonus)."""
+    k = list(range(1, gamma + 2))
+    counts = rounds["emitted"].value_counts().reindex(k, fill_value=0) if len(rounds) else pd.Series(0, index=k)
+    colors = [BLUE] * gamma + [PURPLE]  # the last bar: every proposal accepted, plus the bonus token
+    fig = go.Figure(go.Bar(x=k, y=counts.values, marker_color=colors, name="rounds"))
+    fig = _layout(fig, "Tokens per round (per target call)", "tokens produced in the round", "rounds")
+    fig.update_xaxes(tickmode="linear", dtick=1)
+    return fig
+
+
+def time_share_figure(ar: Sequence[Event], spec: Sequence[Event]) -> go.Figure:
+    """Where each side's compute went: prompt encoding, drafting (q), the target (p), and the rest."""
+    a, s = metrics.rounds_frame(ar), metrics.rounds_frame(spec)
+    prefill = [sum(ev.prefill_s for ev in evs if isinstance(ev, Start)) for evs in (ar, spec)]
+    fig = go.Figure()
+    for name, vals, color in (
+        ("prompt", prefill, GREY),
+        ("draft q", [0.0, s["draft_s"].sum()], SKY),
+        ("target p", [a["verify_s"].sum(), s["verify_s"].sum()], BLUE),
+        ("other", [a["other_s"].sum(), s["other_s"].sum()], ORANGE),
+    ):
+        fig.add_trace(
+            go.Bar(
+                y=["plain", "speculative"], x=[float(v) for v in vals], name=name, orientation="h", marker_color=color
+            )
+        )
+    fig = _layout(fig, "Where the time went", "compute time (s)", "")
+    fig.update_layout(barmode="stack")
+    return fig
+
+
+def theory_frame(alpha: float, c: float, gammas: Sequence[int]) -> pd.DataFrame:
+    """The paper's expected speedup and acceptance for a given alpha and c, over gamma."""
+    rows = []
+    for g in gammas:
+        tokens = g + 1 if alpha >= 1 else (1 - alpha ** (g + 1)) / (1 - alpha)  # E[tokens per round]
+        rows.append({"gamma": g, "speedup": expected_speedup(alpha, g, c), "acceptance": (tokens - 1) / g})
+    return pd.DataFrame(rows, columns=["gamma", "speedup", "acceptance"])
+
+
+def sweep_figure(measured: pd.DataFrame, theory: pd.DataFrame | None = None) -> go.Figure:
+    """Measured acceptance and speedup against gamma, with the theoretical curves when given.
+
+    measured: columns gamma, acceptance, speedup.
+    """
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("Acceptance rate (accepted / proposed)", "Speedup over plain decoding")
+    )
+    if theory is not None and len(theory):
+        fig.add_trace(
+            go.Scatter(x=theory["gamma"], y=theory["acceptance"], name="theory", line={"color": GREY, "dash": "dash"}),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=theory["gamma"],
+                y=theory["speedup"],
+                name="theory",
+                showlegend=False,
+                line={"color": GREY, "dash": "dash"},
+            ),
+            row=1,
+            col=2,
+        )
+    marker = {"size": 10, "color": BLUE, "symbol": "circle"}
+    fig.add_trace(
+        go.Scatter(x=measured["gamma"], y=measured["acceptance"], name="measured", mode="markers+lines", marker=marker),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=measured["gamma"],
+            y=measured["speedup"],
+            name="measured",
+            mode="markers+lines",
+            marker=marker,
+            showlegend=False,
+        ),
+        row=1,
+        col=2,
+    )
+    fig.add_hline(y=1.0, line={"color": VERMILLION, "width": 1}, row=1, col=2)
+    if not len(measured):
+        fig.add_annotation(
+            text="Press “Sweep gamma” to measure", showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper"
+        )
+        fig.update_xaxes(range=[0.5, 8.5])
+    fig.update_xaxes(title_text="gamma (tokens drafted per round)", dtick=1 if len(measured) < 10 else None)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
+    fig.update_yaxes(title_text="× plain tokens/s", rangemode="tozero", row=1, col=2)
+    fig.update_layout(
+        template="plotly_white",
+        height=320,
+        margin={"l": 50, "r": 15, "t": 50, "b": 45},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.08, "xanchor": "right", "x": 1},
+    )
+    return fig

@@ -1,0 +1,71 @@
+"""What every tab of the app shares: the deployment limits, model loading under them, and the GPU decorator."""
+
+from __future__ import annotations
+
+import functools
+import html
+import os
+from dataclasses import dataclass, field
+
+from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
+from ..limits import Limits
+from ..models import LoadedModel, load_model, load_pair
+
+
+def gpu(fn):
+    """ZeroGPU Spaces: `spaces.GPU` on functions that run the models, only where the package is installed."""
+    try:
+        import spaces  # type: ignore[import-not-found]
+    except ImportError:
+        return fn
+    return spaces.GPU(fn)
+
+
+def message(err: Exception) -> str:
+    """One sentence for the page; never a traceback."""
+    if isinstance(err, SpecvizError):
+        return str(err)
+    try:
+        import torch
+
+        if isinstance(err, torch.OutOfMemoryError):
+            return "The server ran out of memory for this request; try fewer tokens or a smaller model."
+    except ImportError:
+        pass
+    if isinstance(err, MemoryError):
+        return "The server ran out of memory for this request; try fewer tokens or a smaller model."
+    return f"Something went wrong on the server ({type(err).__name__}); the app keeps working, please try again."
+
+
+def error_html(err: Exception | str) -> str:
+    text = err if isinstance(err, str) else message(err)
+    return f'<div class="sv-error" role="alert">{html.escape(text)}</div>'
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name, "").strip() or None
+
+
+@dataclass
+class UIContext:
+    limits: Limits = field(default_factory=Limits.from_env)
+    device: str | None = None  # None: cuda, then mps, then cpu
+    # The pair used when a visitor names none; set by the operator (not checked against limits):
+    # a hub id or a folder, from SPECVIZ_TARGET / SPECVIZ_DRAFT, else the built-in pair.
+    default_target: str | None = field(default_factory=lambda: _env("SPECVIZ_TARGET"))
+    default_draft: str | None = field(default_factory=lambda: _env("SPECVIZ_DRAFT"))
+
+    def pair(self, target: str | None = None, draft: str | None = None) -> tuple[LoadedModel, LoadedModel]:
+        """The pair a visitor asked for (None or "" means the default), checked against the deployment's limits."""
+        t = self.limits.check_model(target or "") or self.default_target or BUILTIN_TARGET
+        d = self.limits.check_model(draft or "") or self.default_draft or BUILTIN_DRAFT
+        return load_pair(t, d, device=self.device)
+
+    def target(self, name: str | None = None) -> LoadedModel:
+        t = self.limits.check_model(name or "") or self.default_target or BUILTIN_TARGET
+        return load_model(t, device=self.device)
+
+
+@functools.cache
+def default_context() -> UIContext:
+    return UIContext()

@@ -1,0 +1,137 @@
+"""The "Pair check" tab: can this draft q serve this target p, and is it worth it? (specviz.pairs.check_pair)
+
+The visitor picks a preset or types a hub id or folder (checked by the deployment's limits); the page shows
+the verdict with its reasons, the measured acceptance a and cost ratio c, and the expected speedup per gamma.
+"""
+
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, PRESETS
+from ..pairs import CHECK_GAMMA, PairReport, check_pair
+from ..teach_plots import speedup_figure
+from .common import UIContext, error_html, gpu
+
+CUSTOM = "Custom (type the ids below)"
+BADGES = {  # an icon and a word besides the colour (Okabe-Ito)
+    "compatible": ("✓", "#009E73", "Compatible: worth pairing"),
+    "not worth it": ("⚠", "#E69F00", "Works, but not worth it"),
+    "incompatible": ("✗", "#D55E00", "Incompatible"),
+}
+CSS = """
+.sv-verdict { font-size: 19px; line-height: 1.5; }
+.sv-badge { display: inline-block; font-size: 24px; font-weight: 700; padding: 4px 14px; border-radius: 6px;
+  border: 3px solid currentColor; margin-bottom: 6px; }
+.sv-verdict ul { margin: 6px 0 6px 22px; }
+.sv-nums { display: flex; flex-wrap: wrap; gap: 8px; margin: 10px 0; }
+.sv-num { flex: 1 1 150px; padding: 6px 10px; border-radius: 6px; background: rgba(127, 127, 127, 0.12); }
+.sv-num b { display: block; font-size: 26px; font-variant-numeric: tabular-nums; }
+.sv-num span { font-size: 15px; }
+.sv-warn { font-size: 16px; opacity: 0.9; }
+"""
+HELP = (
+    "The check loads both models, compares their tokenizers id by id, times one step of each (the cost ratio "
+    "c), and runs greedy speculative decoding on a few sample prompts to measure how often the target keeps "
+    "the draft's guesses (the acceptance a). Hub models need internet access on the server."
+)
+
+
+def _preset(label: str):
+    return next((p for p in PRESETS if p.label == label), None)
+
+
+def _short(name: str) -> str:
+    return {BUILTIN_TARGET: "built-in target", BUILTIN_DRAFT: "built-in draft"}.get(name, name)
+
+
+def _num(value: str, caption: str) -> str:
+    return f'<div class="sv-num"><b>{html.escape(value)}</b><span>{html.escape(caption)}</span></div>'
+
+
+def report_html(r: PairReport) -> str:
+    """Verdict, reasons, the measured numbers and any warnings; every name and sentence escaped."""
+    icon, color, words = BADGES.get(r.verdict, ("?", "#000000", r.verdict))
+    head = (
+        f'<span class="sv-badge" style="color:{color}">{icon} {html.escape(words)}</span>'
+        f"<div>target p: <b>{html.escape(_short(r.target))}</b> · draft q: <b>{html.escape(_short(r.draft))}</b> "
+        f"({r.param_ratio:.2g}× the target's size; {html.escape(r.device)}, {html.escape(r.dtype)})</div>"
+    )
+    reasons = "".join(f"<li>{html.escape(x)}</li>" for x in r.reasons)
+    nums = ""
+    if r.acceptance is not None and r.c is not None:
+        acc = r.acceptance
+        nums = (
+            '<div class="sv-nums">'
+            + "".join(
+                [
+                    _num(
+                        f"{acc.a:.2f}",
+                        f"acceptance a: {acc.accepted} of {acc.tested} judged guesses kept "
+                        f"(greedy, gamma {CHECK_GAMMA}, {r.prompts} prompts)",
+                    ),
+                    _num(
+                        f"{r.c:.2f}",
+                        f"cost ratio c: a draft step {r.draft_step_s * 1e3:.1f} ms, "
+                        f"a target step {r.target_step_s * 1e3:.1f} ms",
+                    ),
+                    _num(f"{r.best_gamma}", "recommended gamma"),
+                    _num(f"{r.best_speedup:.2f}×", "expected speedup at that gamma"),
+                ]
+            )
+            + "</div>"
+        )
+    if r.speedups:
+        nums += (
+            '<p class="sv-warn">The expected speedup assumes the target checks gamma + 1 tokens as fast as it '
+            "writes one, as on a GPU. On a CPU a longer block costs more: the Step through tab measures it here.</p>"
+        )
+    warn = ""
+    if r.warnings:
+        warn = (
+            '<div class="sv-warn"><b>Worth knowing:</b><ul>'
+            + "".join(f"<li>{html.escape(w)}</li>" for w in r.warnings)
+            + "</ul></div>"
+        )
+    return f'<div class="sv-verdict">{head}<ul>{reasons}</ul>{nums}{warn}</div>'
+
+
+def build_pair_tab(ctx: UIContext) -> None:
+    gr.Markdown("## Can these two models be paired?")
+    gr.Markdown(HELP)
+    first = PRESETS[0]
+    with gr.Row():
+        preset = gr.Dropdown([p.label for p in PRESETS] + [CUSTOM], value=first.label, label="Pair", scale=3)
+        max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
+    with gr.Row():
+        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1)
+        draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
+    run = gr.Button("Check pair", variant="primary", size="lg")
+    verdict = gr.HTML(css_template=CSS, js_on_load=None)
+    plot = gr.Plot(show_label=False, visible=False)
+    with gr.Accordion("All numbers", open=False):
+        numbers = gr.JSON(show_label=False)
+
+    def on_preset(label):
+        p = _preset(label)
+        return (p.target, p.draft) if p else (gr.skip(), gr.skip())
+
+    @gpu
+    def on_check(target, draft, max_new_tokens):
+        try:
+            n, _ = ctx.limits.check_run(max_new_tokens, 1)
+            p, q = ctx.pair(target, draft)
+            r = check_pair(p, q, max_new_tokens=n)
+        except Exception as err:
+            return error_html(err), gr.Plot(visible=False), None
+        fig = None
+        if r.speedups:
+            fig = speedup_figure(range(1, len(r.speedups) + 1), r.speedups, r.best_gamma)
+        return report_html(r), gr.Plot(fig, visible=fig is not None), r.to_dict()
+
+    preset.input(on_preset, preset, [target, draft], api_visibility="private", queue=False)
+    for box in (target, draft):
+        box.input(lambda: CUSTOM, None, preset, api_visibility="private", queue=False)
+    run.click(on_check, [target, draft, max_new], [verdict, plot, numbers], api_name="check", concurrency_id="models")

@@ -1,0 +1,185 @@
+"""The "Step through" tab: speculative decoding one draft/verify round at a time, for teaching.
+
+Each session holds its own `teach.Stepper` (the engine's generator and KV caches) in a gr.State, so
+"Next round" costs one round. Beside it: the exactness panel (the output follows p, not q) and a measured
+chart of the target's forward time for 1..gamma+1 tokens. Names as in the papers: p target, q draft,
+gamma block size, n accepted count, r the uniform draw. All model and visitor text is escaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import gradio as gr
+
+from ..api import encode_prompt
+from ..config import TEMPERATURE_MAX, SamplingConfig, SpecConfig, SpecvizError
+from ..render import Pieces
+from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
+from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
+from .common import UIContext, error_html, gpu
+from .step_html import (
+    CSS,
+    EXACT_HELP,
+    EXPLAIN,
+    START,
+    TIME_HELP,
+    draws_html,
+    greedy_html,
+    sample_html,
+    say_html,
+    text_html,
+    timing_html,
+)
+
+log = logging.getLogger("specviz")
+STEP_TOKENS = 64  # the answer length in this view: enough to see a sentence form, short enough for a class
+GREEDY_CHECK_TOKENS = 48
+
+
+def _fail(err: Exception) -> str:
+    """One sentence for the page; an unexpected error also goes to the server log with its traceback."""
+    if not isinstance(err, SpecvizError):
+        log.exception("step-through handler failed")
+    return error_html(err)
+
+
+def _html(**kw) -> gr.HTML:
+    return gr.HTML(css_template=CSS, js_on_load=None, **kw)
+
+
+def _settings(ctx: UIContext, prompt, gamma, temperature, seed) -> StepSettings:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise SpecvizError("The prompt is empty; type something for the model to continue.")
+    cfg = SpecConfig(gamma, min(STEP_TOKENS, ctx.limits.max_new_tokens), seed, SamplingConfig(temperature))
+    ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
+    return StepSettings(prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens)
+
+
+def _prompt_ids(ctx: UIContext, p, prompt: str) -> list[int]:
+    ids = encode_prompt(p, prompt)
+    ctx.limits.check_prompt_tokens(len(ids))
+    return ids
+
+
+class Session:
+    """One visitor's run; a lock so a double click cannot resume the engine's generator twice at once."""
+
+    def __init__(self, stepper: Stepper, pieces: Pieces):
+        self.stepper, self.pieces, self.lock = stepper, pieces, threading.Lock()
+
+    def name(self, token_id: int) -> str:
+        """A token as visible text: spaces as ␣, newlines as ⏎."""
+        return label(self.pieces.text(token_id))
+
+    def __deepcopy__(self, memo) -> Session:  # gr.State copies values; generators cannot be copied
+        return self
+
+
+def build_step_tab(ctx: UIContext) -> None:
+    gr.Markdown("## Speculative decoding, one round at a time")
+    with gr.Row():
+        with gr.Column(scale=3):
+            with gr.Row():
+                prompt = gr.Textbox("Tell me about gravity.", label="Prompt", lines=1, scale=3)
+                gamma = gr.Slider(1, min(8, ctx.limits.max_gamma), value=4, step=1, label="gamma: guesses per round")
+            with gr.Row():
+                temperature = gr.Slider(0, TEMPERATURE_MAX, value=0.0, step=0.1, label="temperature (0 = greedy)")
+                seed = gr.Number(0, label="seed", precision=0)
+            with gr.Row():
+                nxt = gr.Button("Next round ▶", variant="primary", size="lg", scale=3)
+                reset = gr.Button("Reset", size="lg", scale=1)
+            say = _html(value=START)
+            text = _html()
+            draws = _html()
+            cands = gr.Plot(show_label=False, visible=False)
+        with gr.Column(scale=2, min_width=320):
+            _html(value=EXPLAIN)
+    session = gr.State(None, time_to_live=3600)
+
+    gr.Markdown("## Is it really lossless? And why is it faster?")
+    with gr.Row():
+        with gr.Column():
+            with gr.Row():
+                n_draws = gr.Slider(300, 2000, value=1000, step=100, label="speculative draws (temperature > 0)")
+                n_real = gr.Slider(0, 10, value=5, step=1, label="real end-to-end runs to cross-check")
+            _html(value=EXACT_HELP)
+            check = gr.Button("Check exactness", variant="primary")
+            exact_say = _html()
+            exact_plot = gr.Plot(show_label=False, visible=False)
+        with gr.Column():
+            _html(value=TIME_HELP)
+            measure = gr.Button("Measure forward time", variant="primary")
+            time_say = _html()
+            time_plot = gr.Plot(show_label=False, visible=False)
+
+    @gpu
+    def on_step(prompt, gamma, temperature, seed, s: Session | None):
+        try:
+            settings = _settings(ctx, prompt, gamma, temperature, seed)
+            note = ""
+            if s is None or s.stepper.settings != settings:
+                note = "" if s is None else "The settings changed, so the run started over."
+                p, q = ctx.pair()
+                s = Session(Stepper(p, q, _prompt_ids(ctx, p, prompt), settings), Pieces(p.tokenizer))
+            if not s.lock.acquire(blocking=False):
+                raise SpecvizError("Still working on the previous round; wait a moment.")
+            try:
+                rd = s.stepper.advance()
+            finally:
+                s.lock.release()
+            if rd is None:
+                return s, say_html(s.stepper, s.pieces, None), gr.skip(), gr.skip(), gr.skip()
+            fig = candidates_figure(rd, s.name, settings.temperature == 0)
+            greedy = settings.temperature == 0
+            say = say_html(s.stepper, s.pieces, rd, note)
+            text_now = text_html(s.pieces, s.stepper.rounds, greedy)
+            return s, say, text_now, draws_html(rd, s.name, greedy), gr.Plot(fig, visible=True)
+        except Exception as err:
+            return s, _fail(err), gr.skip(), gr.skip(), gr.skip()
+
+    def on_reset():
+        return None, START, "", "", gr.Plot(None, visible=False)
+
+    @gpu
+    def on_exactness(prompt, gamma, temperature, seed, draws, real):
+        try:
+            st = _settings(ctx, prompt, gamma, temperature, seed)
+            p, q = ctx.pair()
+            ids = _prompt_ids(ctx, p, prompt)
+            pieces = Pieces(p.tokenizer)
+            if st.temperature == 0:
+                gc = greedy_check(p, q, ids, st.gamma, min(GREEDY_CHECK_TOKENS, st.max_new_tokens))
+                return greedy_html(gc, pieces), gr.Plot(visible=False)
+            draws, real = int(draws), int(real)
+            if not (100 <= draws <= 2000 and 0 <= real <= 10):
+                raise SpecvizError("Use 100 to 2000 draws and 0 to 10 real runs.")
+            sc = sample_check(p, q, ids, SamplingConfig(st.temperature), draws, real, st.seed)
+            return sample_html(sc), gr.Plot(exactness_figure(sc, lambda t: label(pieces.text(t))), visible=True)
+        except Exception as err:
+            return _fail(err), gr.skip()
+
+    @gpu
+    def on_measure(prompt, gamma):
+        try:
+            st = _settings(ctx, prompt, gamma, 0.0, 0)
+            p, q = ctx.pair()
+            ids = _prompt_ids(ctx, p, prompt)
+            times = forward_times(p, ids, st.gamma + 1, reps=5)
+            t_draft = forward_times(q, ids, 1, reps=5, vocab_size=p.vocab_size)[0]
+            return timing_html(timing_sentence(times, t_draft)), gr.Plot(forward_time_figure(times), visible=True)
+        except Exception as err:
+            return _fail(err), gr.skip()
+
+    outs = [session, say, text, draws, cands]
+    nxt.click(on_step, [prompt, gamma, temperature, seed, session], outs, api_name="step", concurrency_id="models")
+    reset.click(on_reset, None, outs, api_name="reset", queue=False)
+    check.click(
+        on_exactness,
+        [prompt, gamma, temperature, seed, n_draws, n_real],
+        [exact_say, exact_plot],
+        api_name="exactness",
+        concurrency_id="models",
+    )
+    measure.click(on_measure, [prompt, gamma], [time_say, time_plot], api_name="forward_times", concurrency_id="models")

@@ -1,0 +1,221 @@
+"""HTML for the Step-through tab (no gradio): the explanation, the round's words, text, table and checks.
+
+Every piece of model or visitor text goes through html.escape (tokens via render.Pieces or `quote`).
+Colours are Okabe-Ito with a second cue (icons, hatching, line styles); fonts are large for projection.
+"""
+
+from __future__ import annotations
+
+import html
+
+from ..events import Round
+from ..render import Pieces, round_html
+from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, label, prob
+
+START = '<div class="sv-say">Press <b>Next round</b> to let the draft make its first guesses.</div>'
+EXACT_HELP = (
+    '<p class="sv-help">Uses the prompt and settings above. At temperature 0 it writes the answer twice, with '
+    "speculative decoding and with the target alone, and compares them token by token. Above 0 it draws the first "
+    "token of the answer many times and compares how often each token comes out with p and with q.</p>"
+)
+TIME_HELP = (
+    '<p class="sv-help">Times one target forward pass over 1, 2, … gamma + 1 new tokens on this machine, after the '
+    "prompt is cached: the shape of a verify pass.</p>"
+)
+EXPLAIN = """<div class="sv-explain">
+<h3>What is happening?</h3>
+<p><b>The draft (q)</b> is a small, fast model. Each round it <i>guesses</i> the next gamma tokens, one
+after another.</p>
+<p><b>One target pass checks every guess.</b> The big model (p) reads a whole sequence at once: given the
+text plus the gamma guesses, one forward pass gives its probabilities at every guessed position, and one
+more. On a GPU that pass takes about as long as writing a single token, so every kept guess is nearly free.</p>
+<p><b>Why the answer does not change.</b> A guess x is kept with chance min(1, p(x)/q(x)); a random draw r
+decides. So it is never kept more often than the target itself would pick it. At the first rejection the
+target draws a replacement from the leftover max(0, p − q): the probability the draft offered too little
+of. Together, every token comes out with exactly the target's probability p. At temperature 0 a guess is
+kept only if it is the target's own top choice, so the text is the target's, word for word. The panel
+below checks both claims with these models.</p>
+<p><b>Reading the view.</b> ▶ the draft's guess, ↻ the target's replacement, ★ the free bonus token.
+Blue solid bars: the target p. Orange hatched bars: the draft q. Green dotted bars: the leftover.</p>
+</div>"""
+CSS = """
+.sv-explain { font-size: 18px; line-height: 1.55; }
+.sv-explain h3 { font-size: 22px; margin: 0 0 8px; }
+.sv-explain p { margin: 0 0 12px; }
+.sv-say { font-size: 20px; line-height: 1.5; padding: 10px 14px; border-left: 6px solid #0072B2;
+  background: rgba(0, 114, 178, 0.07); border-radius: 4px; }
+.sv-say b { font-size: 22px; }
+.sv-step-text { font-size: 22px; line-height: 2.1; white-space: pre-wrap; word-break: break-word;
+  padding: 10px 14px; border: 1px solid #ccc; border-radius: 8px; min-height: 90px; }
+.sv-now { outline: 3px solid #000; outline-offset: 2px; border-radius: 4px; }
+.sv-old { color: inherit; }
+.sv-legend-s { font-size: 17px; display: flex; flex-wrap: wrap; gap: 6px 20px; margin-top: 8px; }
+.sv-draws { width: 100%; border-collapse: collapse; font-size: 19px; }
+.sv-draws th, .sv-draws td { padding: 6px 8px; border-bottom: 1px solid #ddd; text-align: left; }
+.sv-draws th { font-size: 16px; }
+.sv-draws .num { font-variant-numeric: tabular-nums; }
+.sv-track { position: relative; height: 22px; width: 180px; border: 2px solid #000; border-radius: 3px;
+  background: #fff; display: inline-block; vertical-align: middle; }
+.sv-zone { position: absolute; left: 0; top: 0; bottom: 0; background: repeating-linear-gradient(45deg,
+  rgba(0, 158, 115, 0.55) 0 6px, rgba(0, 158, 115, 0.25) 6px 12px); }
+.sv-r { position: absolute; top: -6px; bottom: -6px; width: 4px; margin-left: -2px; background: #000; }
+.sv-kept td:last-child { color: #006b4f; font-weight: 700; }
+.sv-rej td:last-child { color: #b34700; font-weight: 700; }
+.sv-gone { opacity: 0.55; }
+.sv-fix td { font-weight: 600; background: rgba(230, 159, 0, 0.12); }
+.sv-out { font-size: 18px; line-height: 1.5; }
+.sv-help { font-size: 17px; line-height: 1.45; margin: 0 0 6px; }
+.sv-cap { font-size: 16px; margin: 6px 0 0; opacity: 0.85; }
+.sv-out .sv-line { white-space: pre-wrap; border: 1px solid #ccc; border-radius: 6px; padding: 6px 10px; margin: 4px 0; }
+"""
+LEGEND = (
+    '<div class="sv-legend-s"><span><span class="tok tok-accepted">kept</span> a guess the target kept</span>'
+    '<span><span class="tok tok-rejected">no</span> a guess it rejected (not in the text)</span>'
+    '<span><span class="tok tok-resampled">fix</span> the target\'s replacement</span>'
+    '<span><span class="tok tok-bonus">free</span> the bonus token</span>'
+    '<span><span class="sv-now">&nbsp;box&nbsp;</span> this round</span></div>'
+)
+
+
+def quote(text: str) -> str:
+    """A token in quotes, spaces and newlines made visible, escaped."""
+    return f"“{html.escape(label(text))}”"
+
+
+def text_html(pieces: Pieces, rounds: list[Round], greedy: bool) -> str:
+    """The answer so far: earlier rounds as plain text, this round coloured by each token's fate and boxed."""
+    old = "".join(pieces.html(t) for r in rounds[:-1] for t in r.tokens)
+    now = f'<span class="sv-now">{round_html(pieces, rounds[-1], greedy)}</span>' if rounds else ""
+    return f'<div class="sv-step-text"><span class="sv-old">{old}</span>{now}</div>{LEGEND}'
+
+
+def draws_html(rd: Round, name, greedy: bool) -> str:
+    """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token."""
+    g, n = len(rd.drafted), rd.n
+    if greedy:
+        head = "<th>#</th><th>draft's guess</th><th>target's top choice</th><th>result</th>"
+    else:
+        head = (
+            "<th>#</th><th>draft's guess x</th><th>q(x) draft</th><th>p(x) target</th>"
+            "<th>keep if r &lt; min(1, p/q)</th><th>result</th>"
+        )
+    rows = []
+    for i, x in enumerate(rd.drafted):
+        if i < n:
+            cls, result = "sv-kept", "✓ kept"
+        elif i == n:
+            cls, result = "sv-rej", "✗ rejected"
+        else:
+            cls, result = "sv-gone", "– thrown away"
+        cells = f"<td>{i + 1}</td><td>{quote(name(x))}</td>"
+        if greedy:
+            top = rd.candidates[i].token_ids[0] if rd.candidates else (x if i < n else rd.correction)
+            cells += f"<td>{quote(name(top)) if i <= n else '–'}</td>"
+        elif i <= n:
+            a, r = rd.accept_prob[i], rd.r[i]
+            track = (
+                f'<span class="sv-track" title="green: keep zone; black line: r"><span class="sv-zone" '
+                f'style="width:{100 * a:.1f}%"></span><span class="sv-r" style="left:{100 * r:.1f}%"></span></span>'
+            )
+            sign = "&lt;" if r < a else "≥"
+            cells += (
+                f'<td class="num">{prob(rd.q[i])}</td><td class="num">{prob(rd.p[i])}</td>'
+                f'<td class="num">{track}<br>r = {r:.2f} {sign} {prob(a) if a < 1 else "1"}</td>'
+            )
+        elif i == n + 1:
+            cells += (
+                f'<td colspan="3" rowspan="{len(rd.drafted) - i}">not examined: they came after a rejected guess</td>'
+            )
+        rows.append(f'<tr class="{cls}">{cells}<td>{result}</td></tr>')
+    span = 3 if greedy else 5
+    if len(rd.tokens) == n + 1:
+        if n == g:
+            how = "the target's top choice at the next position" if greedy else "drawn from p"
+            fix = f"★ bonus token {quote(name(rd.correction))}: every guess was kept, so the same pass adds one more ({how})"
+        else:
+            how = "the target's own top choice" if greedy else "drawn from the leftover max(0, p − q)"
+            fix = f"↻ in place of guess {n + 1}: {quote(name(rd.correction))}, {how}"
+        rows.append(f'<tr class="sv-fix"><td></td><td colspan="{span}">{fix}</td></tr>')
+    table = f'<table class="sv-draws"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    if greedy:
+        return (
+            table + '<p class="sv-cap">Temperature 0: a guess is kept exactly when it is the target\'s top choice.</p>'
+        )
+    return table + (
+        '<p class="sv-cap">In each bar the green zone is the chance of keeping the guess, min(1, p/q), and the black '
+        "line is the random draw r: the guess is kept when the line falls inside the green zone.</p>"
+    )
+
+
+def say_html(st: Stepper, pieces: Pieces, rd: Round | None, note: str = "") -> str:
+    """What this round did, in plain words; and, once the answer is complete, how many passes it took."""
+    parts = []
+    if note:
+        parts.append(f"<p>{html.escape(note)}</p>")
+    if rd is not None:
+        text = describe_round(rd, [pieces.text(t) for t in (*rd.drafted, rd.correction)], st.settings.temperature == 0)
+        parts.append(f"<b>Round {rd.index + 1}.</b> {html.escape(text)}")
+    if st.done is not None:
+        total, rounds = len(st.done.token_ids), len(st.rounds)
+        why = "the model ended its answer" if st.done.finish_reason == "eos" else f"this view stops at {total} tokens"
+        parts.append(
+            f"<p><b>Done:</b> {why}. {total} tokens in {rounds} target passes "
+            f"({total / max(rounds, 1):.2f} per pass; plain decoding needs one pass per token). Press Reset to start again.</p>"
+        )
+    return f'<div class="sv-say">{"".join(parts)}</div>'
+
+
+def greedy_html(gc: GreedyCheck, pieces: Pieces) -> str:
+    """Temperature 0: the two texts one above the other, and whether they are identical."""
+    spec = "".join(pieces.html(t) for t in gc.spec_ids)
+    ar = "".join(pieces.html(t) for t in gc.ar_ids)
+    if gc.identical:
+        head = (
+            f"✓ <b>Identical.</b> At temperature 0, speculative decoding and the target alone wrote the same "
+            f"{len(gc.ar_ids)} tokens, token for token."
+        )
+    else:
+        i = gc.first_difference
+        head = (
+            f"✗ <b>They differ at token {i + 1}.</b> Exact greedy equality should hold; a near-tie between two "
+            "tokens, broken differently by rounding in a batched pass, is the usual cause."
+        )
+    return (
+        f'<div class="sv-say sv-out">{head}<div><b>Speculative (draft + target):</b></div><div class="sv-line">{spec}</div>'
+        f'<div><b>Target alone:</b></div><div class="sv-line">{ar}</div></div>'
+    )
+
+
+def sample_html(sc: SampleCheck) -> str:
+    """Temperature > 0: distances of the output to p and to q, the chance floor, and the real-run cross-check."""
+    tv_pq = 0.5 * float((sc.p - sc.q).abs().sum())
+    like_p = sc.tv_p <= 1.5 * sc.tv_noise + 0.01  # as close to p as perfect samples of p would be
+    if like_p and tv_pq > 2 * sc.tv_noise:
+        verdict = "✓ <b>The output follows the target p, not the draft q.</b>"
+    elif like_p:
+        verdict = (
+            f"✓ <b>The output matches the target p.</b> Here p and q are close (distance {tv_pq:.3f}), too close "
+            f"to tell apart with {sc.draws} draws; a higher temperature or another prompt shows more."
+        )
+    else:
+        verdict = "✗ <b>The output is further from p than chance usually allows;</b> run it again with more draws."
+    lines = [
+        f"{verdict} {sc.draws} speculative draws of the first token: the draft proposes x from q; x is kept with "
+        "chance min(1, p/q); otherwise a token is drawn from max(0, p − q).",
+        f"Distance to the target p: <b>{sc.tv_p:.3f}</b> (perfect samples from p would show about {sc.tv_noise:.3f} "
+        f"by chance). Distance to the draft q: <b>{sc.tv_q:.3f}</b>. (Total variation distance: 0 means identical, "
+        "1 means no overlap.)",
+    ]
+    if sc.real:
+        agree = sc.real_agree
+        mark = "✓" if agree == len(sc.real) else "✗"
+        lines.append(
+            f"{mark} {agree} of {len(sc.real)} real runs of the engine (seeds {sc.real[0][0]}–{sc.real[-1][0]}) gave the "
+            "same first token as this math replayed on the same p and q."
+        )
+    body = "".join(f"<p>{x}</p>" for x in lines)
+    return f'<div class="sv-say sv-out">{body}</div>'
+
+
+def timing_html(sentence: str) -> str:
+    return f'<div class="sv-say">{html.escape(sentence)}</div>'

@@ -1,0 +1,153 @@
+"""The app as a client sees it: launched on 127.0.0.1 with the tiny pair, driven through gradio_client."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import httpx
+import pytest
+
+gr = pytest.importorskip("gradio")
+from gradio_client import Client  # noqa: E402
+
+from specviz.limits import Limits  # noqa: E402
+from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui.common import UIContext  # noqa: E402
+
+# (prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed): with the tiny pair this run has
+# accepted, rejected, resampled and bonus tokens all at once
+RICH = ("hello world", 4, 1.0, 0, 1.0, 64, 1)
+KINDS = ("tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus")
+# outputs of /race, in order
+ECHO, AR, SPEC, AR_STATS, SPEC_STATS, MESSAGE = range(6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_pair):
+    target, draft = tiny_pair
+    ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
+    ctx.default_target, ctx.default_draft = target, draft
+    demo = build_demo(ctx)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def client(app_url):
+    return Client(app_url, verbose=False)
+
+
+def _race(client, *args):
+    job = client.submit(*args, api_name="/race")
+    final = job.result(timeout=120)
+    return job.outputs(), final
+
+
+def _spans(html: str, cls: str) -> int:
+    return len(re.findall(rf'class="tok {cls}[ "]', html))
+
+
+def test_race_streams_both_sides_and_numbers_add_up(client):
+    updates, final = _race(client, *RICH)
+    assert len(updates) > 1, "the race should stream several updates, not one answer at the end"
+    ar, spec = final[AR], final[SPEC]
+    assert 'data-state="done"' in ar and 'data-state="done"' in spec
+    for cls in KINDS:
+        assert _spans(spec, cls) > 0, f"no {cls} token in the speculative pane"
+    assert _spans(ar, "tok-ar") > 0 and _spans(spec, "tok-ar") == 0
+    # every output token is accepted, resampled or bonus; rejected proposals are shown but are not output
+    generated = int(re.search(r"<b>(\d+)</b><span>tokens</span>", final[SPEC_STATS]).group(1))
+    assert _spans(spec, "tok-accepted") + _spans(spec, "tok-resampled") + _spans(spec, "tok-bonus") == generated
+    assert _spans(spec, "tok-rejected") == _spans(spec, "tok-resampled")  # each rejection is replaced
+    calls = int(re.search(r"<b>(\d+)</b><span>target calls</span>", final[SPEC_STATS]).group(1))
+    assert spec.count('class="sv-round ') == calls  # one round per target call
+    ar_tokens = int(re.search(r"<b>(\d+)</b><span>tokens</span>", final[AR_STATS]).group(1))
+    assert _spans(ar, "tok-ar") == ar_tokens
+    assert "speedup" in final[SPEC_STATS] and "Done." in final[MESSAGE]
+    assert "sv-error" not in final[MESSAGE]
+
+
+def test_greedy_sides_agree(client):
+    """At temperature 0 both sides must write the same text: speculative decoding changes only the speed."""
+    _, final = _race(client, "the cat", 3, 0.0, 0, 1.0, 24, 0)
+    words = re.findall(r'class="tok tok-ar[^>]*>(.*?)</span>', final[AR])
+    spec_words = re.findall(r'class="tok tok-(?:accepted|resampled|bonus)[^>]*>(.*?)</span>', final[SPEC])
+    assert words and words == spec_words
+    assert "greedy: accepted because it equals the target&#x27;s top token" in final[SPEC]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (("", 4, 0.0, 0, 1.0, 16, 0), "The prompt is empty"),
+        (("word " * 200, 4, 0.0, 0, 1.0, 16, 0), "The prompt is too long"),
+        # temperature 0 does not excuse top-p 0: it would keep no token at all, so it is refused in every mode
+        (("hello", 4, 0.0, 0, 0.0, 16, 0), "top_p must be above 0"),
+        (("hello", 99, 0.0, 0, 1.0, 16, 0), "gamma must be a whole number from 1 to 16"),
+        (("hello", "abc", 0.0, 0, 1.0, 16, 0), "gamma must be a number"),
+        (("hello", 4, 5.0, 0, 1.0, 16, 0), "temperature must be between 0 and 2"),
+        (("hello", 4, 0.0, 0, 1.0, 1000, 0), "max new tokens is capped at 64"),
+        (("hello", 4, 0.0, 0, 1.0, 16, None), "seed must be a number"),
+        ((5, 4, 0.0, 0, 1.0, 16, 0), "The prompt must be text"),
+    ],
+)
+def test_bad_input_gives_one_sentence_and_the_app_keeps_serving(client, args, expected):
+    _, final = _race(client, *args)
+    assert "sv-error" in final[MESSAGE] and expected in final[MESSAGE]
+    assert "Traceback" not in final[MESSAGE]
+    _, ok = _race(client, "hi", 2, 0.0, 0, 1.0, 8, 0)
+    assert 'data-state="done"' in ok[SPEC] and "sv-error" not in ok[MESSAGE]
+
+
+def test_nan_through_the_http_api(app_url):
+    """gradio_client cannot send NaN (strict JSON), but a raw HTTP caller can."""
+    url = app_url + "gradio_api/call/race"
+    body = '{"data": ["hello", NaN, 0.0, 0, 1.0, 16, 0]}'
+    event = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30).json()
+    stream = httpx.get(f"{url}/{event['event_id']}", timeout=120).text
+    assert "gamma must be a finite number" in stream
+
+
+def test_xss_prompt_is_escaped(client):
+    _, final = _race(client, "<img src=x onerror=alert(1)>", 2, 0.0, 0, 1.0, 4, 0)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in final[ECHO]
+    assert "<img" not in "".join(str(x) for x in final[:6])
+
+
+def test_sweep_returns_a_plot(client):
+    fig, note = client.predict("hello world", 1.0, 0, 1.0, 16, 1, api_name="/sweep")
+    assert fig and "plotly" in str(fig).lower()
+    assert "measured" in str(fig) and "theory" in str(fig)
+    assert "Sweep done." in note and "were kept (α)" in note and "sv-error" not in note
+
+
+def test_model_load_failure_and_oom_are_one_sentence(tiny_pair, monkeypatch):
+    """Handler level (no server): a missing default draft, then the server running out of memory."""
+    import torch
+
+    from specviz.ui.race import race_stream
+    from specviz.ui.sweep import sweep_stream
+
+    ctx = UIContext(device="cpu")
+    ctx.default_target, ctx.default_draft = tiny_pair[0], tiny_pair[0] + "-missing"
+    final = list(race_stream(ctx, "hello", 2, 0.0, 0, 1.0, 8, 0))[-1]
+    assert "sv-error" in final[MESSAGE] and "does not exist" in final[MESSAGE]
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    ctx.default_draft = tiny_pair[1]
+    monkeypatch.setattr(ctx, "pair", oom)
+    final = list(race_stream(ctx, "hello", 2, 0.0, 0, 1.0, 8, 0))[-1]
+    assert "ran out of memory" in final[MESSAGE] and "GiB" not in final[MESSAGE]
+    _, note = list(sweep_stream(ctx, "hello", 0.0, 0, 1.0, 8, 0))[-1]
+    assert "ran out of memory" in note

@@ -1,0 +1,124 @@
+"""The page in a real browser (Debian's chromium through playwright): the race runs, the colours and plots
+are there, a hostile prompt stays text, and nothing is fetched from outside (the page works offline).
+
+The README's picture of the real pair is made by scripts/screenshot.py.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-quic",
+]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+if not Path(CHROMIUM).exists() and not IN_CI:
+    pytest.skip(
+        f"{CHROMIUM} is missing (apt-get install chromium); in CI this test fails instead", allow_module_level=True
+    )
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from specviz.limits import Limits  # noqa: E402
+from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui.common import UIContext  # noqa: E402
+
+pytestmark = pytest.mark.browser
+PROMPT = "the cat sat on the mat"  # greedy with the tiny pair: accepted, rejected, resampled and bonus tokens
+XSS = "<img src=x onerror=alert(1)>"
+TIMEOUT_MS = 90_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_pair):
+    ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
+    ctx.default_target, ctx.default_draft = tiny_pair
+    demo = build_demo(ctx)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.outside = []  # requests that leave 127.0.0.1: the page must render without a CDN
+    page.dialogs = []
+    page.on("request", lambda r: _note_outside(page, r.url))
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.goto(app_url, wait_until="load", timeout=TIMEOUT_MS)
+    yield page
+    page.close()
+
+
+def _note_outside(page, url: str) -> None:
+    host = urlparse(url).hostname
+    if url.startswith(("http:", "https:", "ws:", "wss:")) and host not in ("127.0.0.1", "localhost"):
+        page.outside.append(url)
+
+
+def _run(page, prompt: str, timeout: int = TIMEOUT_MS) -> None:
+    box = page.get_by_label("Prompt", exact=True)
+    box.fill(prompt)
+    page.get_by_role("button", name="Run race").click()
+    for side in ("ar", "spec"):
+        expect(page.locator(f'#sv-{side} .sv-pane[data-state="done"]')).to_be_visible(timeout=timeout)
+    expect(page.locator("#sv-message .sv-note")).to_contain_text("Done.", timeout=timeout)
+
+
+def test_race_in_the_browser(page, tmp_path):
+    expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=TIMEOUT_MS)
+    _run(page, PROMPT)
+    spec, ar = page.locator("#sv-spec"), page.locator("#sv-ar")
+    for cls in ("tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus"):
+        assert spec.locator(f".{cls}").count() > 0, cls
+    assert ar.locator(".tok-ar").count() > 0 and spec.locator(".tok-ar").count() == 0
+    assert spec.locator(".sv-round").count() > 1
+    title = spec.locator(".tok-accepted").first.get_attribute("title")
+    assert "greedy: accepted because it equals the target's top token" in title
+    # the rejected token is drawn struck through, not only in another colour
+    deco = spec.locator(".tok-rejected").first.evaluate("e => getComputedStyle(e).textDecorationLine")
+    assert "line-through" in deco
+    for plot in ("race", "accept", "hist", "share"):
+        expect(page.locator(f"#sv-plot-{plot} .js-plotly-plot")).to_be_visible(timeout=TIMEOUT_MS)
+    assert page.locator("#sv-plot-race .scatterlayer .trace").count() == 2
+    assert "speedup" in page.locator("#sv-spec-stats").inner_text()
+    shot = tmp_path / "screenshot.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    assert page.outside == [], f"the page fetched from outside: {page.outside[:3]}"
+
+
+def test_hostile_prompt_shows_as_text(page):
+    _run(page, XSS)
+    assert page.locator(".sv-prompt-text").inner_text() == XSS
+    assert page.locator("#sv-spec img, #sv-ar img, .sv-prompt img").count() == 0
+    page.wait_for_timeout(300)
+    assert page.dialogs == []

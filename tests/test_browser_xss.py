@@ -1,0 +1,111 @@
+"""Hostile text in a real browser (Debian's chromium): `<script>`, `<img onerror>` and `<svg onload>` typed as a
+prompt or carried by a model folder's name must show as text and never run.
+
+A payload that ran would open an alert (caught by the dialog handler) or leave an element in the page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-quic",
+]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+if not Path(CHROMIUM).exists() and not IN_CI:
+    pytest.skip(
+        f"{CHROMIUM} is missing (apt-get install chromium); in CI this test fails instead", allow_module_level=True
+    )
+
+from playwright.sync_api import expect, sync_playwright  # noqa: E402
+
+from specviz.limits import Limits  # noqa: E402
+from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui.common import UIContext  # noqa: E402
+
+pytestmark = pytest.mark.browser
+TIMEOUT_MS = 90_000
+PAYLOAD = '<script>alert(1)</script><img src=x onerror=alert(2)>"><svg onload=alert(3)>'
+INJECTED = "script:not([src]), img[onerror], svg[onload], [onerror], [onload]"
+BAD_FOLDER = "<img src=x onerror=alert(4)>"  # a folder inside the allowed one, holding no model
+MODEL_FOLDER = "<svg onload=alert(5)>"  # a folder inside the allowed one, holding the tiny target
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("xss-models")
+    (root / BAD_FOLDER).mkdir()
+    shutil.copytree(tiny_pair[0], root / MODEL_FOLDER)
+    shutil.copytree(tiny_pair[1], root / "draft")
+    return root
+
+
+@pytest.fixture(scope="module")
+def page(tiny_pair, models):
+    ctx = UIContext(limits=Limits(max_new_tokens=32, model_dirs=(str(models),)), device="cpu")
+    ctx.default_target, ctx.default_draft = tiny_pair
+    demo = build_demo(ctx)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.dialogs = []
+        page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+        page.goto(f"http://127.0.0.1:{port}/", wait_until="load", timeout=TIMEOUT_MS)
+        yield page
+        browser.close()
+    demo.close()
+
+
+def _clean(page) -> None:
+    page.wait_for_timeout(300)  # an onerror/onload handler would have fired by now
+    assert page.dialogs == [], f"a payload ran: {page.dialogs}"
+    found = (
+        page.locator(".gradio-container")
+        .locator(INJECTED)
+        .evaluate_all("els => els.map(e => e.outerHTML.slice(0, 80))")
+    )
+    assert found == [], f"injected elements in the page: {found}"
+
+
+def test_script_img_and_svg_in_the_prompt_show_as_text(page):
+    page.get_by_label("Prompt", exact=True).fill(PAYLOAD)
+    page.get_by_role("button", name="Run race").click()
+    for side in ("ar", "spec"):
+        expect(page.locator(f'#sv-{side} .sv-pane[data-state="done"]')).to_be_visible(timeout=TIMEOUT_MS)
+    assert page.locator(".sv-prompt-text").inner_text() == PAYLOAD
+    _clean(page)
+
+
+def test_model_folder_names_show_as_text_in_errors_and_reports(page, models):
+    page.get_by_role("tab", name="Pair check").click()
+    target = page.get_by_label("Target p: a Hugging Face id or a folder")
+    draft = page.get_by_label("Draft q: a Hugging Face id or a folder")
+    draft.fill(str(models / "draft"))
+    target.fill(str(models / BAD_FOLDER))  # refused: the error sentence names the folder
+    page.get_by_role("button", name="Check pair").click()
+    expect(page.locator(".sv-error")).to_contain_text(BAD_FOLDER, timeout=TIMEOUT_MS)
+    _clean(page)
+    target.fill(str(models / MODEL_FOLDER))  # loads: the verdict names the folder
+    page.get_by_role("button", name="Check pair").click()
+    expect(page.locator(".sv-verdict")).to_contain_text(MODEL_FOLDER, timeout=TIMEOUT_MS)
+    _clean(page)

@@ -1,0 +1,87 @@
+"""plots.py: the figures of the race page and the gamma sweep (traces, values, the theory curve)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from specviz import plots
+from specviz.events import Round, Start, Step
+
+
+def rnd(index: int, g: int, n: int, elapsed: float) -> Round:
+    return Round(
+        index=index,
+        drafted=tuple(range(g)),
+        q=(0.5,) * g,
+        p=(0.5,) * g,
+        accept_prob=(1.0,) * g,
+        r=(0.1,) * g,
+        n=n,
+        correction=9,
+        kind="bonus" if n == g else "resampled",
+        tokens=tuple(range(n)) + (9,),
+        draft_s=0.02,
+        verify_s=0.05,
+        elapsed_s=elapsed,
+    )
+
+
+SPEC = [Start("spec", (1, 2), 4, 0.0, 0.1), rnd(0, 4, 4, 0.17), rnd(1, 4, 1, 0.24), rnd(2, 4, 0, 0.31)]
+AR = [Start("ar", (1, 2), 0, 0.0, 0.05)] + [Step(i, 5, 1.0, 0.05, 0.05 + 0.05 * (i + 1)) for i in range(7)]
+
+
+def test_rounds_frame():
+    df = plots.rounds_frame(SPEC)
+    assert list(df["n"]) == [4, 1, 0] and list(df["emitted"]) == [5, 2, 1] and list(df["gamma"]) == [4, 4, 4]
+    assert plots.rounds_frame([]).empty
+
+
+def test_race_figure_counts_tokens_on_each_clock():
+    fig = plots.race_figure(AR, SPEC)
+    ar, spec = fig.data
+    assert (ar.name, spec.name) == ("plain", "speculative")
+    assert list(spec.y) == [0, 0, 5, 7, 8] and list(spec.x) == [0.0, 0.1, 0.17, 0.24, 0.31]
+    assert ar.y[-1] == 7 and ar.x[-1] == pytest.approx(0.40)
+
+
+def test_acceptance_figure():
+    fig = plots.acceptance_figure(plots.rounds_frame(SPEC))
+    bars, line = fig.data
+    assert list(bars.y) == [1.0, 0.25, 0.0]
+    assert list(line.y) == pytest.approx([1.0, 5 / 8, 5 / 12])  # accepted so far / proposed so far
+    assert len(plots.acceptance_figure(plots.rounds_frame([])).data) == 0
+
+
+def test_tokens_per_round_histogram_spans_1_to_gamma_plus_1():
+    fig = plots.tokens_per_round_figure(plots.rounds_frame(SPEC), gamma=4)
+    (bars,) = fig.data
+    assert list(bars.x) == [1, 2, 3, 4, 5] and list(bars.y) == [1, 1, 0, 0, 1]
+    assert list(plots.tokens_per_round_figure(plots.rounds_frame([]), 2).data[0].y) == [0, 0, 0]
+
+
+def test_time_share():
+    fig = plots.time_share_figure(AR, SPEC)
+    by_name = {t.name: list(t.x) for t in fig.data}
+    assert by_name["draft q"] == pytest.approx([0.0, 0.06])
+    assert by_name["target p"] == pytest.approx([0.35, 0.15])
+    assert by_name["prompt"] == pytest.approx([0.05, 0.1])
+    assert by_name["other"] == pytest.approx([0.0, 0.0])  # rollback and bookkeeping: none in these events
+
+
+def test_expected_speedup_matches_the_paper():
+    # Leviathan et al. 2023: alpha 0.8, gamma 4, c 0 -> (1 - 0.8**5) / 0.2 tokens per target call
+    assert plots.expected_speedup(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert plots.expected_speedup(0.0, 3, 0.5) == pytest.approx(1 / 2.5)
+
+
+def test_sweep_figure_has_measured_and_theory():
+    measured = pd.DataFrame({"gamma": [1, 2, 4], "acceptance": [0.8, 0.7, 0.6], "speedup": [1.2, 1.5, 1.4]})
+    theory = plots.theory_frame(0.7, 0.2, range(1, 5))
+    assert theory["acceptance"].iloc[0] == pytest.approx(0.7)  # gamma 1: E[n] = alpha
+    fig = plots.sweep_figure(measured, theory)
+    names = [t.name for t in fig.data]
+    assert names.count("theory") == 2 and names.count("measured") == 2
+    measured_speedup = [t for t in fig.data if t.name == "measured" and t.xaxis == "x2"][0]
+    assert list(measured_speedup.y) == [1.2, 1.5, 1.4]
+    assert len(plots.sweep_figure(measured.iloc[:0]).data) == 2  # empty before the sweep runs

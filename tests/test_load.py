@@ -238,6 +238,7 @@ def test_memory_is_flat_over_sequential_races(app, client):
         assert_ok(race(client, f"warm {i}", 3, 1.0, 0, 1.0, 4, i))
     gc.collect()
     before, objects = psutil.Process().memory_info().rss / 2**20, len(gc.get_objects())
+    runners = sum(1 for o in gc.get_objects() if isinstance(o, _Runner))  # e.g. open step-through sessions
     t0 = time.monotonic()
     for i in range(APP_RUNS):
         out = race(client, f"run {i}", 1 + i % 4, [0.0, 1.0][i % 2], 0, 1.0, 4, i)
@@ -250,9 +251,9 @@ def test_memory_is_flat_over_sequential_races(app, client):
         f"app RSS {before:.1f} MB -> {after:.1f} MB, {per_race:+.0f} Python objects a race, over {APP_RUNS} races "
         f"({time.monotonic() - t0:.1f} s)"
     )
-    assert live == 0  # no run's KV caches outlived it
+    assert live == runners  # no race's KV caches outlived it
     # a race's events, panes and figures are thousands of objects; none may outlive it
-    assert per_race < 150, f"{per_race:.0f} Python objects a race stay alive"
+    assert per_race < 25, f"{per_race:.0f} Python objects a race stay alive"
     # Up to ~0.6 MB a race is glibc arenas of gradio's worker threads filling up (it levels off after ~100
     # races); a run's figures or events kept alive would cost several MB a race.
     assert after - before < 1.0 * APP_RUNS, f"RSS grew {after - before:.1f} MB over {APP_RUNS} races"

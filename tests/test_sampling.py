@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from specviz.config import SamplingConfig, SpecvizError
+from specviz.config import TOP_P_MIN, SamplingConfig, SpecvizError
 from specviz.sampling import clean_logits, residual, to_probs, verify_greedy, verify_sampled
 
 T1 = SamplingConfig(temperature=1.0)
@@ -94,7 +94,7 @@ def test_top_k_and_top_p_filter_the_same_way_for_any_input():
     # top_p 0.7: 0.5 alone is short of 0.7, 0.5 + 0.25 reaches it: two tokens stay
     assert to_probs(x, SamplingConfig(1.0, top_p=0.7)).tolist()[0][2:] == [0.0, 0.0]
     # the top token always survives, however small top_p is
-    assert to_probs(x, SamplingConfig(1.0, top_p=1e-9)).tolist()[0] == [1.0, 0.0, 0.0, 0.0]
+    assert to_probs(x, SamplingConfig(1.0, top_p=TOP_P_MIN)).tolist()[0] == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_greedy_probs_are_one_hot():

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
+from .kernels import use_small_batch_gemm
 from .limits import env_int
 
 os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")  # a dead network should fail in seconds, not a minute
@@ -262,6 +263,7 @@ def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | N
         except (RuntimeError, TypeError) as e:
             raise SpecvizError(f"The model {name} could not be moved to {device}: {_first_line(e)}.") from None
     model.eval()
+    use_small_batch_gemm(model)
     memory = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     return model, tokenizer, source, memory
 

@@ -1,0 +1,60 @@
+"""specviz.kernels: the few-token CPU path for linear layers computes the same product as nn.Linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specviz.kernels import MAX_ROWS, use_small_batch_gemm
+
+
+def _pair(bias: bool, dtype=torch.float32):
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(48, 96, bias=bias).to(dtype)
+    fast = torch.nn.Linear(48, 96, bias=bias).to(dtype)
+    fast.load_state_dict(plain.state_dict())
+    return plain, fast
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 48), (1, 2, 48), (1, 5, 48), (3, 48), (2, 7, 48), (1, MAX_ROWS + 3, 48)])
+def test_same_product_for_any_number_of_rows(bias, shape):
+    plain, fast = _pair(bias)
+    assert use_small_batch_gemm(fast) == 1
+    x = torch.randn(*shape)
+    with torch.inference_mode():
+        want, got = plain(x), fast(x)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_used_for_a_few_rows_and_not_for_one(monkeypatch):
+    _, fast = _pair(False)
+    use_small_batch_gemm(fast)
+    calls = []
+    real_mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda *a: calls.append(1) or real_mm(*a))
+    fast(torch.randn(1, 1, 48))
+    assert calls == []  # one token: F.linear, which is fast already
+    fast(torch.randn(1, 4, 48))
+    assert calls == [1]
+
+
+def test_left_alone_for_other_dtypes_subclasses_and_when_turned_off(monkeypatch):
+    _, half = _pair(False, torch.bfloat16)
+    assert use_small_batch_gemm(half) == 0
+
+    class Quantised(torch.nn.Linear):  # bitsandbytes' layers subclass nn.Linear
+        pass
+
+    assert use_small_batch_gemm(torch.nn.Sequential(Quantised(4, 4))) == 0
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "0")
+    assert use_small_batch_gemm(torch.nn.Linear(4, 4)) == 0
+
+
+def test_models_loaded_by_specviz_use_it(tiny_pair):
+    from specviz.models import load_model
+
+    m = load_model(tiny_pair[0], device="cpu")
+    lin = [mod for mod in m.model.modules() if type(mod) is torch.nn.Linear]
+    assert lin and all("_linear" in getattr(mod.forward, "__name__", "") for mod in lin)

@@ -10,7 +10,8 @@ Every method is timed the same way: wall clock around one call, prompt already t
 AR runs again in every cell, so each speedup is a ratio of runs made minutes apart under the same load.
 
 Per cell it reports tokens/s (median over prompts and repeats), speedups (median of the paired per-prompt
-ratios), the acceptance rate alpha, tokens per target call, the cost ratio c, the theoretical speedup
+ratios), the acceptance rate (accepted / drafted), the per-token acceptance alpha (accepted / proposals the
+target ruled on), tokens per target call, the cost ratio c, the theoretical speedup
 (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) and, where measured falls >15% short of it, where the time went.
 At temperature 0 all four outputs must be identical token for token; a difference is flagged loudly.
 """
@@ -189,6 +190,7 @@ def _ours(events_fn) -> dict:
         "draft_calls": done.stats.get("draft_calls", 0),
         "drafted": s["drafted"],
         "accepted": s["accepted"],
+        "rejected": s["rejected"],
         "prefill_s": s["prefill_s"],
         "draft_s": s["draft_s"],
         "verify_s": s["verify_s"],
@@ -353,7 +355,8 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
         by = {m: cell[cell["method"] == m] for m in METHODS}
         spec, ar = by["spec"], by["ar"]
         drafted, accepted = spec["drafted"].sum(), spec["accepted"].sum()
-        alpha = float(accepted / drafted) if drafted else 0.0
+        judged = accepted + spec["rejected"].sum()  # proposals the target ruled on
+        alpha = float(accepted / judged) if judged else 0.0  # per-token acceptance: what the formula assumes
         step = float(ar["step_s"].median())
         c = float(spec["draft_s"].sum() / spec["draft_calls"].sum() / step) if spec["draft_calls"].sum() else 0.0
         # decode-only speedup (prefill excluded from both), the quantity the formula models
@@ -370,7 +373,8 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
             "speedup_vs_ar": _paired(cell, "spec", "ar"),
             "speedup_vs_hf": _paired(cell, "spec", "hf_spec"),
             "ar_vs_hf_ar": _paired(cell, "ar", "hf_ar"),
-            "acceptance": alpha,
+            "acceptance": float(accepted / drafted) if drafted else 0.0,
+            "alpha": alpha,
             "tokens_per_call": float(spec["new_tokens"].sum() / spec["target_calls"].sum()),
             "c": c,
             "decode_speedup": float(spec_dec / ar_dec),
@@ -420,7 +424,8 @@ SHOW = {
     "speedup_vs_ar": "spec/ar",
     "speedup_vs_hf": "spec/hf_spec",
     "ar_vs_hf_ar": "ar/hf_ar",
-    "acceptance": "alpha",
+    "acceptance": "accepted/drafted",
+    "alpha": "alpha",
     "tokens_per_call": "tok/call",
     "c": "c",
     "theory": "theory",
@@ -449,15 +454,19 @@ def _figures(table: pd.DataFrame) -> dict:
         speed.add_scatter(
             x=cell["gamma"], y=cell["theory"], mode="lines", line={"dash": "dot"}, name=f"theory, T={t:g}"
         )
-        accept.add_scatter(x=cell["gamma"], y=cell["acceptance"], mode="lines+markers", name=f"T={t:g}")
+        accept.add_scatter(x=cell["gamma"], y=cell["alpha"], mode="lines+markers", name=f"alpha, T={t:g}")
+        accept.add_scatter(
+            x=cell["gamma"], y=cell["acceptance"], mode="lines+markers", line={"dash": "dash"},
+            name=f"accepted / drafted, T={t:g}",
+        )  # fmt: skip
     speed.add_hline(y=1.0, line={"color": "grey", "width": 1})
     speed.update_layout(
         title="Speedup over plain decoding vs gamma", xaxis_title="gamma", yaxis_title="speedup", xaxis={"dtick": 1}
     )
     accept.update_layout(
-        title="Acceptance rate vs gamma",
+        title="Acceptance vs gamma: per token (alpha) and of all drafted tokens",
         xaxis_title="gamma",
-        yaxis_title="alpha",
+        yaxis_title="acceptance",
         xaxis={"dtick": 1},
         yaxis={"range": [0, 1]},
     )

@@ -82,6 +82,7 @@ def rounds_frame(events: Iterable) -> pd.DataFrame:
 
 def _summary(frame: pd.DataFrame, start: Start | None, done: Done | None) -> dict:
     drafted, accepted = int(frame["gamma"].sum()), int(frame["n"].sum())
+    rejected = int((frame["kind"] == "resampled").sum()) if len(frame) else 0  # proposals the target turned down
     new = int(frame["tokens"].sum())
     prefill = start.prefill_s if start else 0.0
     wall = float(frame["elapsed_s"].iloc[-1]) if len(frame) else prefill
@@ -94,6 +95,10 @@ def _summary(frame: pd.DataFrame, start: Start | None, done: Done | None) -> dic
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "rejected": rejected,
+        # per-token acceptance (the papers' alpha): of the proposals the target ruled on, the share it kept;
+        # proposals after a rejection are never ruled on, so this is above accepted / drafted
+        "alpha": accepted / (accepted + rejected) if accepted + rejected else 0.0,
         "tokens_per_target_call": new / calls if calls else 0.0,
         "prefill_s": prefill,
         "draft_s": float(frame["draft_s"].sum()),
@@ -122,7 +127,7 @@ def summaries(events: Iterable) -> dict[str, dict]:
 
 
 def summary(events: Iterable) -> dict:
-    """One run's numbers: new_tokens, target_calls, drafted, accepted, acceptance_rate (alpha),
+    """One run's numbers: new_tokens, target_calls, drafted, accepted, acceptance_rate, rejected, alpha,
     tokens_per_target_call, prefill_s, draft_s, verify_s, other_s, wall_s, tokens_per_s, decode_tokens_per_s,
     finish_reason. For the pairs of `race`, use `summaries`."""
     by_side = summaries(events)

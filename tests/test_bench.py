@@ -48,7 +48,8 @@ def test_bench_produces_every_column_for_every_cell(table):
     assert ((table["acceptance"] >= 0) & (table["acceptance"] <= 1)).all()
     assert ((table["tokens_per_call"] >= 1) & (table["tokens_per_call"] <= table["gamma"] + 1)).all()
     for _, r in table.iterrows():
-        assert r["theory"] == pytest.approx(expected_speedup(r["acceptance"], r["gamma"], r["c"]))
+        assert r["theory"] == pytest.approx(expected_speedup(r["alpha"], r["gamma"], r["c"]))
+        assert r["acceptance"] <= r["alpha"] <= 1  # proposals after a rejection count only in acceptance
     greedy = table[table["temperature"] == 0]
     assert greedy["identical"].tolist() == [True, True] and (greedy["differences"] == "").all()
     assert table.loc[table["temperature"] > 0, "identical"].isna().all()  # sampled outputs need not match

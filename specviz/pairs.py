@@ -159,9 +159,15 @@ class Acceptance:
 
 
 def measure_acceptance(
-    target: LoadedModel, draft: LoadedModel, prompt_ids: list[list[int]], max_new_tokens: int
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    deadline: float | None = None,
 ) -> Acceptance:
     """Greedy speculative decoding of each prompt (gamma 4); a counts only positions the target judged.
+
+    deadline: a time.monotonic() value; past it the run stops with a SpecvizError (checked every round).
 
     accepted / drafted (the engine's acceptance_rate) would count proposals after a rejection as failures
     although nobody looked at them, which understates a: at a = 0.8 and gamma 4 it reads 0.59.
@@ -173,6 +179,10 @@ def measure_acceptance(
     accepted = tested = drafted = rounds = new = 0
     for ids in prompt_ids:
         for ev in speculative_decode(target, draft, ids, cfg):
+            if deadline is not None and time.monotonic() > deadline:
+                raise SpecvizError(
+                    "The pair check ran past this server's time limit and was stopped; try fewer tokens."
+                )
             if isinstance(ev, Round):
                 g = len(ev.drafted)
                 accepted += ev.n
@@ -349,13 +359,17 @@ def check_pair(
     dtype: str | torch.dtype | None = None,
     max_new_tokens: int = 32,
     prompts: list[str] | tuple[str, ...] | None = None,
+    timeout_s: float | None = None,
 ) -> PairReport:
     """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
 
     target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
     prompts: texts for the acceptance run (default: SAMPLE_PROMPTS), formatted as `generate` would.
+    timeout_s: a cap on the measuring, from the call on (loading included); past it, one SpecvizError.
     """
     from .api import encode_prompt
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens)  # validates max_new_tokens up front
     if prompts is None:
@@ -390,7 +404,7 @@ def check_pair(
     ids = [encode_prompt(p, x) for x in prompts]
     p_s, q_s = measure_step_times(p, q, ids[0])
     c = q_s / p_s
-    acc = measure_acceptance(p, q, ids, cfg.max_new_tokens)
+    acc = measure_acceptance(p, q, ids, cfg.max_new_tokens, deadline)
     speedups = speedup_table(acc.a, c)
     best_gamma = max(range(len(speedups)), key=speedups.__getitem__) + 1
     best = speedups[best_gamma - 1]

@@ -224,3 +224,10 @@ def test_bad_arguments_and_loading_errors_are_one_sentence(tiny_pair, tmp_path):
         check_pair(str(tmp_path / "missing"), tiny_pair[1], device="cpu")
     with pytest.raises(SpecvizError, match="offline"):
         check_pair(tiny_pair[0], "nobody/no-such-draft", device="cpu")
+
+
+def test_a_check_past_its_time_limit_stops_with_a_sentence(fast_pair):
+    t, d = fast_pair
+    with pytest.raises(SpecvizError, match="time limit"):
+        check_pair(str(t), str(d), device="cpu", max_new_tokens=8, timeout_s=0)
+    assert check_pair(str(t), str(d), device="cpu", max_new_tokens=8, timeout_s=600).verdict  # and the next works

@@ -123,7 +123,7 @@ def build_pair_tab(ctx: UIContext) -> None:
         try:
             n, _ = ctx.limits.check_run(max_new_tokens, 1)
             p, q = ctx.pair(target, draft)
-            r = check_pair(p, q, max_new_tokens=n)
+            r = check_pair(p, q, max_new_tokens=n, timeout_s=ctx.limits.request_timeout_s)
         except Exception as err:
             return error_html(err), gr.Plot(visible=False), None
         fig = None

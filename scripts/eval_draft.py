@@ -34,8 +34,11 @@ def load_draft(folder: str | Path):
 
     folder = Path(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    target_ids = json.loads((folder / "specviz_vocab.json").read_text())["target_ids"]
-    return model, torch.tensor(target_ids)
+    spec = json.loads((folder / "specviz_vocab.json").read_text())
+    if spec.get("never_propose"):  # as the engine does: those rows get probability 0
+        rows = torch.tensor(spec["never_propose"])
+        model.get_output_embeddings().register_forward_hook(lambda m, i, out: out.index_fill(-1, rows, -torch.inf))
+    return model, torch.tensor(spec["target_ids"])
 
 
 def target_replies(target, tokenizer, prompts: list[str], cache: Path, max_new_tokens: int, batch_size: int):

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
@@ -26,7 +30,7 @@ SLOW_MS = 600_000  # real models on a small shared CPU
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="PNG file to write")
-    ap.add_argument("--prompt", default="Why is the sky blue? Explain it to a ten-year-old.")
+    ap.add_argument("--prompt", default="", help="default: the page's own first example")
     ap.add_argument("--sweep", action="store_true", help="run the gamma sweep before the race")
     ap.add_argument("--tab", default="", help="take the picture of this tab instead (after the race)")
     ap.add_argument("--width", type=int, default=1400)
@@ -39,11 +43,16 @@ def main() -> None:
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+            # the browser runs niced: on a 2-core machine its rendering would otherwise slow the models' calls
+            wrapper = Path(tempfile.mkdtemp()) / "chromium"
+            wrapper.write_text('#!/bin/sh\nexec nice -n 19 /usr/bin/chromium "$@"\n')
+            wrapper.chmod(0o755)
+            browser = pw.chromium.launch(executable_path=str(wrapper), args=ARGS)
             page = browser.new_page(viewport={"width": args.width, "height": 1000})
             page.goto(f"http://127.0.0.1:{port}/", wait_until="load", timeout=SLOW_MS)
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
-            page.get_by_label("Prompt", exact=True).fill(args.prompt)
+            if args.prompt:
+                page.get_by_label("Prompt", exact=True).fill(args.prompt)
             if args.sweep:
                 page.get_by_role("button", name="Sweep gamma").click()
                 page.wait_for_function("() => /Sweep done/.test(document.body.innerText)", timeout=SLOW_MS)

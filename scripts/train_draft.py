@@ -219,7 +219,8 @@ def save_draft(draft, target_ids: list[int], target_dir: Path, out: Path, cfg: T
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, stage / name)
-    (stage / "specviz_vocab.json").write_text(json.dumps({"target_ids": target_ids}))
+    # row 0 doubles as the label of every target token outside the vocabulary: never propose it
+    (stage / "specviz_vocab.json").write_text(json.dumps({"target_ids": target_ids, "never_propose": [0]}))
     (stage / "train_meta.json").write_text(json.dumps(meta, indent=1))
     if out.exists():
         shutil.rmtree(out)

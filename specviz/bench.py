@@ -123,13 +123,16 @@ class _MapIds(torch.nn.Module):
 class _FullVocab(torch.nn.Module):
     """The draft's output layer, widened to the target's V: trimmed rows scattered, the rest -inf."""
 
-    def __init__(self, head: torch.nn.Module, vocab_map: torch.Tensor | None, V: int):
+    def __init__(self, head: torch.nn.Module, vocab_map: torch.Tensor | None, V: int, blocked: torch.Tensor | None):
         super().__init__()
         self.head, self.V = head, V
         self.register_buffer("vocab_map", vocab_map, persistent=False)
+        self.register_buffer("blocked", blocked, persistent=False)  # rows never proposed, as in our engine
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         z = self.head(h)  # (B, L, N)
+        if self.blocked is not None:
+            z = z.index_fill(-1, self.blocked, -torch.inf)
         if self.vocab_map is not None:
             return z.new_full((*z.shape[:-1], self.V), -torch.inf).index_copy_(-1, self.vocab_map, z)
         if z.shape[-1] >= self.V:
@@ -160,7 +163,7 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
         if draft.input_map is not None:
             embed = _MapIds(embed, draft.input_map)
         view.set_input_embeddings(embed)
-        view.set_output_embeddings(_FullVocab(m.get_output_embeddings(), draft.vocab_map, V))
+        view.set_output_embeddings(_FullVocab(m.get_output_embeddings(), draft.vocab_map, V, draft.blocked_rows))
     except (AttributeError, TypeError, ValueError, RuntimeError) as e:
         raise SpecvizError(f"transformers' assisted generation cannot use this draft ({e}).") from None
     if any(t.is_meta for t in list(view.parameters()) + list(view.buffers())):
@@ -440,25 +443,28 @@ def format_table(table: pd.DataFrame) -> str:
     return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a")
 
 
+COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")  # Okabe-Ito: one per temperature
+
+
+def _line(fig, y, name: str, x, colour: str, t: float, dash: str = "solid", mode: str = "lines+markers") -> None:
+    fig.add_scatter(x=x, y=y, mode=mode, name=f"{name}, T={t:g}", line={"color": colour, "dash": dash})
+
+
 def _figures(table: pd.DataFrame) -> dict:
+    """Speedup and acceptance against gamma: one colour per temperature, one line style per quantity."""
     import plotly.graph_objects as go
 
     speed, accept = go.Figure(), go.Figure()
-    for t, cell in table.groupby("temperature"):
-        speed.add_scatter(x=cell["gamma"], y=cell["speedup_vs_ar"], mode="lines+markers", name=f"spec / ar, T={t:g}")
+    for i, (t, cell) in enumerate(table.groupby("temperature")):
+        style = {"x": cell["gamma"], "colour": COLOURS[i % len(COLOURS)], "t": t}
+        _line(speed, cell["speedup_vs_ar"], "ours (spec / ar)", **style)
         if cell["speedup_vs_hf"].notna().any():  # hf_spec over ar, through the two paired ratios
-            speed.add_scatter(
-                x=cell["gamma"], y=cell["speedup_vs_ar"] / cell["speedup_vs_hf"], mode="lines+markers",
-                line={"dash": "dash"}, name=f"hf_spec / ar, T={t:g}",
-            )  # fmt: skip
-        speed.add_scatter(
-            x=cell["gamma"], y=cell["theory"], mode="lines", line={"dash": "dot"}, name=f"theory, T={t:g}"
-        )
-        accept.add_scatter(x=cell["gamma"], y=cell["alpha"], mode="lines+markers", name=f"alpha, T={t:g}")
-        accept.add_scatter(
-            x=cell["gamma"], y=cell["acceptance"], mode="lines+markers", line={"dash": "dash"},
-            name=f"accepted / drafted, T={t:g}",
-        )  # fmt: skip
+            _line(
+                speed, cell["speedup_vs_ar"] / cell["speedup_vs_hf"], "transformers assisted / ar", dash="dash", **style
+            )
+        _line(speed, cell["theory"], "theory from measured alpha, c", dash="dot", mode="lines", **style)
+        _line(accept, cell["alpha"], "alpha (per token)", **style)
+        _line(accept, cell["acceptance"], "accepted / drafted", dash="dash", **style)
     speed.add_hline(y=1.0, line={"color": "grey", "width": 1})
     speed.update_layout(
         title="Speedup over plain decoding vs gamma", xaxis_title="gamma", yaxis_title="speedup", xaxis={"dtick": 1}
@@ -483,6 +489,8 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
             if Path(chrome).is_file():
                 os.environ["BROWSER_PATH"] = chrome  # where kaleido 1.x (choreographer) looks for a browser
                 break
+    for name in ("kaleido", "choreographer", "logistro"):  # their progress chatter is not ours to print
+        logging.getLogger(name).setLevel(logging.WARNING)
     for name, fig in _figures(table).items():
         html = folder / f"{name}.html"
         fig.write_html(html, include_plotlyjs=True)  # self-contained: opens offline

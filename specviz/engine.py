@@ -74,6 +74,8 @@ class _Runner:
         )
         self.length += x.shape[1]
         self.calls += 1
+        if self.lm.blocked_rows is not None:  # a draft's catch-all rows: q(x) = 0 there
+            return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf)
         return out.logits[0]
 
     def _target_space(self, logits: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,7 @@ class LoadedModel:
     memory_bytes: int = 0
     vocab_map: torch.Tensor | None = None  # (N,) draft row -> target token id
     input_map: torch.Tensor | None = field(default=None, repr=False)  # (V,) target token id -> draft row
+    blocked_rows: torch.Tensor | None = field(default=None, repr=False)  # draft rows it must never propose
 
     @property
     def vocab_size(self) -> int:
@@ -175,12 +176,17 @@ def _quant_config(quantize: str | None, device: torch.device):
 def _load_vocab_map(source: str, device: torch.device, target_vocab: int | None) -> tuple:
     f = Path(source) / "specviz_vocab.json"
     if not f.is_file():
-        return None, None
-    ids = torch.tensor(json.loads(f.read_text())["target_ids"], dtype=torch.long)
+        return None, None, None
+    spec = json.loads(f.read_text())
+    ids = torch.tensor(spec["target_ids"], dtype=torch.long)
     size = max(int(ids.max()) + 1, target_vocab or 0)
     inp = torch.zeros(size, dtype=torch.long)  # unknown target ids are fed to the draft as row 0
     inp[ids] = torch.arange(len(ids))
-    return ids.to(device), inp.to(device)
+    # "never_propose": rows trained as a catch-all for target tokens outside the trimmed vocabulary (the
+    # built-in draft's row 0); proposing one would only ever be rejected, so q gives them probability 0
+    blocked = spec.get("never_propose") or []
+    blocked = torch.tensor(blocked, dtype=torch.long, device=device) if blocked else None
+    return ids.to(device), inp.to(device), blocked
 
 
 def _causal_classes() -> frozenset[str]:
@@ -318,8 +324,8 @@ def load_model(
 
     def make() -> LoadedModel:
         model, tokenizer, source, memory = _load(name, dev, dt, quantize, trust_remote_code)
-        vocab_map, input_map = _load_vocab_map(source, dev, None)
-        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map)
+        vocab_map, input_map, blocked = _load_vocab_map(source, dev, None)
+        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked)
 
     return CACHE.get((name, str(dev), str(dt), quantize, trust_remote_code), make)
 

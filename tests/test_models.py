@@ -235,3 +235,34 @@ def test_corrupt_weights_are_one_sentence_and_not_cached(tmp_path, fresh_cache):
     assert len(fresh_cache) == 0
     weights.write_bytes(good)
     assert load_model(str(folder), device="cpu").vocab_size == 16
+
+
+def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh_cache):
+    """The built-in draft's row 0 is a catch-all for unknown tokens: q(x) = 0 there, output unchanged."""
+    from collections import Counter
+
+    from specviz.config import SamplingConfig, SpecConfig
+    from specviz.engine import autoregressive_decode, speculative_decode
+    from specviz.events import Round
+
+    def trimmed(name: str, **extra) -> LoadedModel:
+        folder = tmp_path / name
+        make_model(40, seed=0).save_pretrained(folder)
+        make_tokenizer(64, chat=True).save_pretrained(folder)
+        (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(40)), **extra}))
+        return load_pair(tiny_pair[0], str(folder), device="cpu")
+
+    def proposals(p, q, temperature: float) -> tuple[list[int], list]:
+        events = list(speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(4, 24, 3, SamplingConfig(temperature))))
+        return [t for e in events if isinstance(e, Round) for t in e.drafted], events
+
+    p, free = trimmed("free")
+    assert free.blocked_rows is None
+    favourite = [t for t, _ in Counter(proposals(p, free, 0.0)[0] + proposals(p, free, 1.0)[0]).most_common(2)]
+    p, q = trimmed("blocked", never_propose=favourite)  # rows = target ids here
+    assert q.blocked_rows.tolist() == favourite
+    for temperature in (0.0, 1.0):
+        drafted, events = proposals(p, q, temperature)
+        assert drafted and not set(favourite) & set(drafted), (favourite, drafted)
+    ar = list(autoregressive_decode(p, [1, 7, 9, 11], SpecConfig(4, 24, 3, SamplingConfig(0.0))))
+    assert proposals(p, q, 0.0)[1][-1].token_ids == ar[-1].token_ids  # greedy output is still the target's

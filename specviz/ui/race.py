@@ -144,11 +144,16 @@ class RaceView:
         _, rate_ar = self._rate("ar")
         _, rate_sp = self._rate("spec")
         faster = rate_sp / rate_ar if rate_ar else 0.0
-        word = "faster" if faster >= 1 else "slower (the draft costs more than its guesses save here)"
+        if f"{faster:.2f}" == "1.00":
+            word = "the same speed"
+        elif faster > 1:
+            word = "faster"
+        else:
+            word = "slower (the draft costs more than its guesses save here)"
         return _note(
             f"Done. Plain: {a.stats['new_tokens']} tokens in {a.stats['wall_s']:.2f} s. Speculative: "
             f"{s.stats['new_tokens']} tokens in {s.stats['wall_s']:.2f} s with {s.stats['target_calls']} target "
-            f"call{'s' if s.stats['target_calls'] != 1 else ''}, {faster:.2f}× {word}."
+            f"call{'s' if s.stats['target_calls'] != 1 else ''}: {faster:.2f}×, {word}."
         )
 
 

@@ -6,28 +6,13 @@ A payload that ran would open an alert (caught by the dialog handler) or leave a
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-from pathlib import Path
 
 import pytest
+from chromium import ARGS, CHROMIUM, require_chromium
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-quic",
-]
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-if not Path(CHROMIUM).exists() and not IN_CI:
-    pytest.skip(
-        f"{CHROMIUM} is missing (apt-get install chromium); in CI this test fails instead", allow_module_level=True
-    )
+require_chromium()
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 

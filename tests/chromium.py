@@ -1,0 +1,28 @@
+"""Debian's chromium for the browser tests: where it is, how it starts here, and what happens without it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"  # apt-get install chromium; `playwright install` cannot download a browser here
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+def require_chromium() -> None:
+    """Skip the calling test module on a machine without chromium; in CI (CI=1) let it fail instead."""
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+    if not Path(CHROMIUM).exists() and not in_ci:
+        pytest.skip(
+            f"{CHROMIUM} is missing (apt-get install chromium); in CI this test fails instead", allow_module_level=True
+        )

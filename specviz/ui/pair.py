@@ -86,7 +86,7 @@ def report_html(r: PairReport) -> str:
     if r.speedups:
         nums += (
             '<p class="sv-warn">The expected speedup assumes the target checks gamma + 1 tokens as fast as it '
-            "writes one, as on a GPU. On a CPU a longer block costs more: the Step through tab measures it here.</p>"
+            "writes one, as on a GPU. On a CPU a long block can cost more: the Step through tab measures it here.</p>"
         )
     warn = ""
     if r.warnings:

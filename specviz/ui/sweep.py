@@ -81,7 +81,7 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
                 "rejection are thrown away unchecked, so the share of all guesses kept (left) is lower. One "
                 f"draft call costs c ≈ {c:.2f} target calls. The paper's formula (dashed) then peaks at "
                 f"gamma = {best}; it assumes checking gamma + 1 tokens costs the target no more than one, "
-                "which holds on a GPU but less so on a CPU, where the measured dots fall below it."
+                "which holds on a GPU; on a CPU it holds only for short blocks, so past them the dots fall below it."
             )
             yield fig, note
     except Exception as err:  # keep what was measured, add the sentence

@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from train_draft import HELDOUT, prompt_ids, read_heldout  # noqa: E402
+from train_draft import HELDOUT, prompt_ids, read_heldout, target_folder  # noqa: E402
 
 
 def load_draft(folder: str | Path):
@@ -120,13 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default="", help="also write the results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.target:
-        target_dir = Path(args.target)
-    else:
-        sys.path.insert(0, str(ROOT))
-        from specviz.builtin import ensure_target
-
-        target_dir = ensure_target()
+    target_dir = target_folder(args.target)
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()

@@ -32,7 +32,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from train_draft import HELDOUT, norm_prompt, prompt_ids, read_heldout  # noqa: E402
+from train_draft import HELDOUT, norm_prompt, prompt_ids, read_heldout, target_folder  # noqa: E402
 
 # --- the built-in prompts: templates x fillers --------------------------------------------------------
 
@@ -175,13 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)  # once: generate() draws from the global generator
-    if args.target:
-        target_dir = Path(args.target)
-    else:
-        sys.path.insert(0, str(ROOT))
-        from specviz.builtin import ensure_target
-
-        target_dir = ensure_target()
+    target_dir = target_folder(args.target)
 
     # 1. the prompts (held-out ones removed) and what is still to do, one (prompt, temperature) per reply
     banned = {norm_prompt(p) for p in read_heldout(args.heldout)}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -36,11 +35,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=1400)
     args = ap.parse_args()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     demo = build_demo(UIContext())
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    url = serve_locally(demo)
     try:
         with sync_playwright() as pw:
             # the browser runs niced: on a 2-core machine its rendering would otherwise slow the models' calls
@@ -49,7 +45,7 @@ def main() -> None:
             wrapper.chmod(0o755)
             browser = pw.chromium.launch(executable_path=str(wrapper), args=ARGS)
             page = browser.new_page(viewport={"width": args.width, "height": 1000})
-            page.goto(f"http://127.0.0.1:{port}/", wait_until="load", timeout=SLOW_MS)
+            page.goto(url, wait_until="load", timeout=SLOW_MS)
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)

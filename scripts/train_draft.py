@@ -102,6 +102,16 @@ def read_teacher(paths: list[str]) -> list[dict]:
     return rows
 
 
+def target_folder(target: str) -> Path:
+    """The target's model folder: `target` if given, else the built-in target (converted on first use)."""
+    if target:
+        return Path(target)
+    sys.path.insert(0, str(ROOT))
+    from specviz.builtin import ensure_target
+
+    return ensure_target()
+
+
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
     """The target's chat template around one user message, ending where the reply starts."""
     enc = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
@@ -273,13 +283,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.target:
-        target_dir = Path(cfg.target)
-    else:
-        sys.path.insert(0, str(ROOT))
-        from specviz.builtin import ensure_target
-
-        target_dir = ensure_target()
+    target_dir = target_folder(cfg.target)
 
     # 1. data: prompts through the chat template, held-out prompts removed, a validation split
     tokenizer = AutoTokenizer.from_pretrained(target_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 
 import httpx
 import pytest
@@ -12,7 +11,7 @@ gr = pytest.importorskip("gradio")
 from gradio_client import Client  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 
 # (prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed): with the tiny pair this run has
@@ -23,21 +22,14 @@ KINDS = ("tok-accepted", "tok-rejected", "tok-resampled", "tok-bonus")
 ECHO, AR, SPEC, AR_STATS, SPEC_STATS, MESSAGE = range(6)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
     target, draft = tiny_pair
     ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
     ctx.default_target, ctx.default_draft = target, draft
     demo = build_demo(ctx)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    yield f"http://127.0.0.1:{port}/"
+    url = serve_locally(demo)
+    yield url
     demo.close()
 
 

@@ -6,7 +6,6 @@ The README's picture of the real pair is made by scripts/screenshot.py.
 
 from __future__ import annotations
 
-import socket
 from urllib.parse import urlparse
 
 import pytest
@@ -17,7 +16,7 @@ require_chromium()
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -26,20 +25,13 @@ XSS = "<img src=x onerror=alert(1)>"
 TIMEOUT_MS = 90_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
     ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
     ctx.default_target, ctx.default_draft = tiny_pair
     demo = build_demo(ctx)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    yield f"http://127.0.0.1:{port}/"
+    url = serve_locally(demo)
+    yield url
     demo.close()
 
 

@@ -7,7 +7,6 @@ A payload that ran would open an alert (caught by the dialog handler) or leave a
 from __future__ import annotations
 
 import shutil
-import socket
 
 import pytest
 from chromium import ARGS, CHROMIUM, require_chromium
@@ -17,7 +16,7 @@ require_chromium()
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -26,12 +25,6 @@ PAYLOAD = '<script>alert(1)</script><img src=x onerror=alert(2)>"><svg onload=al
 INJECTED = "script:not([src]), img[onerror], svg[onload], [onerror], [onload]"
 BAD_FOLDER = "<img src=x onerror=alert(4)>"  # a folder inside the allowed one, holding no model
 MODEL_FOLDER = "<svg onload=alert(5)>"  # a folder inside the allowed one, holding the tiny target
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +41,13 @@ def page(tiny_pair, models):
     ctx = UIContext(limits=Limits(max_new_tokens=32, model_dirs=(str(models),)), device="cpu")
     ctx.default_target, ctx.default_draft = tiny_pair
     demo = build_demo(ctx)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    url = serve_locally(demo)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.dialogs = []
         page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-        page.goto(f"http://127.0.0.1:{port}/", wait_until="load", timeout=TIMEOUT_MS)
+        page.goto(url, wait_until="load", timeout=TIMEOUT_MS)
         yield page
         browser.close()
     demo.close()

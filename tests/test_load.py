@@ -11,7 +11,6 @@ import gc
 import json
 import math
 import re
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ from specviz import generate, load_pair  # noqa: E402
 from specviz.engine import _Runner  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
 from specviz.render import Pieces  # noqa: E402
-from specviz.ui import build_demo, launch_kwargs  # noqa: E402
+from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.race import HTML_EVERY_S  # noqa: E402
 
@@ -78,12 +77,6 @@ class Probe:
             self.calls, self.max_inflight, self.delay, self.fail = 0, 0, delay, None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def models_root(tmp_path_factory):
     """A folder visitors may load from: the tiny pair, plus a symlink that points out of it."""
@@ -119,9 +112,7 @@ def app(models_root, probe):
     ctx = UIContext(limits=dataclasses.replace(LIMITS, model_dirs=(str(models_root),)), device="cpu")
     ctx.default_target, ctx.default_draft = str(models_root / "target"), str(models_root / "draft")
     demo = build_demo(ctx)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
-    url = f"http://127.0.0.1:{port}/"
+    url = serve_locally(demo)
     yield url, ctx
     demo.close()
 
@@ -274,11 +265,10 @@ def test_past_the_queue_limit_a_client_is_told_the_queue_is_full(models_root, pr
     ctx = UIContext(limits=dataclasses.replace(LIMITS, max_queue=2), device="cpu")
     ctx.default_target, ctx.default_draft = str(models_root / "target"), str(models_root / "draft")
     demo = build_demo(ctx)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    url = serve_locally(demo)
     probe.reset(delay=0.02)
     try:
-        c = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        c = Client(url, verbose=False)
         jobs = [c.submit("hello", 2, 0.0, 0, 1.0, 16, i, api_name="/race") for i in range(6)]
         outcomes = []
         for j in jobs:

@@ -4,7 +4,8 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from conftest import make_model
+from transformers import PreTrainedTokenizerFast
 
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
 from specviz.engine import speculative_decode
@@ -151,19 +152,7 @@ def test_greedy_check_points_at_the_first_difference():
 def trimmed_draft(tiny_pair, tmp_path_factory):
     """The tiny draft with its output layer cut to 40 rows, as the built-in draft is (specviz_vocab.json)."""
     path = tmp_path_factory.mktemp("trimmed") / "draft"
-    cfg = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    make_model(40, seed=0, layers=1).save_pretrained(path)
     PreTrainedTokenizerFast.from_pretrained(tiny_pair[0]).save_pretrained(path)
     (path / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(40))}))
     return str(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import importlib
 import logging
+import socket
 import threading
 from pathlib import Path
 
@@ -50,6 +51,15 @@ def launch_kwargs() -> dict:
         font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"],
     )
     return {"theme": theme, "css_paths": [Path(ASSETS / "style.css")]}
+
+
+def serve_locally(demo: gr.Blocks) -> str:
+    """Start `demo` in the background on 127.0.0.1, on a free port (tests, scripts); returns its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_kwargs())
+    return f"http://127.0.0.1:{port}/"
 
 
 class Preloader:

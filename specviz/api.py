@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import BUILTIN_TARGET, SamplingConfig, SpecConfig, SpecvizError, _integer
+from .config import BUILTIN_TARGET, SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
 from .models import LoadedModel, load_model, load_pair
 
 MODES = ("spec", "ar")
 MAX_PROMPT_CHARS = 100_000  # far beyond any context window; guards the tokenizer against absurd input
-MAX_DETAIL = 20  # candidates per position in the step-through view; more would not fit on a screen
 
 
 @dataclass(frozen=True)
@@ -49,11 +48,10 @@ def encode_prompt(lm: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
     return ids
 
 
-def _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0) -> SpecConfig:
-    detail = _integer("detail", detail)
-    if not 0 <= detail <= MAX_DETAIL:
-        raise SpecvizError(f"detail must be a whole number from 0 (off) to {MAX_DETAIL}, not {detail}.")
-    return SpecConfig(gamma, max_new_tokens, seed, SamplingConfig(temperature, top_k, top_p), detail)
+def _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0, **drafting) -> SpecConfig:
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    return SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling, detail=detail,
+                      **drafting)  # fmt: skip
 
 
 def _prepare(
@@ -72,13 +70,14 @@ def _prepare(
     device,
     dtype,
     quantize,
+    **drafting,
 ):
     # everything a caller can get wrong is checked before a model is loaded (which may take seconds)
     _check_text(prompt)
     if mode not in MODES:
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
-    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail)
-    if mode == "ar" and draft is None:  # plain decoding needs no draft: don't load one
+    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, **drafting)
+    if (mode == "ar" or cfg.drafter == "lookup") and draft is None:  # no draft model needed: don't load one
         p, q = load_model(target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize), None
     else:
         p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize)
@@ -106,7 +105,10 @@ def generate(prompt: str, **options) -> Result:
     """Decode `prompt` with the target (mode="ar") or speculatively with target and draft (mode="spec").
 
     Options (all keyword): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
-    built-in pair; mode "spec" or "ar"; gamma 1..16; temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
+    built-in pair; mode "spec" or "ar"; drafter "model" | "lookup" | "lookup+model" (where guesses come from);
+    gamma 1..16 or "auto"; gamma_policy "constant" | "heuristic" | "confidence" | "auto" (gamma is then the
+    start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,
+    max_matching_ngram_size (lookup); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
     max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
     device, dtype, quantize ("4bit"/"8bit", CUDA only). Raises SpecvizError on anything a caller can fix.
     """
@@ -116,11 +118,17 @@ def generate(prompt: str, **options) -> Result:
     return Result(done.token_ids, text, done.stats, done.finish_reason)
 
 
+_CFG = SpecConfig()  # the defaults, defined once in config.py
 _DEFAULTS = dict(
     target=None,
     draft=None,
     mode="spec",
-    gamma=4,
+    drafter=_CFG.drafter,
+    gamma=_CFG.gamma,
+    gamma_policy=_CFG.gamma_policy,
+    confidence=_CFG.confidence,
+    prompt_lookup_num_tokens=_CFG.prompt_lookup_num_tokens,
+    max_matching_ngram_size=_CFG.max_matching_ngram_size,
     temperature=0.0,
     top_k=0,
     top_p=1.0,

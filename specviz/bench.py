@@ -40,7 +40,7 @@ from .config import ASSETS, SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, eos_ids, speculative_decode
 from .events import Done, Step
 from .models import LoadedModel
-from .pairs import expected_speedup  # (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1))
+from .theory import expected_speedup  # (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1))
 
 log = logging.getLogger("specviz")
 

@@ -71,29 +71,76 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+DEFAULT_GAMMA = 3  # the one default: the built-in pair's speedup is flat over gamma 1-3 and falls after
+DRAFTERS = ("model", "lookup", "lookup+model")
+GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
+AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps
+CONFIDENCE_THRESHOLD = 0.4  # transformers' default assistant_confidence_threshold
+DETAIL_MAX = 20  # candidates per position in the step-through view; more would not fit on a screen
+
+
 @dataclass(frozen=True)
 class SpecConfig:
-    """One decoding run: the block size gamma, the budget, and the seed of its single generator."""
+    """One decoding run: where guesses come from, how many per round, the budget, and the seed of its generator.
 
-    gamma: int = 4
+    gamma: the proposals per round for the constant policy, the start for heuristic, the most for confidence
+    and auto; gamma="auto" means gamma_policy="auto" with at most AUTO_GAMMA_MAX.
+    """
+
+    gamma: int | str = DEFAULT_GAMMA
     max_new_tokens: int = 64
     seed: int = 0
     sampling: SamplingConfig = SamplingConfig()
     detail: int = 0  # >0: each round also carries the top-`detail` candidates of p and q (step-through view)
+    drafter: str = "model"  # model | lookup | lookup+model (drafters.py)
+    gamma_policy: str = "constant"  # constant | heuristic | confidence | auto (policies.py)
+    confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability
+    prompt_lookup_num_tokens: int = 10  # lookup: the most tokens one match proposes (transformers' name)
+    max_matching_ngram_size: int = 3  # lookup: the longest suffix looked up first (transformers' name)
 
     def __post_init__(self) -> None:
-        g = _integer("gamma", self.gamma)
+        gamma, policy = self.gamma, self.gamma_policy
+        if isinstance(gamma, str) and gamma.strip().lower() == "auto":
+            gamma, policy = AUTO_GAMMA_MAX, "auto"
+        elif isinstance(gamma, str):
+            raise SpecvizError(f"gamma must be a whole number from 1 to {GAMMA_MAX} or 'auto', not {gamma!r}.")
+        g = _integer("gamma", gamma)
         n = _integer("max_new_tokens", self.max_new_tokens)
         s = _integer("seed", self.seed)
+        d = _integer("detail", self.detail)
         if not 1 <= g <= GAMMA_MAX:
-            raise SpecvizError(f"gamma must be a whole number from 1 to {GAMMA_MAX}, not {g}.")
+            raise SpecvizError(f"gamma must be a whole number from 1 to {GAMMA_MAX} or 'auto', not {g}.")
         if n < 1:
             raise SpecvizError(f"max_new_tokens must be at least 1, not {n}.")
         if not 0 <= s < 2**63:
             raise SpecvizError(f"seed must be a whole number from 0 to 2**63 - 1, not {s}.")
-        object.__setattr__(self, "gamma", g)
-        object.__setattr__(self, "max_new_tokens", n)
-        object.__setattr__(self, "seed", s)
+        if not 0 <= d <= DETAIL_MAX:
+            raise SpecvizError(f"detail must be a whole number from 0 (off) to {DETAIL_MAX}, not {d}.")
+        if self.drafter not in DRAFTERS:
+            raise SpecvizError(f"Unknown drafter {self.drafter!r}; use one of {', '.join(DRAFTERS)}.")
+        if policy not in GAMMA_POLICIES:
+            raise SpecvizError(f"Unknown gamma policy {policy!r}; use one of {', '.join(GAMMA_POLICIES)}.")
+        c = _finite("confidence", self.confidence)
+        if not 0.0 <= c < 1.0:
+            raise SpecvizError(f"confidence must be from 0 up to (not including) 1, not {c:g}.")
+        lookup_k = _integer("prompt_lookup_num_tokens", self.prompt_lookup_num_tokens)
+        ngram = _integer("max_matching_ngram_size", self.max_matching_ngram_size)
+        if not 1 <= lookup_k <= GAMMA_MAX:
+            raise SpecvizError(f"prompt_lookup_num_tokens must be from 1 to {GAMMA_MAX}, not {lookup_k}.")
+        if not 1 <= ngram <= 8:
+            raise SpecvizError(f"max_matching_ngram_size must be from 1 to 8, not {ngram}.")
+        for name, value in (("gamma", g), ("max_new_tokens", n), ("seed", s), ("detail", d), ("gamma_policy", policy),
+                            ("confidence", c), ("prompt_lookup_num_tokens", lookup_k),
+                            ("max_matching_ngram_size", ngram)):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+    @property
+    def label(self) -> str:
+        """A short name for this configuration: "model, gamma 3", "lookup, auto", ..."""
+        how = f"gamma {self.gamma}" if self.gamma_policy == "constant" else self.gamma_policy
+        if self.gamma_policy != "constant" and self.gamma != AUTO_GAMMA_MAX:
+            how += f" ≤{self.gamma}"
+        return f"{self.drafter}, {how}"
 
 
 # --- the built-in pair -------------------------------------------------------------------------

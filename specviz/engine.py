@@ -1,8 +1,10 @@
 """The decoding loops: speculative (draft q proposes, target p verifies) and plain autoregressive.
 
 Both are generators of `events`; both keep one KV cache per model and never re-encode the sequence.
-Cache invariant: each model's cache holds every token of the sequence except its `pending` ones, which
-are fed first on its next call. Notation: p target, q draft, gamma block size, n accepted count, r draw.
+The target's cache holds every token of the text but the last, which is fed first on its next call; a
+drafter keeps its own state (drafters.py). The speculative loop reads as the paper does: 1. draft,
+2. verify, 3. accept / resample, 4. roll back and update. Notation: p target, q draft, gamma (k) the
+proposals of a round, n accepted count, r draw.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import time
 from collections.abc import Iterator
 
 import torch
-from transformers import DynamicCache
 
-from .config import SpecConfig, SpecvizError
+from .config import SamplingConfig, SpecConfig, SpecvizError
+from .costs import calibration
+from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter
 from .events import Candidates, Done, Event, Round, Start, Step
-from .models import LoadedModel
+from .models import CachedModel, LoadedModel
+from .policies import make_policy
 from .sampling import greedy, residual, sample, to_probs, verify_greedy, verify_sampled
+from .theory import alpha
 
 
 class _Clock:
@@ -40,62 +45,6 @@ class _Clock:
         self._t = time.perf_counter()
 
 
-class _Runner:
-    """A causal LM with its KV cache; returns logits in the target's vocabulary (`vocab_size` wide)."""
-
-    def __init__(self, lm: LoadedModel, vocab_size: int):
-        self.lm, self.V = lm, vocab_size
-        self.cache = DynamicCache(config=lm.model.config)
-        self.length = 0  # tokens in the cache
-        self.calls = 0
-
-    def feed(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """ids (L,) long on the model's device -> logits (L or 1, V); the cache grows by L."""
-        return self._target_space(self._forward(ids, last_only))
-
-    def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:
-        """Feed ids (L,) and return the argmax next token as a (1,) target id.
-
-        Greedy drafting needs no distribution: the argmax is taken in the model's own (maybe trimmed)
-        vocabulary and mapped, so the V-wide logits are never built. Same token as greedy(feed(...)[-1]).
-        """
-        logits = self._forward(ids, last_only=True)[-1]  # (Vm,)
-        if self.lm.vocab_map is not None:
-            return self.lm.vocab_map[greedy(logits)].view(1)
-        return greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
-
-    def _forward(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
-        """ids (L,) -> logits (L or 1, Vm) in the model's own vocabulary; the cache grows by L."""
-        x = ids.view(1, -1)
-        if self.lm.input_map is not None:  # a trimmed draft: target ids -> its own rows (unknown -> row 0)
-            x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
-        out = self.lm.model(
-            input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1 if last_only else 0
-        )
-        self.length += x.shape[1]
-        self.calls += 1
-        if self.lm.blocked_rows is not None:  # a draft's catch-all rows: q(x) = 0 there
-            return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf)
-        return out.logits[0]
-
-    def _target_space(self, logits: torch.Tensor) -> torch.Tensor:
-        """(L, Vm) -> (L, V): scatter a trimmed vocabulary, pad a smaller one with -inf, cut padding rows."""
-        if self.lm.vocab_map is not None:
-            full = logits.new_full((logits.shape[0], self.V), -torch.inf)
-            return full.index_copy_(1, self.lm.vocab_map, logits)
-        vm = logits.shape[-1]
-        if vm > self.V:
-            return logits[:, : self.V]
-        if vm < self.V:
-            return torch.nn.functional.pad(logits, (0, self.V - vm), value=-torch.inf)
-        return logits
-
-    def rollback(self, keep: int) -> None:
-        if keep < self.length:
-            self.cache.crop(keep - self.length)  # transformers 5: a negative count of tokens to remove
-            self.length = keep
-
-
 def eos_ids(lm: LoadedModel) -> frozenset[int]:
     ids = set()
     for src in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
@@ -109,12 +58,20 @@ def _check_prompt(prompt_ids: list[int]) -> None:
         raise SpecvizError("The prompt is empty; type something for the model to continue.")
 
 
-def _cut(tokens: list[int], eos: frozenset[int], budget: int) -> tuple[list[int], bool]:
-    """Tokens up to and including the first EOS, at most `budget`; and whether EOS ended it."""
+def cut(tokens: list[int], eos: frozenset[int], budget: int) -> list[int]:
+    """What a round may emit of `tokens`: up to and including the first EOS, and at most `budget` tokens."""
     for i, t in enumerate(tokens[:budget]):
         if t in eos:
-            return tokens[: i + 1], True
-    return tokens[:budget], False
+            return tokens[: i + 1]
+    return tokens[:budget]
+
+
+def run_over(out: list[int], eos: frozenset[int], max_new_tokens: int) -> str | None:
+    """The stop rule, one definition for every loop and the step-through: "eos" once an EOS token was emitted,
+    "length" once the budget is spent, else None."""
+    if out and out[-1] in eos:
+        return "eos"
+    return "length" if len(out) >= max_new_tokens else None
 
 
 def _stats(
@@ -128,17 +85,12 @@ def _stats(
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "alpha": alpha(accepted, extra.get("resampled", 0)),
         "tokens_per_target_call": new / calls if calls else 0.0,
         "wall_s": wall,
         "tokens_per_s": new / wall if wall > 0 else 0.0,
         **extra,
     }
-
-
-def _prefill(runner: _Runner, prompt: torch.Tensor) -> None:
-    if prompt.numel() > 1:
-        runner.feed(prompt[:-1], last_only=True)
-        runner.calls -= 1  # the prompt pass is not a decoding call
 
 
 @torch.inference_mode()
@@ -148,14 +100,14 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     s, eos, dev = cfg.sampling, eos_ids(target), target.device
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
-    p_run = _Runner(target, target.vocab_size)
+    p_run = CachedModel(target, target.vocab_size)
     prompt = torch.tensor(prompt_ids, device=dev)
-    _prefill(p_run, prompt)
+    p_run.prefill(prompt)
     prefill_s = clock.lap()
-    yield Start("ar", tuple(prompt_ids), 0, s.temperature, prefill_s)
+    yield Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature, prefill_s=prefill_s)
     clock.resume()
-    pending, out, finish = prompt[-1:], [], "length"
-    while len(out) < cfg.max_new_tokens:
+    pending, out = prompt[-1:], []
+    while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
         logits = p_run.feed(pending)[-1]  # (V,)
         if s.greedy:
             token, p_x = int(greedy(logits)), 1.0
@@ -165,14 +117,12 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
             p_x = float(probs[token])
         dt = clock.lap()
         out.append(token)
-        yield Step(len(out) - 1, token, p_x, dt, clock.total)
+        yield Step(index=len(out) - 1, token=token, p=p_x, forward_s=dt, elapsed_s=clock.total)
         clock.resume()
-        if token in eos:
-            finish = "eos"
-            break
         pending = torch.tensor([token], device=dev)
     wall = clock.total
-    yield Done(tuple(out), finish, _stats("ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s}, wall))
+    stats = _stats("ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s}, wall)
+    yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
 def _candidates(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[Candidates, ...]:
@@ -190,118 +140,134 @@ def _candidates(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[Candidates, .
     return tuple(res)
 
 
+def make_run(
+    target: LoadedModel, draft: LoadedModel | None, prompt_ids: list[int], cfg: SpecConfig, drafter: Drafter | None
+):
+    """The drafter and gamma policy of one run (auto measures the verify costs once per model first).
+
+    Returns (drafter, policy, seconds spent measuring now).
+    """
+    V = target.vocab_size
+    lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
+                  max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
+    drafter = drafter or make_drafter(cfg.drafter, draft, V, **lookup)
+    verify_s, step_s, spent = [], 0.0, 0.0
+    if cfg.gamma_policy == "auto":
+        verify_s, spent = calibration(target, prompt_ids, cfg.gamma + 1)
+        if draft is not None and drafter.calls is not None and not isinstance(drafter, LookupDrafter):
+            (step_s,), spent_q = calibration(draft, prompt_ids, 1, vocab_size=V)
+            spent += spent_q
+    return drafter, make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s, step_s), spent
+
+
+def _detail(prop: Proposal, p_logits: torch.Tensor, s: SamplingConfig, k: int) -> tuple[Candidates, ...]:
+    """Top candidates of p and q at each proposed position and the bonus one (the step-through view)."""
+    s_view = s if not s.greedy else SamplingConfig(1.0, s.top_k, s.top_p)  # greedy: show the T=1 shapes
+    V = p_logits.shape[-1]
+    if prop.q_logits:
+        q_rows = to_probs(torch.stack(prop.q_logits), s_view)  # (k, V)
+    else:  # a deterministic drafter: point masses
+        q_rows = torch.nn.functional.one_hot(prop.tokens, V).float()
+    q_full = torch.cat([q_rows, q_rows.new_zeros(1, V)])  # (k+1, V): the bonus position has no draft
+    return _candidates(to_probs(p_logits, s_view), q_full, k)
+
+
 @torch.inference_mode()
 def speculative_decode(
-    target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], cfg: SpecConfig
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    prompt_ids: list[int],
+    cfg: SpecConfig,
+    drafter: Drafter | None = None,
 ) -> Iterator[Event]:
-    """Speculative sampling (Leviathan et al. 2023, Algorithm 1); each round yields 1..gamma+1 tokens."""
+    """Speculative sampling (Leviathan et al. 2023, Algorithm 1); each round yields 1..k+1 tokens.
+
+    Guesses come from `drafter` (default: the one cfg.drafter names, over `draft`), as many per round as
+    cfg.gamma_policy allows. One seeded generator draws, in order: the drafter's samples, then the r's of
+    the verify, then the resample.
+    """
     _check_prompt(prompt_ids)
-    s, eos, dev = cfg.sampling, eos_ids(target), target.device
+    s, eos, dev, V = cfg.sampling, eos_ids(target), target.device, target.vocab_size
+    drafter, policy, calibration_s = make_run(target, draft, prompt_ids, cfg, drafter)
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
-    V = target.vocab_size
-    p_run, q_run = _Runner(target, V), _Runner(draft, V)
-    prompt = torch.tensor(prompt_ids, device=dev)
-    _prefill(p_run, prompt)
-    _prefill(q_run, prompt.to(draft.device))
+    p_run = CachedModel(target, V)
+    p_run.prefill(torch.tensor(prompt_ids, device=dev))
+    drafter.begin(list(prompt_ids))
     prefill_s = clock.lap()
-    yield Start("spec", tuple(prompt_ids), cfg.gamma, s.temperature, prefill_s)
+    yield Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
+                prefill_s=prefill_s, drafter=drafter.name, gamma_policy=policy.name,
+                calibration_s=calibration_s)  # fmt: skip
     clock.resume()
 
-    p_pending, q_pending = prompt[-1:], prompt[-1:]
-    out: list[int] = []
-    counts = {"drafted": 0, "accepted": 0, "resampled": 0, "bonus": 0, "draft_s": 0.0, "verify_s": 0.0}
-    finish, index = "length", 0
-    while len(out) < cfg.max_new_tokens:
-        gamma = min(cfg.gamma, cfg.max_new_tokens - len(out))  # no point drafting past the budget
-
-        # 1. draft: q proposes gamma tokens, one cached call each
-        q_base = q_run.length + len(q_pending)  # the draft's cache length once its pending tokens are in
-        drafted, q_logits, x = [], [], q_pending.to(draft.device)
-        for _ in range(gamma):
-            if s.greedy and not cfg.detail:  # q's logits are not needed: argmax in q's own vocabulary
-                x = q_run.next_greedy(x)
-            else:
-                logits = q_run.feed(x, last_only=True)[-1].to(dev)  # (V,)
-                x = greedy(logits).view(1) if s.greedy else torch.multinomial(to_probs(logits, s), 1, generator=gen)
-                q_logits.append(logits)
-            drafted.append(x)
-        drafted_t = torch.cat(drafted).to(dev)  # (gamma,)
+    seq, out = list(prompt_ids), []
+    counts = {"drafted": 0, "accepted": 0, "resampled": 0, "bonus": 0, "plain": 0, "draft_s": 0.0, "verify_s": 0.0}
+    index = 0
+    while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
+        # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
+        budget = cfg.max_new_tokens - len(out)
+        ctx = DraftContext(s, gen, V, dev, policy, budget, need_q=not s.greedy or bool(cfg.detail))
+        prop = drafter.propose(seq, ctx)
+        x, k = prop.tokens, int(prop.tokens.numel())  # (k,)
         draft_s = clock.lap()
 
         # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
-        p_logits = p_run.feed(torch.cat([p_pending, drafted_t]))[-(gamma + 1) :]  # (gamma+1, V)
-
-        # 3. accept / resample
-        if s.greedy:
-            v = verify_greedy(drafted_t, p_logits)
+        fed = torch.tensor(seq[-1:], device=dev)
+        if drafter.wants_hidden:
+            p_logits, hidden = p_run.feed(torch.cat([fed, x]), hidden=True)
         else:
-            q_probs = to_probs(torch.stack(q_logits), s)  # (gamma, V): exactly what the draft sampled from
-            v = verify_sampled(drafted_t, q_probs, to_probs(p_logits, s), gen)
+            p_logits, hidden = p_run.feed(torch.cat([fed, x])), None  # (k+1, V)
+
+        # 3. accept / resample (k = 0: a plain target step)
+        if s.greedy:
+            v = verify_greedy(x, p_logits)
+        else:
+            q = prop.q if k else p_logits.new_zeros(0, V)  # (k, V)
+            v = verify_sampled(x, q, to_probs(p_logits, s), gen)
         verify_s = clock.lap()
-        x_ids = drafted_t.tolist()
-        n, kind = v.n, "bonus" if v.n == gamma else "resampled"
+        x_ids, n = x.tolist(), v.n
+        kind = "plain" if k == 0 else "bonus" if n == k else "resampled"
 
-        # 4. roll back caches to the accepted prefix; the correction token is pending for both models
-        p_run.rollback(p_run.length - (gamma - n))
-        if n < gamma:
-            q_run.rollback(q_base + n)
-            q_pending = torch.tensor([v.correction], device=dev)
-        else:  # the draft never fed its last proposal: it is pending along with the bonus token
-            q_pending = torch.tensor([x_ids[-1], v.correction], device=dev)
-        p_pending = torch.tensor([v.correction], device=dev)
-
-        tokens, hit_eos = _cut(x_ids[:n] + [v.correction], eos, cfg.max_new_tokens - len(out))
+        # 4. roll back the target's cache to the accepted prefix; tell the drafter and the policy
+        p_run.rollback(p_run.length - (k - n))
+        drafter.update(n, v.correction, hidden[: n + 1] if hidden is not None else None)
+        policy.update(prop.sources[0] if prop.sources else drafter.name, k, n, draft_s, verify_s)
+        tokens = cut(x_ids[:n] + [v.correction], eos, cfg.max_new_tokens - len(out))
+        seq.extend(tokens)
         out.extend(tokens)
-        counts["drafted"] += gamma
+        counts["drafted"] += k
         counts["accepted"] += n
         counts[kind] += 1 if len(tokens) == n + 1 else 0  # a correction cut off by EOS/max is not emitted
         counts["draft_s"] += draft_s
         counts["verify_s"] += verify_s
-        cands = ()
-        if cfg.detail:
-            s_view = s if not s.greedy else type(s)(1.0, s.top_k, s.top_p)  # greedy: show the T=1 shapes
-            q_full = to_probs(torch.stack(q_logits + [q_logits[-1]]), s_view)  # the last row has no draft
-            q_full[-1] = 0.0  # the bonus position: the draft proposed nothing there
-            cands = _candidates(to_probs(p_logits, s_view), q_full, cfg.detail)
+        cands = _detail(prop, p_logits, s, cfg.detail) if cfg.detail else ()
         clock.lap()
-        yield Round(
-            index,
-            tuple(x_ids),
-            v.q_x,
-            v.p_x,
-            v.accept_prob,
-            v.r,
-            n,
-            v.correction,
-            kind,
-            tuple(tokens),
-            draft_s,
-            verify_s,
-            clock.total,
-            cands,
-        )
+        yield Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
+                    correction=v.correction, kind=kind, tokens=tuple(tokens), draft_s=draft_s, verify_s=verify_s,
+                    elapsed_s=clock.total, candidates=cands, sources=prop.sources, planned=prop.planned,
+                    stop=prop.stop)  # fmt: skip
         clock.resume()
         index += 1
-        if hit_eos:
-            finish = "eos"
-            break
 
-    extra = {"rounds": index, "prefill_s": prefill_s, **counts}
+    extra = {"rounds": index, "prefill_s": prefill_s, "calibration_s": calibration_s, **counts}
     stats = _stats(
-        "spec", len(out), p_run.calls, q_run.calls, counts["drafted"], counts["accepted"], extra, clock.total
+        "spec", len(out), p_run.calls, drafter.calls, counts["drafted"], counts["accepted"], extra, clock.total
     )
-    yield Done(tuple(out), finish, stats)
+    yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
-def race(ar: Iterator[Event], spec: Iterator[Event]) -> Iterator[tuple[str, Event]]:
-    """Interleave two runs in one worker, always advancing the one that is behind on its own compute clock.
+def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:
+    """Interleave runs (lanes) in one worker, always advancing the one that is behind on its own compute clock.
 
-    Each run's clock stops while the other computes, so the merged stream is what two machines racing
-    from the same start would show, without the two runs slowing each other down.
+    Each run's clock stops while the others compute, so the merged stream is what machines racing from the
+    same start would show, without the runs slowing each other down. Lanes are named by `names`; two runs
+    default to ("ar", "spec"), more to ("ar", "spec", "spec2", ...).
     """
-    live = {"ar": ar, "spec": spec}
-    clock = {"ar": 0.0, "spec": 0.0}
+    names = names or ("ar", "spec", *(f"spec{i}" for i in range(2, len(runs))))[: len(runs)]
+    if len(names) != len(runs) or len(set(names)) != len(names):
+        raise ValueError("race() needs one distinct name per run.")
+    live = dict(zip(names, runs))
+    clock = dict.fromkeys(names, 0.0)
     while live:
         side = min(live, key=lambda k: clock[k])
         try:

@@ -10,16 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Union
 
-Kind = Literal["resampled", "bonus"]
+Kind = Literal["resampled", "bonus", "plain"]  # plain: nothing was proposed, the target took one step
 
 
 @dataclass(frozen=True)
 class Start:
     mode: Literal["spec", "ar"]
     prompt_ids: tuple[int, ...]
-    gamma: int
+    gamma: int  # spec: the constant gamma, or the most a round may propose under the other policies
     temperature: float
     prefill_s: float  # time to encode the prompt (both models for spec)
+    drafter: str = ""  # spec: model | lookup | lookup+model
+    gamma_policy: str = ""  # spec: constant | heuristic | confidence | auto
+    calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class Round:
     """One draft/verify round of speculative decoding (one target forward call)."""
 
     index: int
-    drafted: tuple[int, ...]  # the gamma tokens q proposed, in order
+    drafted: tuple[int, ...]  # the tokens proposed, in order (0 .. gamma of them)
     q: tuple[float, ...]  # q_i(x_i): the probability the draft gave its own proposal
     p: tuple[float, ...]  # p_i(x_i): the probability the target gives it
     accept_prob: tuple[float, ...]  # min(1, p_i / q_i)
@@ -50,6 +53,9 @@ class Round:
     verify_s: float
     elapsed_s: float  # cumulative compute of this run, prefill included
     candidates: tuple[Candidates, ...] = field(default=())  # gamma + 1 entries when detail > 0
+    sources: tuple[str, ...] = field(default=())  # which drafter proposed each token: "model" | "lookup"
+    planned: int = 0  # the most tokens the gamma policy allowed this round
+    stop: str = ""  # why the proposal ended where it did: gamma | budget | confidence | no match | match end
 
     @property
     def rejected(self) -> int | None:

@@ -51,6 +51,19 @@ class LoadedModel:
     def n_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
+    def to_target_logits(self, logits: torch.Tensor, V: int) -> torch.Tensor:
+        """(L, Vm) logits in this model's vocabulary -> (L, V) in the target's: a trimmed vocabulary is scattered
+        (-inf elsewhere), a smaller one padded with -inf, padding rows past V cut. The one vocabulary mapping."""
+        if self.vocab_map is not None:
+            full = logits.new_full((logits.shape[0], V), -torch.inf)
+            return full.index_copy_(1, self.vocab_map, logits)
+        vm = logits.shape[-1]
+        if vm > V:
+            return logits[:, :V]
+        if vm < V:
+            return torch.nn.functional.pad(logits, (0, V - vm), value=-torch.inf)
+        return logits
+
 
 def default_device() -> torch.device:
     if torch.cuda.is_available():
@@ -349,3 +362,69 @@ def load_pair(
         grown[: q.input_map.numel()] = q.input_map
         q.input_map = grown
     return p, q
+
+
+class CachedModel:
+    """A loaded causal LM with its own KV cache, returning logits in the target's vocabulary (`V` wide).
+
+    Every model call of the engine, the drafters, the step-through, the pair check and the cost measurements
+    goes through here, so all of them compute the same numbers. `length` is the number of tokens in the cache.
+    """
+
+    def __init__(self, lm: LoadedModel, V: int):
+        from transformers import DynamicCache
+
+        self.lm, self.V = lm, V
+        self.cache = DynamicCache(config=lm.model.config)
+        self.length = 0
+        self.calls = 0
+
+    def prefill(self, prompt: torch.Tensor) -> None:
+        """Cache every prompt token but the last (which the first decoding call feeds); not a decoding call."""
+        if prompt.numel() > 1:
+            self._forward(prompt[:-1], last_only=True)
+            self.calls -= 1
+
+    def feed(self, ids: torch.Tensor, last_only: bool = False, hidden: bool = False):
+        """ids (L,) -> logits (L or 1, V); the cache grows by L. With `hidden`, also the last hidden states (L, H)."""
+        logits, h = self._forward(ids, last_only, hidden)
+        logits = self.lm.to_target_logits(logits, self.V)
+        return (logits, h) if hidden else logits
+
+    def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ids (L,) and return the argmax next token as a (1,) target id.
+
+        The argmax is taken in the model's own (maybe trimmed) vocabulary and mapped, so the V-wide logits are
+        never built. Same token as greedy(feed(...)[-1]).
+        """
+        from .sampling import greedy
+
+        logits = self._forward(ids, last_only=True)[0][-1]  # (Vm,)
+        if self.lm.vocab_map is not None:
+            return self.lm.vocab_map[greedy(logits)].view(1)
+        return greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
+
+    def _forward(self, ids: torch.Tensor, last_only: bool, hidden: bool = False):
+        """ids (L,) -> (logits (L or 1, Vm) in the model's own vocabulary, last hidden states or None)."""
+        x = ids.view(1, -1)
+        if self.lm.input_map is not None:  # a trimmed draft: target ids -> its own rows (unknown -> row 0)
+            x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
+        out = self.lm.model(
+            input_ids=x,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+            output_hidden_states=hidden,
+        )
+        self.length += x.shape[1]
+        self.calls += 1
+        h = out.hidden_states[-1][0] if hidden else None  # (L, H)
+        if self.lm.blocked_rows is not None:  # a draft's catch-all rows: q(x) = 0 there
+            return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf), h
+        return out.logits[0], h
+
+    def rollback(self, keep: int) -> None:
+        """Drop cached tokens past the first `keep`."""
+        if keep < self.length:
+            self.cache.crop(keep - self.length)  # transformers 5: a negative count of tokens to remove
+            self.length = keep

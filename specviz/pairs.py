@@ -4,14 +4,11 @@ Three questions, in order: do the two tokenizers give every token id the same me
 the draft's proposals would be nonsense to the target); what does a draft step cost relative to a target
 step (c); how often does the target accept the draft's greedy proposals (alpha, written `a` here as in
 the formula). From a and c the expected speedup for each block size gamma follows (Leviathan et al. 2023,
-Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula lives in `expected_speedup`;
-the benchmark and the UI import it from here.
+Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula, alpha and c live in theory.py.
 """
 
 from __future__ import annotations
 
-import math
-import operator
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
-from .models import LoadedModel, load_pair
+from .models import CachedModel, LoadedModel, load_pair
+from .theory import alpha, expected_speedup, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS = (
     "Tell me about gravity.",
@@ -34,37 +32,6 @@ CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so i
 TIMING_WARMUP, TIMING_STEPS = 3, 16
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 VERDICTS = ("compatible", "not worth it", "incompatible")
-
-
-def expected_speedup(a: float, gamma: int, c: float) -> float:
-    """Expected walltime speedup over plain decoding: (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)).
-
-    a: the chance a drafted token is accepted (0..1); gamma: tokens drafted per round; c: the cost of one
-    draft step relative to one target step. The numerator is the expected tokens per round, summed as
-    1 + a + ... + a^gamma so that a = 1 (gamma + 1 tokens) and a = 0 (one token) need no special case.
-    It assumes the target verifies gamma + 1 tokens as fast as it decodes one (true while memory-bound).
-    """
-    try:
-        a, c = float(a), float(c)
-    except (TypeError, ValueError):
-        raise SpecvizError(f"a and c must be numbers, not {a!r} and {c!r}.") from None
-    if not 0.0 <= a <= 1.0:
-        raise SpecvizError(f"The acceptance rate a must be between 0 and 1, not {a}.")
-    if not (math.isfinite(c) and c >= 0.0):
-        raise SpecvizError(f"The cost ratio c must be a finite number of at least 0, not {c}.")
-    try:
-        g = operator.index(gamma)  # int, numpy integers; not 2.5
-    except TypeError:
-        g = 0
-    if isinstance(gamma, bool) or g < 1:
-        raise SpecvizError(f"gamma must be a whole number of at least 1, not {gamma!r}.")
-    tokens_per_round = sum(a**i for i in range(g + 1))
-    return tokens_per_round / (g * c + 1.0)
-
-
-def speedup_table(a: float, c: float, gammas: range = range(1, GAMMA_MAX + 1)) -> tuple[float, ...]:
-    """expected_speedup for each gamma (1..16 by default)."""
-    return tuple(expected_speedup(a, g, c) for g in gammas)
 
 
 # --- tokenizers ----------------------------------------------------------------------------------
@@ -128,10 +95,8 @@ def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list
 
     The two models alternate step by step, so a busy machine slows both alike and c stays fair.
     """
-    from .engine import _Runner  # the engine's own call path: cache, vocabulary mapping and all
-
-    V = target.vocab_size
-    runs = [(_Runner(target, V), target.device), (_Runner(draft, V), draft.device)]
+    V = target.vocab_size  # CachedModel: the engine's own call path, cache, vocabulary mapping and all
+    runs = [(CachedModel(target, V), target.device), (CachedModel(draft, V), draft.device)]
     prompt = torch.tensor(prompt_ids, dtype=torch.long)
     times: list[list[float]] = [[], []]
     for run, dev in runs:
@@ -164,6 +129,7 @@ def measure_acceptance(
     prompt_ids: list[list[int]],
     max_new_tokens: int,
     deadline: float | None = None,
+    drafter: str = "model",
 ) -> Acceptance:
     """Greedy speculative decoding of each prompt (gamma 4); a counts only positions the target judged.
 
@@ -175,7 +141,7 @@ def measure_acceptance(
     from .engine import speculative_decode
     from .events import Done, Round
 
-    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0))
+    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
     accepted = tested = drafted = rounds = new = 0
     for ids in prompt_ids:
         for ev in speculative_decode(target, draft, ids, cfg):
@@ -186,12 +152,12 @@ def measure_acceptance(
             if isinstance(ev, Round):
                 g = len(ev.drafted)
                 accepted += ev.n
-                tested += ev.n + (1 if ev.n < g else 0)
+                tested += ev.n + (1 if ev.n < g else 0)  # the rejected one was judged; those after it were not
                 drafted += g
                 rounds += 1
             elif isinstance(ev, Done):
                 new += len(ev.token_ids)
-    return Acceptance(accepted / tested if tested else 0.0, accepted, tested, drafted, rounds, new)
+    return Acceptance(alpha(accepted, tested - accepted), accepted, tested, drafted, rounds, new)
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -405,7 +371,7 @@ def check_pair(
     p_s, q_s = measure_step_times(p, q, ids[0])
     c = q_s / p_s
     acc = measure_acceptance(p, q, ids, cfg.max_new_tokens, deadline)
-    speedups = speedup_table(acc.a, c)
+    speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
     best_gamma = max(range(len(speedups)), key=speedups.__getitem__) + 1
     best = speedups[best_gamma - 1]
     verdict, reasons = _worth(acc.a, c, best_gamma, best)

@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from . import metrics
 from .events import Event, Round, Start, Step
+from .theory import expected_speedup
 
 BLUE, VERMILLION, ORANGE, PURPLE, SKY, GREEN, GREY = (
     "#0072B2",
@@ -26,15 +27,6 @@ BLUE, VERMILLION, ORANGE, PURPLE, SKY, GREEN, GREY = (
 )
 AR_COLOR, SPEC_COLOR = GREY, BLUE
 HEIGHT = 270
-
-try:  # the pair check's formula, when that module is there
-    from .pairs import expected_speedup
-except ImportError:  # TODO: drop once specviz.pairs ships expected_speedup
-
-    def expected_speedup(a: float, gamma: int, c: float) -> float:
-        """Leviathan et al. (2023), eq. 1: (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1))."""
-        tokens = gamma + 1 if a >= 1 else (1 - a ** (gamma + 1)) / (1 - a)
-        return tokens / (gamma * c + 1)
 
 
 def rounds_frame(events: Sequence[Event]) -> pd.DataFrame:

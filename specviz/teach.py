@@ -11,17 +11,16 @@ count, r the uniform draw.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
 from .config import SamplingConfig, SpecConfig, SpecvizError
-from .engine import _prefill, _Runner, autoregressive_decode, eos_ids, speculative_decode
+from .costs import forward_times  # noqa: F401  (the step-through's verify-cost chart imports it from here)
+from .engine import autoregressive_decode, eos_ids, run_over, speculative_decode
 from .events import Done, Round
-from .models import LoadedModel
+from .models import CachedModel, LoadedModel
 from .sampling import greedy, residual, to_probs, verify_sampled
 
 # --- token text -------------------------------------------------------------------------------------
@@ -86,8 +85,7 @@ class Stepper:
             self.done = ev
             return None
         self.rounds.append(ev)
-        ended = ev.tokens and ev.tokens[-1] in self._eos
-        if ended or len(self.output_ids) >= self.settings.max_new_tokens:
+        if run_over(self.output_ids, self._eos, self.settings.max_new_tokens):  # the engine's own stop rule
             self.done = next(self._events)  # no compute: the engine's loop has ended
         return ev
 
@@ -173,10 +171,10 @@ def position_probs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """p and q (V,) for the first new token, computed with the engine's own calls (so bit for bit its numbers)."""
     V, dev = target.vocab_size, target.device
-    p_run, q_run = _Runner(target, V), _Runner(draft, V)
+    p_run, q_run = CachedModel(target, V), CachedModel(draft, V)
     prompt = torch.tensor(prompt_ids, device=dev)
-    _prefill(p_run, prompt)
-    _prefill(q_run, prompt.to(draft.device))
+    p_run.prefill(prompt)
+    q_run.prefill(prompt.to(draft.device))
     q_logits = q_run.feed(prompt[-1:].to(draft.device), last_only=True)[-1].to(dev)  # (V,)
     x = greedy(q_logits).view(1)  # any proposal: row 0 of the verify pass does not look at it
     p_logits = p_run.feed(torch.cat([prompt[-1:], x]))[0]  # (V,) the same 2-token call shape as the engine
@@ -261,38 +259,7 @@ def sample_check(
     return SampleCheck(p, q, freq, draws, seed0, tv(freq, p), tv(freq, q), tv(perfect, p), real)
 
 
-# --- why it pays: forward time against block size ---------------------------------------------------
-
-
-@torch.inference_mode()
-def forward_times(
-    lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
-) -> list[float]:
-    """Median seconds of one forward pass over 1, 2, ... max_tokens new tokens, after the prompt is cached.
-
-    This is the verify pass's shape: a cache holding the text so far, and a block of new tokens.
-    The sizes are interleaved within each repetition so a busy machine slows all of them alike.
-    """
-    run = _Runner(lm, vocab_size or lm.vocab_size)  # a draft with a trimmed vocabulary needs the target's size
-    prompt = torch.tensor(prompt_ids, device=lm.device)
-    _prefill(run, prompt)
-    base = run.length
-    block = prompt.repeat(max_tokens // len(prompt_ids) + 1)[:max_tokens]  # (max_tokens,) any real tokens
-    cuda = lm.device.type == "cuda"
-    samples: list[list[float]] = [[] for _ in range(max_tokens)]
-    for rep in range(reps + 1):  # the first repetition warms up
-        for size in range(1, max_tokens + 1):
-            if cuda:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            run.feed(block[:size])
-            if cuda:
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            run.rollback(base)
-            if rep:
-                samples[size - 1].append(dt)
-    return [statistics.median(s) for s in samples]
+# --- why it pays: forward time against block size (measured in costs.forward_times) -------------------
 
 
 def timing_sentence(times: list[float], draft_time: float | None = None) -> str:

@@ -68,7 +68,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path, capsys):
     assert code == 2 and out == ""
     assert err == f"error: The folder {tmp_path / 'nope'} does not exist.\n"
     code, _, err = run(capsys, "generate", "hi", "--gamma", "40", "--target", str(tmp_path / "nope"))
-    assert code == 2 and err.strip() == "error: gamma must be a whole number from 1 to 16, not 40."
+    assert code == 2 and err.strip() == "error: gamma must be a whole number from 1 to 16 or 'auto', not 40."
     code, _, err = run(capsys, "check", "--target", str(tmp_path / "nope"), "--draft", str(tmp_path / "nope"))
     assert code == 2 and err.startswith("error: The folder")
 

@@ -67,14 +67,14 @@ def test_each_round_yields_between_1_and_gamma_plus_1_and_counts_add_up(loaded_p
 
 def test_kv_cache_rollback_matches_a_fresh_encoding(loaded_pair):
     """Feed, feed wrong tokens, roll them back, feed on: the logits equal an uncached pass of the true sequence."""
-    from specviz.engine import _Runner
+    from specviz.models import CachedModel
 
     p, q = loaded_pair
     seq = p.tokenizer("once upon a time")["input_ids"] + list(range(10, 30))
     with torch.no_grad():
         ref = p.model(torch.tensor([seq])).logits[0, -1]
     for lm in (p, q):
-        r = _Runner(lm, p.vocab_size)
+        r = CachedModel(lm, p.vocab_size)
         r.feed(torch.tensor(seq[:10]))
         r.feed(torch.tensor(seq[10:15] + [7, 8, 9]))  # three wrong tokens ...
         r.rollback(r.length - 3)  # ... rolled back

@@ -223,7 +223,7 @@ import psutil, torch
 torch.set_num_threads(1)
 from conftest import make_model, make_tokenizer
 from specviz import generate, load_pair
-from specviz.engine import _Runner
+from specviz.models import CachedModel
 
 root, tok, paths = Path(sys.argv[1]), make_tokenizer(64, chat=True), []
 for name in ("target", "draft"):  # hidden 128: with this prompt one run's KV caches are ~1.6 MB
@@ -250,8 +250,8 @@ before = rss()
 for i in range(100):
     run(i)
 after = rss()
-live = sum(1 for o in gc.get_objects() if isinstance(o, _Runner))
-kept, init = [], _Runner.__init__  # the control: keep 20 runs' caches alive, as a leak would
+live = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))
+kept, init = [], CachedModel.__init__  # the control: keep 20 runs' caches alive, as a leak would
 
 
 def leaky(self, *a, **k):
@@ -259,7 +259,7 @@ def leaky(self, *a, **k):
     kept.append(self)
 
 
-_Runner.__init__ = leaky
+CachedModel.__init__ = leaky
 for i in range(20):
     run(i)
 print(json.dumps({"before": before, "after": after, "live": live, "leaked": rss() - after}))

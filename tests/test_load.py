@@ -27,8 +27,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from specviz import generate, load_pair  # noqa: E402
-from specviz.engine import _Runner  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
+from specviz.models import CachedModel  # noqa: E402
 from specviz.render import Pieces  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
@@ -95,7 +95,7 @@ def probe():
 
     mp = pytest.MonkeyPatch()
     pr = Probe()
-    mp.setattr(_Runner, "feed", pr.wrap(_Runner.feed))
+    mp.setattr(CachedModel, "feed", pr.wrap(CachedModel.feed))
     real_load = specviz.models._load
 
     def load(name, device, dtype, quantize, trust_remote_code):
@@ -229,14 +229,14 @@ def test_memory_is_flat_over_sequential_races(app, client):
         assert_ok(race(client, f"warm {i}", 3, 1.0, 0, 1.0, 4, i))
     gc.collect()
     before, objects = psutil.Process().memory_info().rss / 2**20, len(gc.get_objects())
-    runners = sum(1 for o in gc.get_objects() if isinstance(o, _Runner))  # e.g. open step-through sessions
+    runners = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))  # e.g. open step-through sessions
     t0 = time.monotonic()
     for i in range(APP_RUNS):
         out = race(client, f"run {i}", 1 + i % 4, [0.0, 1.0][i % 2], 0, 1.0, 4, i)
         assert "sv-error" not in out[MESSAGE]
     gc.collect()
     after = psutil.Process().memory_info().rss / 2**20
-    live = sum(1 for o in gc.get_objects() if isinstance(o, _Runner))
+    live = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))
     per_race = (len(gc.get_objects()) - objects) / APP_RUNS
     print(
         f"app RSS {before:.1f} MB -> {after:.1f} MB, {per_race:+.0f} Python objects a race, over {APP_RUNS} races "

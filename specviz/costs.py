@@ -1,0 +1,65 @@
+"""What a forward call costs on this machine: the target over 1, 2, ... tokens, and one draft step.
+
+`forward_times` is the measurement behind the step-through's verify-cost chart, the pair check's prediction
+and the auto gamma policy. `calibration` memoises, per loaded model, what the auto policy needs; like loading
+a model, it is paid once per process and is not part of any run's time (the run's Start event says how long
+it took when it ran).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+
+import torch
+
+from .models import CachedModel, LoadedModel
+
+
+@torch.inference_mode()
+def forward_times(
+    lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
+) -> list[float]:
+    """Median seconds of one forward pass over 1, 2, ... max_tokens new tokens, after the prompt is cached.
+
+    This is the verify pass's shape: a cache holding the text so far, and a block of new tokens.
+    The sizes are interleaved within each repetition so a busy machine slows all of them alike.
+    """
+    run = CachedModel(lm, vocab_size or lm.vocab_size)  # a trimmed-vocabulary draft needs the target's size
+    prompt = torch.tensor(prompt_ids, device=lm.device)
+    run.prefill(prompt)
+    base = run.length
+    block = prompt.repeat(max_tokens // len(prompt_ids) + 1)[:max_tokens]  # (max_tokens,) any real tokens
+    cuda = lm.device.type == "cuda"
+    samples: list[list[float]] = [[] for _ in range(max_tokens)]
+    for rep in range(reps + 1):  # the first repetition warms up
+        for size in range(1, max_tokens + 1):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run.feed(block[:size])
+            if cuda:
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            run.rollback(base)
+            if rep:
+                samples[size - 1].append(dt)
+    return [statistics.median(s) for s in samples]
+
+
+_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its times; freed with the model
+
+
+def calibration(lm: LoadedModel, prompt_ids: list[int], max_tokens: int, vocab_size: int | None = None):
+    """forward_times for 1 .. max_tokens tokens (2 repetitions), measured once per loaded model and reused.
+
+    Returns (times, seconds spent measuring now: 0 when they were already known).
+    """
+    known = _MEMO.get(lm.model)
+    if known is not None and len(known) >= max_tokens:
+        return known[:max_tokens], 0.0
+    t0 = time.perf_counter()
+    times = forward_times(lm, prompt_ids, max_tokens, reps=2, vocab_size=vocab_size)
+    _MEMO[lm.model] = times
+    return times, time.perf_counter() - t0

@@ -1,0 +1,244 @@
+"""Where guesses come from: one seam, several siblings (in the spirit of transformers' `CandidateGenerator`).
+
+A drafter proposes up to k tokens for the current text together with the distribution q each was drawn
+from, and is told after each verify how many were accepted (n) and which token the target added.
+
+- `ModelDrafter` ("model"): a small draft model with its own KV cache, rolled back to what the text kept.
+- `LookupDrafter` ("lookup"): prompt lookup. The last n tokens (n = max_matching_ngram_size down to 1) are
+  looked up in the prompt plus the output so far; the tokens that followed their most recent earlier
+  occurrence are proposed. It is deterministic, so q is a point mass: token x is accepted with probability
+  min(1, p(x) / 1) = p(x), and a rejection resamples from norm(max(0, p - onehot(x))), which is p with x
+  removed and renormalised. That is exact, with no change to the verification rule.
+- `LookupModelDrafter` ("lookup+model"): lookup where the text has a match, the model otherwise.
+
+How many tokens a drafter may propose in a round is the gamma policy's call (`policies.py`); a drafter asks
+it per source (`ctx.k_for(source)`), so "auto" can keep separate estimates for free and paid guesses.
+A proposal may be empty: the round is then one plain target step.
+
+Names as in the papers: p the target, q the draft, gamma (here k) the proposals of one round, n accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import DRAFTERS, SamplingConfig, SpecvizError
+from .models import CachedModel, LoadedModel
+from .policies import GammaPolicy
+from .sampling import greedy, to_probs
+
+PROMPT_LOOKUP_NUM_TOKENS = 10  # transformers' name and default: the most tokens one match may propose
+MAX_MATCHING_NGRAM_SIZE = 3  # the longest suffix looked up first (transformers' default is 2; the issue asks 3)
+
+# Why a round proposed fewer tokens than it could (shown in the race's gamma timeline)
+STOP_GAMMA = "gamma"  # it proposed as many as the policy allowed
+STOP_BUDGET = "budget"  # the answer's token budget left no room for more
+STOP_CONFIDENCE = "confidence"  # the draft's top probability fell below the threshold
+STOP_NO_MATCH = "no match"  # lookup found no earlier occurrence of the text's last tokens
+STOP_MATCH_END = "match end"  # lookup's continuation ran out before k tokens
+
+
+@dataclass
+class DraftContext:
+    """What a drafter needs from the engine for one round."""
+
+    sampling: SamplingConfig
+    generator: torch.Generator
+    V: int  # the target's vocabulary size: q rows are V wide
+    device: torch.device  # the target's device: proposals and q rows are returned there
+    policy: GammaPolicy  # how many tokens a source may propose this round
+    budget: int  # tokens the answer may still add: proposals past it could never be emitted
+    need_q: bool = True  # False: greedy verification with no detail view, so q rows are never built
+
+    @property
+    def threshold(self) -> float:
+        """The confidence policy's threshold on the draft's top probability (0: none)."""
+        return self.policy.threshold
+
+    def k_for(self, source: str) -> tuple[int, str]:
+        """The most tokens `source` may propose now, and why that many (the policy, or the budget)."""
+        k = self.policy.k(source)
+        return (k, STOP_GAMMA) if k <= self.budget else (self.budget, STOP_BUDGET)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: torch.Tensor  # (k,) long target ids on the target's device; k may be 0
+    q: torch.Tensor | None  # (k, V) float32 distributions they were drawn from, or None when not needed
+    sources: tuple[str, ...]  # which drafter proposed each token
+    planned: int  # the most tokens the policy allowed this round
+    stop: str  # why the proposal ended where it did (STOP_*)
+    q_logits: tuple[torch.Tensor, ...] = field(default=())  # the model's raw logits rows (detail view)
+
+
+def _empty(ctx: DraftContext, planned: int, stop: str) -> Proposal:
+    return Proposal(torch.empty(0, dtype=torch.long, device=ctx.device), None, (), planned, stop)
+
+
+class Drafter:
+    """The seam. `begin` once per run, then `propose` / `update` once per round."""
+
+    name = "drafter"
+    wants_hidden = False  # True: `update` receives the target's last hidden states of the verified positions
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """The prompt, before the first round (a model drafter encodes it here)."""
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        raise NotImplementedError
+
+    def update(self, n: int, correction: int, hidden: torch.Tensor | None = None) -> None:
+        """After a verify: n of the proposals were accepted and the target added `correction`.
+
+        hidden (n + 1, H): the target's last hidden states at the positions just confirmed (only if wants_hidden).
+        """
+
+    @property
+    def calls(self) -> int:
+        """Forward calls of a draft model so far (0 for free drafters)."""
+        return 0
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM proposing one token per cached forward call.
+
+    Its cache holds the confirmed text plus the proposals it fed itself; before each proposal it keeps the
+    longest prefix the text still agrees with, drops the rest, and feeds what it has not seen (this also
+    catches up on rounds another drafter proposed).
+    """
+
+    name = "model"
+
+    def __init__(self, draft: LoadedModel, V: int):
+        self.lm, self.run = draft, CachedModel(draft, V)
+        self.confirmed = 0  # tokens of the text its cache holds
+        self.spec: list[int] = []  # proposals it fed after those, in order
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.run.prefill(torch.tensor(prompt_ids, device=self.lm.device))
+        self.confirmed = max(len(prompt_ids) - 1, 0)
+
+    @property
+    def calls(self) -> int:
+        return self.run.calls
+
+    def _sync(self, seq: list[int]) -> torch.Tensor:
+        """Roll the cache back to what `seq` still agrees with; return the tokens of `seq` it must still see."""
+        keep = self.confirmed
+        for t in self.spec:
+            if keep < len(seq) and seq[keep] == t:
+                keep += 1
+            else:
+                break
+        self.run.rollback(keep)
+        self.spec = []
+        return torch.tensor(seq[keep:], device=self.lm.device)
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        k, why = ctx.k_for(self.name)
+        if k == 0:
+            return _empty(ctx, 0, why)
+        x = self._sync(seq)  # (L,) at least one token: the last one of the text is never cached yet
+        self.confirmed = len(seq)
+        s, fast = ctx.sampling, ctx.sampling.greedy and not ctx.need_q and ctx.threshold <= 0
+        tokens, logits_rows, stop = [], [], why
+        for _ in range(k):
+            if fast:  # greedy, nothing else needed: argmax in the draft's own vocabulary
+                x = self.run.next_greedy(x)
+            else:
+                logits = self.run.feed(x, last_only=True)[-1].to(ctx.device)  # (V,)
+                if ctx.threshold > 0:
+                    top = float(to_probs(logits, s if not s.greedy else SamplingConfig(1.0)).max())
+                    if top < ctx.threshold:
+                        self.spec = [int(t) for t in tokens]  # every proposal so far was fed
+                        stop = STOP_CONFIDENCE
+                        break
+                if s.greedy:
+                    x = greedy(logits).view(1)
+                else:
+                    x = torch.multinomial(to_probs(logits, s), 1, generator=ctx.generator)
+                logits_rows.append(logits)
+            tokens.append(x.to(ctx.device))
+        else:
+            self.spec = [int(t) for t in tokens[:-1]]  # the last proposal was never fed
+        t = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=ctx.device)
+        q = to_probs(torch.stack(logits_rows), s) if logits_rows and ctx.need_q else None  # (k, V)
+        return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(logits_rows))
+
+
+class LookupDrafter(Drafter):
+    """Prompt lookup: propose what followed the most recent earlier occurrence of the text's last n tokens."""
+
+    name = "lookup"
+
+    def __init__(self, prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS,
+                 max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE):  # fmt: skip
+        if prompt_lookup_num_tokens < 1 or max_matching_ngram_size < 1:
+            raise SpecvizError("prompt_lookup_num_tokens and max_matching_ngram_size must be at least 1.")
+        self.num_tokens, self.max_ngram = prompt_lookup_num_tokens, max_matching_ngram_size
+        self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_matching_ngram_size + 1)]
+        self.indexed = 0  # n-grams ending before this position are in the index
+
+    def _extend(self, seq: list[int]) -> None:
+        """Index every n-gram that ends before the last token: index[n][gram] = where its continuation starts."""
+        for end in range(max(self.indexed, 1), len(seq)):  # the continuation seq[end] exists
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.index[n][tuple(seq[end - n : end])] = end  # later occurrences overwrite: the most recent
+        self.indexed = max(self.indexed, len(seq))
+
+    def match(self, seq: list[int], k: int) -> list[int]:
+        """The proposal for `seq` (at most k tokens; empty when nothing matches)."""
+        self._extend(seq)
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            start = self.index[n].get(tuple(seq[-n:]))
+            if start is not None:
+                return seq[start : start + k]
+        return []
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        k, why = ctx.k_for(self.name)
+        k_eff = min(k, self.num_tokens)
+        found = self.match(seq, k_eff) if k_eff > 0 else []
+        if not found:
+            return _empty(ctx, k, STOP_NO_MATCH if k_eff > 0 else why)
+        t = torch.tensor(found, dtype=torch.long, device=ctx.device)
+        q = torch.nn.functional.one_hot(t, ctx.V).float() if ctx.need_q else None  # (k, V) point masses
+        stop = why if len(found) == k else (STOP_GAMMA if len(found) == k_eff else STOP_MATCH_END)
+        return Proposal(t, q, (self.name,) * len(found), k, stop)
+
+
+class LookupModelDrafter(Drafter):
+    """Lookup where the text has a match, the draft model otherwise."""
+
+    name = "lookup+model"
+
+    def __init__(self, draft: LoadedModel, V: int, **lookup):
+        self.lookup, self.model = LookupDrafter(**lookup), ModelDrafter(draft, V)
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.model.begin(prompt_ids)
+
+    @property
+    def calls(self) -> int:
+        return self.model.calls
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        found = self.lookup.propose(seq, ctx)
+        if found.tokens.numel():
+            return found
+        return self.model.propose(seq, ctx)
+
+
+def make_drafter(name: str, draft: LoadedModel | None, V: int, **lookup) -> Drafter:
+    """The drafter called `name` ("model", "lookup" or "lookup+model")."""
+    if name not in DRAFTERS:
+        raise SpecvizError(f"Unknown drafter {name!r}; use one of {', '.join(DRAFTERS)}.")
+    if name != "lookup" and draft is None:
+        raise SpecvizError(f"The {name} drafter needs a draft model.")
+    if name == "model":
+        return ModelDrafter(draft, V)
+    if name == "lookup":
+        return LookupDrafter(**lookup)
+    return LookupModelDrafter(draft, V, **lookup)

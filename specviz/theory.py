@@ -1,0 +1,139 @@
+"""The accounting, defined once: alpha, c, acceptance per draft position, and the expected speedup.
+
+Names as in Leviathan et al. 2023: alpha is the chance a drafted token is accepted (per token: of the
+proposals the target ruled on, the share it kept; proposals after a rejection are never ruled on), c the
+cost of one draft step relative to one target step, gamma the proposals of a round.
+
+- `expected_tokens(alpha, gamma)`: tokens per round with one alpha at every position, 1 + alpha + ... + alpha^gamma.
+- `expected_tokens_by_position(alphas)`: the same from conditional acceptance per position alpha_1, alpha_2, ...:
+  1 + sum over i of prod over j <= i of alpha_j. Where acceptance rises or falls along a round, the equal-alpha
+  formula is wrong by the difference.
+- `expected_speedup(alpha, gamma, c)`: Theorem 3.8, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); it assumes
+  a verify of gamma + 1 tokens costs one target step. `expected_speedup_measured` uses measured verify costs.
+Every page, the sweep, the pair check and the benchmark read these; nothing else computes them.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Sequence
+
+from .config import GAMMA_MAX, SpecvizError
+
+
+def alpha(accepted: int, rejected: int) -> float:
+    """Per-token acceptance: accepted / (accepted + rejected); 0 when nothing was ruled on."""
+    judged = accepted + rejected
+    return accepted / judged if judged else 0.0
+
+
+def alpha_of(stats: dict) -> float:
+    """alpha from a run's stats (Done.stats, or sums of several): a rejection is a round that resampled."""
+    return alpha(int(stats.get("accepted", 0)), int(stats.get("resampled", 0)))
+
+
+def cost_ratio(draft_s: float, draft_calls: int, target_step_s: float) -> float:
+    """c: seconds of one draft call over seconds of one target step (nan when either is unknown)."""
+    if draft_calls <= 0 or target_step_s <= 0:
+        return float("nan")
+    return draft_s / draft_calls / target_step_s
+
+
+def position_alphas(rounds: Iterable[tuple[int, int]]) -> list[float]:
+    """Conditional acceptance alpha_k per draft position k = 1, 2, ...: of the rounds that reached position k
+    (proposed at least k tokens and accepted the k - 1 before it), the share that accepted it.
+
+    rounds: (proposed, accepted) per round. Positions no round reached are left out (the list ends there).
+    """
+    reached: list[int] = []
+    kept: list[int] = []
+    for k, n in rounds:
+        for j in range(min(n + 1, k)):  # positions 0 .. n were ruled on (n is the rejected one, if any)
+            if j == len(reached):
+                reached.append(0)
+                kept.append(0)
+            reached[j] += 1
+            kept[j] += j < n
+    return [a / r for a, r in zip(kept, reached)]
+
+
+def accepted_histogram(rounds: Iterable[tuple[int, int]]) -> list[int]:
+    """How many rounds accepted n = 0, 1, ... proposals (rounds that proposed nothing are left out)."""
+    counts: list[int] = []
+    for k, n in rounds:
+        if k == 0:
+            continue
+        counts.extend([0] * (n + 1 - len(counts)))
+        counts[n] += 1
+    return counts
+
+
+def _gamma(gamma) -> int:
+    try:
+        g = operator.index(gamma)  # int, numpy integers; not 2.5
+    except TypeError:
+        g = 0
+    if isinstance(gamma, bool) or g < 1:
+        raise SpecvizError(f"gamma must be a whole number of at least 1, not {gamma!r}.")
+    return g
+
+
+def _check(a: float, c: float) -> tuple[float, float]:
+    try:
+        a, c = float(a), float(c)
+    except (TypeError, ValueError):
+        raise SpecvizError(f"alpha and c must be numbers, not {a!r} and {c!r}.") from None
+    if not 0.0 <= a <= 1.0:
+        raise SpecvizError(f"The acceptance rate alpha must be between 0 and 1, not {a}.")
+    if not (math.isfinite(c) and c >= 0.0):
+        raise SpecvizError(f"The cost ratio c must be a finite number of at least 0, not {c}.")
+    return a, c
+
+
+def expected_tokens(a: float, gamma: int) -> float:
+    """Expected tokens per round, 1 + a + ... + a^gamma (a = 1 gives gamma + 1, a = 0 gives 1)."""
+    return sum(a**i for i in range(_gamma(gamma) + 1))
+
+
+def expected_tokens_by_position(alphas: Sequence[float]) -> float:
+    """Expected tokens per round from conditional acceptance per position: 1 + sum_i prod_{j<=i} alpha_j."""
+    total, reach = 1.0, 1.0
+    for a in alphas:
+        reach *= a
+        total += reach
+    return total
+
+
+def expected_speedup(a: float, gamma: int, c: float) -> float:
+    """Expected walltime speedup over plain decoding: (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)).
+
+    It assumes the target verifies gamma + 1 tokens as fast as it decodes one (true while memory-bound).
+    """
+    a, c = _check(a, c)
+    return expected_tokens(a, gamma) / (_gamma(gamma) * c + 1.0)
+
+
+def expected_speedup_measured(alphas: Sequence[float], c: float, verify_cost: float) -> float:
+    """Speedup with measured costs: tokens per round / (gamma c + v), v = one verify of gamma + 1 tokens in
+    target steps (1.0 reproduces `expected_speedup` when every alpha is equal)."""
+    g = len(alphas)
+    if g == 0:
+        return 1.0 / verify_cost if verify_cost > 0 else float("nan")
+    return expected_tokens_by_position(alphas) / (g * c + verify_cost)
+
+
+def speedup_table(a: float, c: float, gammas: Iterable[int] = range(1, GAMMA_MAX + 1)) -> tuple[float, ...]:
+    """expected_speedup for each gamma (1..16 by default)."""
+    return tuple(expected_speedup(a, g, c) for g in gammas)
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """A 95% interval for a proportion (Wilson score), e.g. alpha from `trials` judged guesses."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p = successes / trials
+    d = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / d
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / d
+    return max(0.0, centre - half), min(1.0, centre + half)

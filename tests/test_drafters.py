@@ -1,0 +1,306 @@
+"""The drafter seam: prompt lookup on hand-built sequences, the gamma policies on scripted outcomes, and
+exactness (greedy equality, the sampled law) for every drafter and policy; the accounting in theory.py."""
+
+import math
+
+import pytest
+import torch
+
+from specviz import Done, Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz.drafters import Drafter, LookupDrafter, Proposal
+from specviz.engine import autoregressive_decode, eos_ids, speculative_decode
+from specviz.policies import Auto, Heuristic
+from specviz.theory import (
+    accepted_histogram,
+    expected_speedup,
+    expected_speedup_measured,
+    expected_tokens,
+    expected_tokens_by_position,
+    position_alphas,
+)
+
+PROMPTS = ["hello world", "the cat sat on the mat, the cat sat on the hat", "abc abc abc", "q", "x = (1, 2)"]
+CONFIGS = [  # (drafter, gamma policy): every drafter and every policy at least once
+    ("model", "constant"),
+    ("lookup", "constant"),
+    ("lookup+model", "constant"),
+    ("model", "heuristic"),
+    ("model", "confidence"),
+    ("model", "auto"),
+    ("lookup", "auto"),
+    ("lookup+model", "auto"),
+]
+
+
+# --- prompt lookup on hand-built token sequences -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "seq, k, want",
+    [
+        ([1, 2, 3, 9, 1, 2, 3], 3, [9, 1, 2]),  # a match of the last 3 tokens: what followed them
+        ([1, 2, 3, 4], 5, []),  # no earlier occurrence of any suffix
+        ([7, 7, 7, 7], 4, [7]),  # overlapping n-grams: the most recent earlier (7, 7, 7) ends right before the end
+        ([1, 2, 1, 2], 4, [1, 2]),  # a match at the very end: its continuation runs up to the last token
+        ([1, 2, 5, 1, 2, 6, 1, 2], 5, [6, 1, 2]),  # the most recent earlier occurrence wins
+        ([1, 2, 3, 8, 5, 2, 3, 9, 1, 2, 3], 2, [8, 5]),  # the longest suffix first: (1, 2, 3), not (2, 3)
+        ([4, 9, 4], 3, [9, 4]),  # down to a 1-gram
+        ([4], 3, []),  # nothing before the last token
+    ],
+)
+def test_lookup_on_hand_built_sequences(seq, k, want):
+    assert LookupDrafter(prompt_lookup_num_tokens=10, max_matching_ngram_size=3).match(seq, k) == want
+
+
+def test_lookup_index_grows_with_the_text():
+    d = LookupDrafter(max_matching_ngram_size=2)
+    assert d.match([5, 6, 7], 3) == []
+    assert d.match([5, 6, 7, 5, 6], 3) == [7, 5, 6]  # the same drafter, the text grown by two tokens
+    assert d.match([5, 6, 7, 5, 6, 8, 5, 6], 3) == [8, 5, 6]  # and again: the newer occurrence wins
+
+
+def test_lookup_respects_prompt_lookup_num_tokens(loaded_pair):
+    p, _ = loaded_pair
+    ids = p.tokenizer("abcdefgh abcdefgh abcdefgh")["input_ids"]
+    cfg = SpecConfig(gamma=8, max_new_tokens=24, drafter="lookup", prompt_lookup_num_tokens=2)
+    rounds = [e for e in speculative_decode(p, None, ids, cfg) if isinstance(e, Round)]
+    assert max(len(r.drafted) for r in rounds) <= 2
+    assert any(r.drafted for r in rounds) and all(set(r.sources) <= {"lookup"} for r in rounds)
+
+
+# --- the gamma policies on scripted acceptance patterns -----------------------------------------------
+
+
+def test_heuristic_grows_by_two_on_a_clean_round_and_shrinks_by_one_otherwise():
+    h = Heuristic(3)
+    seen = []
+    for proposed, n in [(3, 3), (5, 5), (7, 2), (6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0), (1, 1)]:
+        assert h.k("model") == proposed
+        h.update("model", proposed, n, 0.0, 0.0)
+        seen.append(h.k("model"))
+    assert seen == [5, 7, 6, 5, 4, 3, 2, 1, 1, 3]
+    h.update("model", 0, 0, 0.0, 0.0)  # an empty round says nothing
+    assert h.k("model") == 3
+
+
+def test_auto_follows_acceptance_and_verify_cost():
+    flat = [0.04] * 9  # a verify of 1..9 tokens costs the same
+    good, bad = Auto(8, flat, 0.004), Auto(8, flat, 0.004)
+    for _ in range(30):
+        good.update("model", good.k("model"), good.k("model"), 0.004 * good.k("model"), 0.04)  # all accepted
+        bad.update("model", bad.k("model"), 0, 0.004 * bad.k("model"), 0.04)  # nothing accepted
+    assert good.k("model") == 8 and bad.k("model") == 1
+    # alpha 0.8 at every position, and each extra verified token costs 0.15 of a step: the rate
+    # E(k) / (0.04 + 0.01 k) peaks at k = 3-4 (36, 40.7, 42.2, 42.0, 41.0 tokens/s for k = 1..5)
+    steep = Auto(8, [0.04 * (1 + 0.15 * i) for i in range(9)], 0.004)
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        k = steep.k("model")
+        kept = (torch.rand(k, generator=rng) < 0.8).tolist() + [False]
+        steep.update("model", k, kept.index(False), 0.004 * k, 0.04 * (1 + 0.15 * k))
+    assert 2 <= steep.k("model") <= 5
+    lookup = Auto(8, flat, 0.004)  # separate estimates per source: lookup failing does not hurt the model's
+    for _ in range(30):
+        lookup.update("lookup", lookup.k("lookup"), 0, 0.0, 0.04)
+        k = lookup.k("model")
+        lookup.update("model", k, k, 0.004 * k, 0.04)
+    assert lookup.alphas("lookup")[0] < 0.1 and lookup.alphas("model")[0] > 0.9 and lookup.k("model") == 8
+
+
+def test_confidence_stops_drafting_when_the_draft_is_unsure(loaded_pair):
+    p, q = loaded_pair
+    ids = p.tokenizer("the cat sat on the mat")["input_ids"]
+    sure = SpecConfig(gamma=6, max_new_tokens=30, gamma_policy="confidence", confidence=0.0)
+    unsure = SpecConfig(gamma=6, max_new_tokens=30, gamma_policy="confidence", confidence=0.999)
+    r_sure = [e for e in speculative_decode(p, q, ids, sure) if isinstance(e, Round)]
+    r_unsure = [e for e in speculative_decode(p, q, ids, unsure) if isinstance(e, Round)]
+    assert all(r.stop in ("gamma", "budget") for r in r_sure)
+    assert all(r.stop == "confidence" and not r.drafted for r in r_unsure)  # nothing is ever that sure
+    assert [e.kind for e in r_unsure] == ["plain"] * len(r_unsure)
+
+
+# --- exactness for every drafter and policy -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drafter, policy", CONFIGS)
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_output_equals_plain_greedy_for_every_drafter_and_policy(loaded_pair, drafter, policy, gamma):
+    p, q = loaded_pair
+    rejected = drafted = 0
+    for prompt in PROMPTS:
+        ar = generate(prompt, target=p, mode="ar", max_new_tokens=40)
+        extra = {"confidence": 0.1} if policy == "confidence" else {}  # the tiny draft is rarely surer than 0.4
+        sp = generate(prompt, target=p, draft=q, drafter=drafter, gamma_policy=policy, gamma=gamma, max_new_tokens=40,
+                      **extra)  # fmt: skip
+        assert sp.token_ids == ar.token_ids, (prompt, drafter, policy, gamma)
+        rejected += sp.stats["resampled"]
+        drafted += sp.stats["drafted"]
+    assert drafted > 0 and rejected > 0  # guesses were made and some were turned down: rollback was exercised
+
+
+def test_lookup_and_model_take_turns_and_the_model_catches_up(loaded_pair):
+    p, q = loaded_pair
+    prompt = "the cat sat on the mat, the cat sat on the hat, the cat"
+    sp = list(generate_events(p, q, prompt, drafter="lookup+model", gamma=4))
+    sources = {s for e in sp if isinstance(e, Round) for s in e.sources}
+    assert sources == {"lookup", "model"}
+    ar = generate(prompt, target=p, mode="ar", max_new_tokens=60)
+    assert sp[-1].token_ids == ar.token_ids
+
+
+def generate_events(p, q, prompt, **kw):
+    from specviz.api import encode_prompt
+
+    cfg = SpecConfig(max_new_tokens=60, **kw)
+    return speculative_decode(p, q, encode_prompt(p, prompt), cfg)
+
+
+def _exact_two_token_law(m, ids):
+    """The exact law of a model's first two tokens after ids: V*V pairs, then V one-token (EOS) endings."""
+    V = m.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(m.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        nxt = torch.tensor([ids + [a] for a in range(V)])
+        p2 = torch.softmax(m.model(nxt).logits[:, -1].float(), -1)  # (V, V)
+    eos = eos_ids(m)
+    exact = (p1[:, None] * p2).flatten()
+    for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)
+        exact.view(V, V)[a] = 0
+    return torch.cat([exact, torch.tensor([float(p1[a]) if a in eos else 0.0 for a in range(V)])])
+
+
+def _two_token_counts(p, q, ids, n_runs: int, **cfg_kw):
+    """Counts of the first two tokens of speculative runs over n_runs seeds, and the drafters that proposed."""
+    V = p.vocab_size
+    counts = torch.zeros(V * V + V)
+    sources = set()
+    for seed in range(n_runs):
+        cfg = SpecConfig(max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0), **cfg_kw)
+        events = list(speculative_decode(p, q, ids, cfg))
+        sources.update(s for e in events if isinstance(e, Round) for s in e.sources)
+        t = events[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    return counts, sources
+
+
+def _chi2_z(counts, law, n):
+    keep = law * n >= 5
+    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    return (chi2 - dof) / math.sqrt(2 * dof)  # normal approximation
+
+
+@pytest.mark.parametrize(
+    "drafter, policy",
+    [("lookup", "constant"), ("lookup+model", "auto"), ("model", "heuristic"), ("model", "confidence")],
+)  # (model, constant) is in test_engine; greedy equality above covers every pair
+def test_sampled_output_follows_the_target_for_every_drafter_and_policy(small_vocab_pair, drafter, policy):
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    ids = [5, 6, 7, 5, 6]  # lookup finds (5, 6) and proposes 7, 5: point-mass drafts are accepted and rejected
+    n = 1000
+    counts, sources = _two_token_counts(p, q, ids, n, gamma=2, drafter=drafter, gamma_policy=policy, confidence=0.2)
+    assert sources & set(drafter.split("+"))  # the drafter under test did propose
+    law = _exact_two_token_law(p, ids)
+    z, tv = _chi2_z(counts, law, n), 0.5 * float((counts / n - law).abs().sum())
+    assert z < 4.0 and tv < 0.1, (drafter, policy, z, tv)
+    assert _chi2_z(counts, _exact_two_token_law(q, ids), n) > 4.0  # the control: the draft's law is rejected
+
+
+# --- the seam: empty proposals, hidden states only for those who ask -------------------------------------
+
+
+class Silent(Drafter):
+    """Never guesses: every round is a plain target step."""
+
+    name = "silent"
+
+    def propose(self, seq, ctx):
+        k, _ = ctx.k_for(self.name)
+        return Proposal(torch.empty(0, dtype=torch.long, device=ctx.device), None, (), k, "no match")
+
+
+class Listener(Silent):
+    """Asks for the target's hidden states and keeps their shapes."""
+
+    wants_hidden = True
+
+    def __init__(self):
+        self.shapes = []
+
+    def update(self, n, correction, hidden=None):
+        self.shapes.append((n, tuple(hidden.shape)))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_empty_proposal_is_a_plain_target_step(loaded_pair, temperature):
+    p, q = loaded_pair
+    ids = p.tokenizer("hello world")["input_ids"]
+    cfg = SpecConfig(gamma=3, max_new_tokens=20, seed=4, sampling=SamplingConfig(temperature))
+    sp = list(speculative_decode(p, q, ids, cfg, drafter=Silent()))
+    ar = list(autoregressive_decode(p, ids, cfg))
+    rounds = [e for e in sp if isinstance(e, Round)]
+    assert all(r.kind == "plain" and r.n == 0 and len(r.tokens) == 1 for r in rounds)
+    if temperature == 0.0:
+        assert sp[-1].token_ids == ar[-1].token_ids
+    assert sp[-1].stats["drafted"] == 0 and sp[-1].stats["target_calls"] == len(rounds)
+
+
+def test_hidden_states_reach_only_drafters_that_ask(loaded_pair, monkeypatch):
+    p, q = loaded_pair
+    ids = p.tokenizer("hello world")["input_ids"]
+    asked = []
+    forward = type(p.model).forward
+
+    def spy(self, *a, **kw):
+        asked.append(bool(kw.get("output_hidden_states")))
+        return forward(self, *a, **kw)
+
+    monkeypatch.setattr(type(p.model), "forward", spy)
+    cfg = SpecConfig(gamma=3, max_new_tokens=12)
+    list(speculative_decode(p, q, ids, cfg))
+    assert asked and not any(asked)  # the model drafter did not ask: nobody paid for hidden states
+    asked.clear()
+    listener = Listener()
+    list(speculative_decode(p, None, ids, cfg, drafter=listener))
+    hidden = p.model.config.hidden_size
+    assert listener.shapes and all(shape == (n + 1, hidden) for n, shape in listener.shapes)
+
+
+def test_bad_drafter_and_policy_values_are_one_sentence():
+    for kw, match in [
+        ({"drafter": "magic"}, "Unknown drafter 'magic'"),
+        ({"gamma_policy": "fast"}, "Unknown gamma policy 'fast'"),
+        ({"gamma": "lots"}, "or 'auto'"),
+        ({"confidence": 1.5}, "confidence must be from 0"),
+        ({"prompt_lookup_num_tokens": 0}, "prompt_lookup_num_tokens must be from 1"),
+    ]:
+        with pytest.raises(SpecvizError, match=match):
+            generate("hi", target="/nonexistent/model", **kw)
+    assert SpecConfig(gamma="auto").gamma_policy == "auto"
+
+
+# --- the accounting ---------------------------------------------------------------------------------------
+
+
+def test_position_alphas_count_only_rounds_that_reached_the_position():
+    rounds = [(3, 3), (3, 1), (3, 0), (2, 2), (0, 0)]
+    # position 1: ruled on in 4 rounds, kept in 3; position 2: reached by (3,3), (3,1), (2,2), kept in 2;
+    # position 3: reached by (3,3) only (and kept)
+    assert position_alphas(rounds) == [3 / 4, 2 / 3, 1.0]
+    assert accepted_histogram(rounds) == [1, 1, 1, 1][:4] and accepted_histogram([(2, 2)]) == [0, 0, 1]
+
+
+def test_expected_tokens_by_position_generalises_the_equal_alpha_formula():
+    for a in (0.0, 0.3, 0.8, 1.0):
+        for g in (1, 4):
+            assert expected_tokens_by_position([a] * g) == pytest.approx(expected_tokens(a, g))
+            assert expected_speedup_measured([a] * g, 0.1, 1.0) == pytest.approx(expected_speedup(a, g, 0.1))
+    assert expected_tokens_by_position([0.5, 1.0, 0.0]) == pytest.approx(1 + 0.5 + 0.5)
+
+
+def test_done_stats_carry_alpha_from_one_definition(loaded_pair):
+    p, q = loaded_pair
+    r = generate("the cat sat", target=p, draft=q, gamma=4, max_new_tokens=40)
+    s = r.stats
+    assert s["alpha"] == pytest.approx(s["accepted"] / (s["accepted"] + s["resampled"]))
+    assert isinstance(list(generate_events(p, q, "hi"))[-1], Done)

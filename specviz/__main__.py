@@ -20,8 +20,21 @@ def _model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object for machines")
 
 
+def _gamma(text: str):
+    return "auto" if text.strip().lower() == "auto" else int(text)
+
+
 def _sampling_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--gamma", type=int, default=4, help="tokens the draft proposes per round (1-16)")
+    from .config import DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES
+
+    ap.add_argument("--drafter", choices=DRAFTERS, default="model", help="where guesses come from (default: model)")
+    ap.add_argument(
+        "--gamma", type=_gamma, default=DEFAULT_GAMMA, help="tokens proposed per round (1-16), or auto (default 3)"
+    )
+    ap.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="constant", help="how gamma changes per round")
+    ap.add_argument("--confidence", type=float, default=0.4, help="the confidence policy's threshold")
+    ap.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="lookup: most tokens per match")
+    ap.add_argument("--max-matching-ngram-size", type=int, default=3, help="lookup: longest suffix tried first")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -49,13 +62,17 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure speedup against plain decoding and transformers' assisted generation")
     _model_args(b)
-    b.add_argument("--prompts", default="everyday", help="a built-in set (everyday, code, summarise) or a file")
-    b.add_argument("--gammas", default="1,2,3,4,6,8")
+    b.add_argument(
+        "--prompts", default="everyday", help="a built-in set (everyday, code, summarise, grounded) or a file"
+    )
+    b.add_argument("--gammas", default="1,2,3,4,6,8", help="numbers and/or auto, e.g. 1,2,3,auto")
+    b.add_argument("--drafters", default="model", help="comma-separated: model, lookup, lookup+model")
+    b.add_argument("--policies", default="constant", help="for numeric gammas: constant, heuristic, confidence")
     b.add_argument("--temperatures", default="0")
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
-    b.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    b.add_argument("--no-hf", action="store_true", help="skip transformers' peers (assisted generation, prompt lookup)")
     b.add_argument("--csv")
     b.add_argument("--json-out", help="write the table and machine facts as JSON")
     b.add_argument("--plots", help="folder for plotly charts (HTML, and PNG where kaleido works)")
@@ -70,6 +87,11 @@ def _generate(a) -> dict:
         target=a.target,
         draft=a.draft,
         gamma=a.gamma,
+        drafter=a.drafter,
+        gamma_policy=a.gamma_policy,
+        confidence=a.confidence,
+        prompt_lookup_num_tokens=a.prompt_lookup_num_tokens,
+        max_matching_ngram_size=a.max_matching_ngram_size,
         temperature=a.temperature,
         top_k=a.top_k,
         top_p=a.top_p,

@@ -1,13 +1,16 @@
 """The benchmark harness: python -m specviz bench.
 
-For one pair (target p, draft q), a prompt set and a grid of gamma x temperature, it runs in ONE process,
-interleaved per prompt (ar, spec, hf_spec, hf_ar, ar, spec, ... after a warm-up run), the same prompts through:
-  ar       plain autoregressive decoding of p with our engine (engine.autoregressive_decode)
-  spec     our speculative decoding (engine.speculative_decode)
-  hf_spec  transformers' assisted generation, p.model.generate(assistant_model=q, constant gamma): the peer
-  hf_ar    transformers' plain p.model.generate, the reference for our `ar`
+For one pair (target p, draft q), a prompt set, temperatures and a list of speculative configurations
+(drafter x gamma x gamma policy), it runs in ONE process, interleaved per prompt after a warm-up run: for each
+prompt, every method once, back to back:
+  ar         plain autoregressive decoding of p with our engine (engine.autoregressive_decode)
+  spec       our speculative decoding, once per configuration (engine.speculative_decode)
+  hf_spec    transformers' assisted generation with the same constant gamma (model drafter, constant policy only)
+  hf_assist  transformers' assisted generation at its own defaults (20 tokens, confidence 0.4): what a user gets
+  hf_lookup  transformers' prompt lookup (prompt_lookup_num_tokens=10, its default n-gram size 2)
+  hf_ar      transformers' plain p.model.generate, the reference for our `ar`
 Every method is timed the same way: wall clock around one call, prompt already tokenised, prefill included.
-AR runs again in every cell, so each speedup is a ratio of runs made minutes apart under the same load.
+Each speedup is a ratio of runs made seconds apart on the same prompt, under the same load.
 
 Per cell it reports tokens/s (median over prompts and repeats), speedups (median of the paired per-prompt
 ratios), the acceptance rate (accepted / drafted), the per-token acceptance alpha (accepted / proposals the
@@ -29,6 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -40,13 +44,15 @@ from .config import ASSETS, SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, eos_ids, speculative_decode
 from .events import Done, Step
 from .models import LoadedModel
-from .theory import expected_speedup  # (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1))
+from .theory import alpha, cost_ratio, expected_speedup  # noqa: F401  (expected_speedup: re-exported)
 
 log = logging.getLogger("specviz")
 
 PROMPT_DIR = ASSETS / "prompts"
-PROMPT_SETS = ("everyday", "code", "summarise")
-METHODS = ("ar", "spec", "hf_spec", "hf_ar")
+PROMPT_SETS = ("everyday", "code", "summarise", "grounded")
+METHODS = ("ar", "spec", "hf_spec", "hf_assist", "hf_lookup", "hf_ar")
+SHARED = ("ar", "hf_assist", "hf_lookup", "hf_ar")  # run once per prompt, whatever the configuration
+HF_LOOKUP_TOKENS = 10
 SHORTFALL = 0.85  # measured below 85% of theory: say where the time went
 WARMUP_TOKENS = 8
 
@@ -55,11 +61,13 @@ WARMUP_TOKENS = 8
 
 
 def load_prompts(spec: str, limit: int = 0) -> list[str]:
-    """A built-in set by name (everyday, code, summarise) or a text file: one prompt per non-empty line."""
+    """A built-in set by name (everyday, code, summarise, grounded) or a text file: one prompt per non-empty line,
+    where a literal \\n stands for a line break (so a prompt can carry a pasted function or text)."""
     path = PROMPT_DIR / f"{spec}.txt" if spec in PROMPT_SETS else Path(spec).expanduser()
     if not path.is_file():
         raise SpecvizError(f"No prompt set {spec!r}: use one of {', '.join(PROMPT_SETS)} or a file path.")
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    prompts = [line.strip().replace("\\n", "\n") for line in lines if line.strip()]
     if not prompts:
         raise SpecvizError(f"The prompt file {path} has no prompts (one per line).")
     return prompts[:limit] if limit and limit > 0 else prompts
@@ -202,49 +210,90 @@ def _ours(events_fn) -> dict:
     }
 
 
-def _hf(target: LoadedModel, ids: list[int], cfg: SpecConfig, assistant: torch.nn.Module | None) -> dict:
+def _hf(target: LoadedModel, ids: list[int], cfg: SpecConfig, **extra) -> dict:
+    """transformers' generate on the target: plain, or with `extra` (an assistant model, prompt lookup ...)."""
     s = cfg.sampling
     x = torch.tensor([ids], device=target.device)
     kw = dict(max_new_tokens=cfg.max_new_tokens, eos_token_id=sorted(eos_ids(target)), do_sample=not s.greedy)
     kw["pad_token_id"] = kw["eos_token_id"][0]
     if not s.greedy:
         kw.update(temperature=s.temperature, top_k=s.top_k or None, top_p=s.top_p)
-    if assistant is not None:
-        kw.update(assistant_model=assistant, num_assistant_tokens=cfg.gamma, num_assistant_tokens_schedule="constant")
     torch.manual_seed(cfg.seed)  # transformers samples from the global generator
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = target.model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kw)
+        out = target.model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kw, **extra)
     seconds = time.perf_counter() - t0
     return {"tokens": out[0, len(ids) :].tolist(), "seconds": seconds}
 
 
-def _runners(target: LoadedModel, draft: LoadedModel, hf: bool, gammas: Sequence[int]) -> tuple[dict, dict]:
-    views, notes = {}, {}
-    if hf:
+@dataclass(frozen=True)
+class Config:
+    """One speculative configuration of the grid."""
+
+    drafter: str  # model | lookup | lookup+model
+    gamma: int | str  # a number, or "auto"
+    policy: str  # constant | heuristic | confidence | auto
+
+    @property
+    def label(self) -> str:
+        g = f"gamma {self.gamma}" if self.policy == "constant" else f"{self.policy} ≤{self.gamma}"
+        return f"{self.drafter}, {'auto' if self.gamma == 'auto' else g}"
+
+    def spec_config(self, max_new_tokens: int, seed: int, sampling: SamplingConfig) -> SpecConfig:
+        return SpecConfig(gamma=self.gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling,
+                          drafter=self.drafter, gamma_policy="auto" if self.gamma == "auto" else self.policy)  # fmt: skip
+
+
+def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Sequence[str] = ("constant",)) -> list:
+    """Every (drafter, gamma, policy); gamma "auto" takes the auto policy alone."""
+    out = []
+    for d in drafters:
         for g in gammas:
+            for pol in ("auto",) if g == "auto" else policies:
+                if Config(d, g, pol) not in out:
+                    out.append(Config(d, g, pol))
+    return out
+
+
+def _shared_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool) -> tuple[dict, dict]:
+    """The methods run once per prompt: ar and transformers' peers."""
+    notes = {}
+    runners = {"ar": lambda ids, cfg: _ours(lambda: autoregressive_decode(target, ids, cfg))}
+    if not hf:
+        return runners, notes
+    if draft is not None:
+        try:
+            default = hf_assistant(draft, target, 20)
+            default.generation_config.assistant_confidence_threshold = 0.4  # transformers' own defaults
+            runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, assistant_model=default)
+        except SpecvizError as e:
+            notes["hf_assist"] = f"n/a: {e}"
+    runners["hf_lookup"] = lambda ids, cfg: _hf(target, ids, cfg, prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)
+    runners["hf_ar"] = lambda ids, cfg: _hf(target, ids, cfg)
+    return runners, notes
+
+
+def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, configs: Sequence[Config]):
+    """(config, method, run) for each configuration: ours, and transformers' at the same constant gamma."""
+    out, notes = [], {}
+    for c in configs:
+        out.append((c, "spec", lambda ids, cfg: _ours(lambda: speculative_decode(target, draft, ids, cfg))))
+        if hf and draft is not None and c.drafter == "model" and c.policy == "constant" and "hf_spec" not in notes:
             try:
-                views[g] = hf_assistant(draft, target, g)
+                view = hf_assistant(draft, target, int(c.gamma))
             except SpecvizError as e:
                 notes["hf_spec"] = f"n/a: {e}"
-                break
-    runners = {
-        "ar": lambda ids, cfg: _ours(lambda: autoregressive_decode(target, ids, cfg)),
-        "spec": lambda ids, cfg: _ours(lambda: speculative_decode(target, draft, ids, cfg)),
-    }
-    if hf:
-        runners["hf_ar"] = lambda ids, cfg: _hf(target, ids, cfg, None)
-        if views:
-            runners["hf_spec"] = lambda ids, cfg: _hf(target, ids, cfg, views[cfg.gamma])
-    order = [m for m in METHODS if m in runners]
-    return {m: runners[m] for m in order}, notes
+                continue
+            kw = dict(assistant_model=view, num_assistant_tokens=int(c.gamma), num_assistant_tokens_schedule="constant")
+            out.append((c, "hf_spec", lambda ids, cfg, kw=kw: _hf(target, ids, cfg, **kw)))
+    return out, notes
 
 
 def measure(
     target: LoadedModel,
-    draft: LoadedModel,
+    draft: LoadedModel | None,
     prompts: Sequence[str],
-    gammas: Sequence[int],
+    configs: Sequence[Config],
     temperatures: Sequence[float],
     max_new_tokens: int = 64,
     repeats: int = 1,
@@ -256,41 +305,47 @@ def measure(
     raw: bool = False,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Every timed run: one row per (temperature, gamma, repeat, prompt, method). See `summarise_runs`."""
+    """Every timed run: one row per (temperature, repeat, prompt, method[, configuration]). See `summarise_runs`."""
     from tqdm.auto import tqdm
 
-    cfgs = {
-        (t, g): SpecConfig(g, max_new_tokens, seed, SamplingConfig(t, top_k, top_p))
-        for t in temperatures
-        for g in gammas
-    }  # validates every value before anything runs
+    samplings = {t: SamplingConfig(t, top_k, top_p) for t in temperatures}
+    for c in configs:  # validates every value before anything runs
+        c.spec_config(max_new_tokens, seed, SamplingConfig())
     if repeats < 1:
         raise SpecvizError("--repeats must be at least 1.")
-    if not prompts:
-        raise SpecvizError("There are no prompts to run.")
+    if not prompts or not configs:
+        raise SpecvizError("There are no prompts or no configurations to run.")
     encoded = [encode_prompt(target, p, raw) for p in prompts]
-    runners, notes = _runners(target, draft, hf, gammas)
+    shared, notes = _shared_runners(target, draft, hf)
+    per_config, more = _config_runners(target, draft, hf, configs)
+    notes.update(more)
     for note in notes.values():
-        log.warning("transformers' assisted generation is skipped: %s", note)
+        log.warning("a transformers peer is skipped: %s", note)
 
-    warm = SpecConfig(gammas[0], min(WARMUP_TOKENS, max_new_tokens), seed, SamplingConfig(0.0))
-    for run in runners.values():  # first calls pay for lazy initialisation: never time them
-        run(encoded[0], warm)
+    warm_s = SamplingConfig(0.0)
+    for run in shared.values():  # first calls pay for lazy initialisation (and auto's cost calibration): untimed
+        run(encoded[0], SpecConfig(max_new_tokens=min(WARMUP_TOKENS, max_new_tokens), seed=seed, sampling=warm_s))
+    for c, _, run in per_config:
+        run(encoded[0], c.spec_config(min(WARMUP_TOKENS, max_new_tokens), seed, warm_s))
 
     rows = []
-    bar = tqdm(total=len(cfgs) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(samplings) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
     with bar:
-        for (temperature, gamma), cfg in cfgs.items():
+        for temperature, sampling in samplings.items():
             for rep in range(repeats):
                 for i, ids in enumerate(encoded):
-                    run_cfg = SpecConfig(gamma, max_new_tokens, seed + 1000 * rep + i, cfg.sampling)
-                    for method, run in runners.items():
-                        r = run(ids, run_cfg)
+                    run_seed = seed + 1000 * rep + i
+                    slot = [(None, m, r) for m, r in shared.items()] + per_config
+                    for c, method, run in slot:
+                        cfg = (c.spec_config(max_new_tokens, run_seed, sampling) if c else
+                               SpecConfig(max_new_tokens=max_new_tokens, seed=run_seed, sampling=sampling))  # fmt: skip
+                        r = run(ids, cfg)
                         n = len(r["tokens"])
                         rows.append(
-                            {"temperature": temperature, "gamma": gamma, "repeat": rep, "prompt": i, "method": method,
-                             "new_tokens": n, "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"),
-                             **r}
+                            {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
+                             "gamma": c and c.gamma, "policy": c and c.policy, "repeat": rep, "prompt": i,
+                             "method": method, "new_tokens": n,
+                             "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}
                         )  # fmt: skip
                     bar.update(1)
     runs = pd.DataFrame(rows)
@@ -301,26 +356,27 @@ def measure(
 # --- the table ------------------------------------------------------------------------------------
 
 
-def _paired(cell: pd.DataFrame, a: str, b: str) -> float:
-    """Median over prompts and repeats of tokens/s of `a` over `b` in the same interleaved slot."""
-    w = cell.pivot_table(index=["repeat", "prompt"], columns="method", values="tokens_per_s")
-    if a not in w or b not in w:
+def _paired(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """Median over prompts and repeats of tokens/s of runs `a` over runs `b` in the same interleaved slot."""
+    if a.empty or b.empty:
         return float("nan")
-    return float((w[a] / w[b]).median())
+    x = a.set_index(["repeat", "prompt"])["tokens_per_s"]
+    y = b.set_index(["repeat", "prompt"])["tokens_per_s"]
+    return float((x / y).dropna().median())
 
 
-def _identical(cell: pd.DataFrame) -> tuple[bool | None, list[str]]:
-    """Greedy cells: do all methods give the same tokens on every prompt? Returns (ok, differences)."""
-    if cell["temperature"].iloc[0] != 0:
+def _identical(runs: list[pd.DataFrame], ar: pd.DataFrame) -> tuple[bool | None, list[str]]:
+    """Greedy cells: does every method give the same tokens as ar on every prompt? Returns (ok, differences)."""
+    if ar.empty or ar["temperature"].iloc[0] != 0:
         return None, []
+    ref = {(r.repeat, r.prompt): tuple(r.tokens) for r in ar.itertuples()}
     diffs = []
-    for (rep, i), slot in cell.groupby(["repeat", "prompt"]):
-        outs = dict(zip(slot["method"], slot["tokens"].map(tuple)))
-        ref = outs.get("ar")
-        for method, toks in outs.items():
-            if toks != ref:
-                at = next((k for k, (x, y) in enumerate(zip(toks, ref)) if x != y), min(len(toks), len(ref)))
-                diffs.append(f"prompt {i} repeat {rep}: {method} differs from ar at new token {at}")
+    for frame in runs:
+        for r in frame.itertuples():
+            toks, want = tuple(r.tokens), ref.get((r.repeat, r.prompt))
+            if want is not None and toks != want:
+                at = next((k for k, (x, y) in enumerate(zip(toks, want)) if x != y), min(len(toks), len(want)))
+                diffs.append(f"prompt {r.prompt} repeat {r.repeat}: {r.method} differs from ar at new token {at}")
     return not diffs, diffs
 
 
@@ -352,63 +408,88 @@ def _note(r: dict) -> str:
 
 
 def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (temperature, gamma) cell from the rows of `measure`."""
+    """One row per (temperature, configuration) cell from the rows of `measure`."""
     table = []
-    for (temperature, gamma), cell in runs.groupby(["temperature", "gamma"], sort=True):
-        by = {m: cell[cell["method"] == m] for m in METHODS}
-        spec, ar = by["spec"], by["ar"]
-        drafted, accepted = spec["drafted"].sum(), spec["accepted"].sum()
-        judged = accepted + spec["rejected"].sum()  # proposals the target ruled on
-        alpha = float(accepted / judged) if judged else 0.0  # per-token acceptance: what the formula assumes
+    for temperature, at_t in runs.groupby("temperature", sort=True):
+        shared = {m: at_t[at_t["method"] == m] for m in SHARED}
+        ar = shared["ar"]
         step = float(ar["step_s"].median())
-        c = float(spec["draft_s"].sum() / spec["draft_calls"].sum() / step) if spec["draft_calls"].sum() else 0.0
-        # decode-only speedup (prefill excluded from both), the quantity the formula models
         ar_dec = ar["new_tokens"].sum() / (ar["seconds"] - ar["prefill_s"]).sum()
-        spec_dec = spec["new_tokens"].sum() / (spec["seconds"] - spec["prefill_s"]).sum()
-        theory = expected_speedup(alpha, int(gamma), c) if math.isfinite(c) else float("nan")
-        ok, diffs = _identical(cell)
-        row = {
-            "temperature": temperature,
-            "gamma": int(gamma),
-            "prompts": cell["prompt"].nunique(),
-            "repeats": cell["repeat"].nunique(),
-            **{f"{m}_tok_s": float(by[m]["tokens_per_s"].median()) if len(by[m]) else float("nan") for m in METHODS},
-            "speedup_vs_ar": _paired(cell, "spec", "ar"),
-            "speedup_vs_hf": _paired(cell, "spec", "hf_spec"),
-            "ar_vs_hf_ar": _paired(cell, "ar", "hf_ar"),
-            "acceptance": float(accepted / drafted) if drafted else 0.0,
-            "alpha": alpha,
-            "tokens_per_call": float(spec["new_tokens"].sum() / spec["target_calls"].sum()),
-            "c": c,
-            "decode_speedup": float(spec_dec / ar_dec),
-            "theory": theory,
-            "measured_over_theory": float(spec_dec / ar_dec / theory) if theory > 0 else float("nan"),
-            **_where_time_goes(spec, ar, int(gamma), c),
-            "identical": ok,
-            "differences": "; ".join(diffs),
-        }
-        row["note"] = _note(row)
-        table.append(row)
+        for label, cell in at_t[at_t["config"] != ""].groupby("config", sort=False):
+            spec, hf_spec = cell[cell["method"] == "spec"], cell[cell["method"] == "hf_spec"]
+            first = spec.iloc[0]
+            drafted, accepted = int(spec["drafted"].sum()), int(spec["accepted"].sum())
+            a = alpha(accepted, int(spec["rejected"].sum()))  # per-token acceptance: what the formula assumes
+            calls = int(spec["draft_calls"].sum())
+            c = cost_ratio(float(spec["draft_s"].sum()), calls, step) if calls else 0.0
+            spec_dec = spec["new_tokens"].sum() / (spec["seconds"] - spec["prefill_s"]).sum()
+            constant = first["policy"] == "constant"
+            gamma = int(first["gamma"]) if first["gamma"] != "auto" else first["gamma"]
+            theory = expected_speedup(a, gamma, c) if constant and math.isfinite(c) else float("nan")
+            peers = pd.concat([shared["hf_assist"], shared["hf_lookup"]])
+            best_peer = peers.groupby(["repeat", "prompt"], as_index=False)["tokens_per_s"].max()
+            ok, diffs = _identical([spec, hf_spec, *(shared[m] for m in SHARED[1:])], ar)
+            row = {
+                "temperature": temperature,
+                "config": label,
+                "drafter": first["drafter"],
+                "gamma": gamma,
+                "policy": "auto" if gamma == "auto" else first["policy"],
+                "prompts": spec["prompt"].nunique(),
+                "repeats": spec["repeat"].nunique(),
+                "ar_tok_s": float(ar["tokens_per_s"].median()),
+                "spec_tok_s": float(spec["tokens_per_s"].median()),
+                **{
+                    f"{m}_tok_s": float(shared[m]["tokens_per_s"].median()) if len(shared[m]) else float("nan")
+                    for m in SHARED[1:]
+                },  # fmt: skip
+                "hf_spec_tok_s": float(hf_spec["tokens_per_s"].median()) if len(hf_spec) else float("nan"),
+                "speedup_vs_ar": _paired(spec, ar),
+                "speedup_vs_hf": _paired(spec, hf_spec),
+                "speedup_vs_best_peer": _paired(spec, best_peer),  # the faster of hf_assist and hf_lookup
+                "ar_vs_hf_ar": _paired(ar, shared["hf_ar"]),
+                "hf_assist_vs_ar": _paired(shared["hf_assist"], ar),
+                "hf_lookup_vs_ar": _paired(shared["hf_lookup"], ar),
+                "acceptance": accepted / drafted if drafted else 0.0,
+                "alpha": a,
+                "tokens_per_call": float(spec["new_tokens"].sum() / spec["target_calls"].sum()),
+                "drafted_per_call": float(drafted / spec["target_calls"].sum()),
+                "c": c,
+                "decode_speedup": float(spec_dec / ar_dec),
+                "theory": theory,
+                "measured_over_theory": float(spec_dec / ar_dec / theory) if theory > 0 else float("nan"),
+                **_where_time_goes(spec, ar, gamma if constant else 1, c),
+                "identical": ok,
+                "differences": "; ".join(diffs),
+            }
+            row["note"] = _note(row) if constant else ""
+            table.append(row)
     return pd.DataFrame(table)
 
 
 def run_bench(
     target: LoadedModel,
-    draft: LoadedModel,
+    draft: LoadedModel | None,
     prompts: Sequence[str],
-    gammas: Sequence[int],
+    gammas: Sequence,
     temperatures: Sequence[float],
     max_new_tokens: int = 64,
     repeats: int = 1,
+    *,
+    drafters: Sequence[str] = ("model",),
+    policies: Sequence[str] = ("constant",),
     **kwargs,
 ) -> pd.DataFrame:
     """Run the grid (see `measure` for the keyword options) and return the per-cell table.
 
-    Columns: temperature, gamma, prompts, repeats, {ar,spec,hf_spec,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
-    ar_vs_hf_ar, acceptance, tokens_per_call, c, decode_speedup, theory, measured_over_theory, draft_share,
-    verify_share, other_share, prefill_share, verify_cost, draft_cost, identical, differences, note.
+    Cells: every drafter x gamma (a number or "auto") x policy. Columns: temperature, config, drafter, gamma,
+    policy, prompts, repeats, {ar,spec,hf_spec,hf_assist,hf_lookup,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
+    speedup_vs_best_peer, ar_vs_hf_ar, acceptance, alpha, tokens_per_call, drafted_per_call, c, decode_speedup,
+    theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost,
+    draft_cost, identical, differences, note.
     """
-    runs = measure(target, draft, prompts, gammas, temperatures, max_new_tokens, repeats, **kwargs)
+    configs = grid(gammas, drafters, policies)
+    runs = measure(target, draft, prompts, configs, temperatures, max_new_tokens, repeats, **kwargs)
     table = summarise_runs(runs)
     for d in table.loc[table["identical"] == False, "differences"]:  # noqa: E712  (None means not greedy)
         log.warning("GREEDY OUTPUTS DIFFER: %s", d)
@@ -419,13 +500,13 @@ def run_bench(
 
 SHOW = {
     "temperature": "T",
-    "gamma": "gamma",
+    "config": "configuration",
     "ar_tok_s": "ar tok/s",
     "spec_tok_s": "spec tok/s",
     "hf_spec_tok_s": "hf_spec tok/s",
-    "hf_ar_tok_s": "hf_ar tok/s",
     "speedup_vs_ar": "spec/ar",
     "speedup_vs_hf": "spec/hf_spec",
+    "speedup_vs_best_peer": "spec/best hf",
     "ar_vs_hf_ar": "ar/hf_ar",
     "acceptance": "accepted/drafted",
     "alpha": "alpha",
@@ -451,31 +532,26 @@ def _line(fig, y, name: str, x, colour: str, t: float, dash: str = "solid", mode
 
 
 def _figures(table: pd.DataFrame) -> dict:
-    """Speedup and acceptance against gamma: one colour per temperature, one line style per quantity."""
+    """Speedup and acceptance per configuration: one colour per temperature; transformers' peers as lines."""
     import plotly.graph_objects as go
 
     speed, accept = go.Figure(), go.Figure()
     for i, (t, cell) in enumerate(table.groupby("temperature")):
-        style = {"x": cell["gamma"], "colour": COLOURS[i % len(COLOURS)], "t": t}
-        _line(speed, cell["speedup_vs_ar"], "ours (spec / ar)", **style)
-        if cell["speedup_vs_hf"].notna().any():  # hf_spec over ar, through the two paired ratios
-            _line(
-                speed, cell["speedup_vs_ar"] / cell["speedup_vs_hf"], "transformers assisted / ar", dash="dash", **style
-            )
-        _line(speed, cell["theory"], "theory from measured alpha, c", dash="dot", mode="lines", **style)
-        _line(accept, cell["alpha"], "alpha (per token)", **style)
-        _line(accept, cell["acceptance"], "accepted / drafted", dash="dash", **style)
+        colour = COLOURS[i % len(COLOURS)]
+        speed.add_bar(x=cell["config"], y=cell["speedup_vs_ar"], name=f"specviz / plain, T={t:g}", marker_color=colour)
+        for col, name, dash in (("hf_assist_vs_ar", "transformers assisted (defaults)", "dash"),
+                                ("hf_lookup_vs_ar", "transformers prompt lookup", "dot")):  # fmt: skip
+            v = cell[col].median()
+            if pd.notna(v):
+                speed.add_hline(y=v, line={"color": colour, "dash": dash, "width": 1.5},
+                                annotation_text=f"{name}, T={t:g}: {v:.2f}x")  # fmt: skip
+        accept.add_bar(x=cell["config"], y=cell["alpha"], name=f"alpha (per token), T={t:g}", marker_color=colour)
+        accept.add_bar(x=cell["config"], y=cell["acceptance"], name=f"accepted / drafted, T={t:g}",
+                       marker_color=colour, opacity=0.45)  # fmt: skip
     speed.add_hline(y=1.0, line={"color": "grey", "width": 1})
-    speed.update_layout(
-        title="Speedup over plain decoding vs gamma", xaxis_title="gamma", yaxis_title="speedup", xaxis={"dtick": 1}
-    )
-    accept.update_layout(
-        title="Acceptance vs gamma: per token (alpha) and of all drafted tokens",
-        xaxis_title="gamma",
-        yaxis_title="acceptance",
-        xaxis={"dtick": 1},
-        yaxis={"range": [0, 1]},
-    )
+    speed.update_layout(title="Speedup over plain decoding by configuration", yaxis_title="speedup", barmode="group")
+    accept.update_layout(title="Acceptance by configuration: per token (alpha) and of all drafted tokens",
+                         yaxis_title="acceptance", yaxis={"range": [0, 1]}, barmode="group")  # fmt: skip
     return {"speedup": speed, "acceptance": accept}
 
 
@@ -510,11 +586,14 @@ def main(args) -> dict:
     from .models import load_pair
 
     prompts = load_prompts(args.prompts, args.limit)
-    gammas = parse_grid(args.gammas, int, "gammas")
+    gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
     temperatures = parse_grid(args.temperatures, float, "temperatures")
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    configs = grid(gammas, drafters, policies)
     p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
     runs = measure(
-        p, q, prompts, gammas, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,
+        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,
         progress=True,
     )  # fmt: skip
     table = summarise_runs(runs)
@@ -543,8 +622,12 @@ def main(args) -> dict:
         print(f"{facts['cpu']} · GPU {facts['gpu']} · torch {facts['torch']} ({facts['torch_threads']} threads) · "
               f"transformers {facts['transformers']}")  # fmt: skip
         print(format_table(table))
+        peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
+        for t, r in peers.iterrows():
+            print(f"  T={t:g}: transformers assisted (defaults) {r['hf_assist_vs_ar']:.2f}x plain, "
+                  f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain")  # fmt: skip
         for _, r in table[table["note"] != ""].iterrows():
-            print(f"  T={r['temperature']:g} gamma={r['gamma']}: {r['note']}")
+            print(f"  T={r['temperature']:g} {r['config']}: {r['note']}")
         for w in warnings:
             print(("!" * 8 + " " if "DIFFER" in w else "note: ") + w, file=sys.stderr)
         for f in files:

@@ -43,7 +43,8 @@ def table(loaded_pair):
 def test_bench_produces_every_column_for_every_cell(table):
     assert len(table) == 4
     assert sorted(zip(table["temperature"], table["gamma"])) == [(0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]
-    numeric = [c for c in table.columns if c not in ("identical", "differences", "note", "temperature")]
+    text = ("identical", "differences", "note", "temperature", "config", "drafter", "policy")
+    numeric = [c for c in table.columns if c not in text]
     assert not table[numeric].isna().any().any(), table[numeric].isna().sum()
     assert ((table["acceptance"] >= 0) & (table["acceptance"] <= 1)).all()
     assert ((table["tokens_per_call"] >= 1) & (table["tokens_per_call"] <= table["gamma"] + 1)).all()
@@ -128,5 +129,18 @@ def test_cli_writes_csv_json_and_html_plots(tiny_pair, tmp_path, monkeypatch, ca
     assert out["table"][0]["identical"] is True
     saved = json.loads(js.read_text())
     assert len(saved["runs"]) == 2 * len(bench.METHODS)
-    assert csv.read_text().startswith("temperature,gamma")
+    assert csv.read_text().startswith("temperature,config,drafter,gamma")
     assert (plots / "speedup.html").is_file() and (plots / "acceptance.html").is_file()
+
+
+def test_bench_rows_per_drafter_and_policy_with_both_transformers_peers(loaded_pair):
+    p, q = loaded_pair
+    prompts = ["the cat sat on the mat, the cat sat on the", "abc abc abc abc"]
+    t = run_bench(p, q, prompts, [2, "auto"], [0.0], max_new_tokens=12, drafters=("lookup", "lookup+model"))
+    assert t["config"].tolist() == ["lookup, gamma 2", "lookup, auto", "lookup+model, gamma 2", "lookup+model, auto"]
+    assert t["identical"].tolist() == [True] * 4  # ours, transformers' assisted and prompt lookup: same tokens
+    for col in ("hf_assist_tok_s", "hf_lookup_tok_s", "speedup_vs_best_peer", "hf_assist_vs_ar", "hf_lookup_vs_ar"):
+        assert t[col].notna().all() and (t[col] > 0).all(), col
+    lookup = t[t["drafter"] == "lookup"]
+    assert (lookup["c"] == 0).all() and (lookup["drafted_per_call"] > 0).all()  # free guesses were made
+    assert t.loc[t["gamma"] == "auto", "theory"].isna().all()  # no constant-gamma formula for a varying gamma

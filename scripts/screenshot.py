@@ -1,6 +1,7 @@
 """The README's picture: the app with the default pair racing, in Debian's chromium.
 
     .venv/bin/python scripts/screenshot.py assets/screenshot.png [--prompt TEXT] [--sweep] [--tab NAME]
+        [--drafter lookup+model] [--policy auto] [--lane3 lookup --policy3 auto]
 
 The default pair is the built-in one unless SPECVIZ_TARGET / SPECVIZ_DRAFT say otherwise.
 """
@@ -26,6 +27,13 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 SLOW_MS = 600_000  # real models on a small shared CPU
 
 
+def _choose(page, label: str, value: str) -> None:
+    """Pick `value` in the gradio dropdown labelled `label` (nothing when value is empty)."""
+    if value:
+        page.get_by_label(label, exact=True).click()
+        page.get_by_role("option", name=value, exact=True).click()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="PNG file to write")
@@ -33,6 +41,10 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="run the gamma sweep before the race")
     ap.add_argument("--tab", default="", help="take the picture of this tab instead (after the race)")
     ap.add_argument("--width", type=int, default=1400)
+    ap.add_argument("--drafter", default="", help="the speculative lane's drafter (model, lookup, lookup+model)")
+    ap.add_argument("--policy", default="", help="its gamma policy (constant, heuristic, confidence, auto)")
+    ap.add_argument("--lane3", default="", help="add a third lane with this drafter")
+    ap.add_argument("--policy3", default="", help="the third lane's gamma policy (default auto)")
     args = ap.parse_args()
 
     demo = build_demo(UIContext())
@@ -49,6 +61,12 @@ def main() -> None:
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)
+            for label, value in (("guesses from (drafter)", args.drafter), ("gamma policy", args.policy)):
+                _choose(page, label, value)
+            if args.lane3:
+                page.get_by_text("Race a third lane").click()
+                _choose(page, "third lane: guesses from", args.lane3)
+                _choose(page, "third lane: gamma policy", args.policy3)
             if args.sweep:
                 page.get_by_role("button", name="Sweep gamma").click()
                 page.wait_for_function("() => /Sweep done/.test(document.body.innerText)", timeout=SLOW_MS)

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 import pandas as pd
 
 from .events import Done, Event, Round, Start, Step
+from .theory import accepted_histogram as theory_histogram
+from .theory import alpha, position_alphas
 
 # The keys of Done.stats (both modes; the spec-only ones are 0 for "ar").
 stats_keys = (
@@ -43,6 +45,9 @@ COLUMNS = (
     "row_s",  # the row's whole compute (elapsed_s minus the previous row's)
     "elapsed_s",  # cumulative compute of the run, prefill included
     "token_ids",  # tuple of the ids the row added
+    "planned",  # the most the gamma policy allowed this round (spec); 0 for ar
+    "stop",  # why the round's proposal ended: gamma | budget | confidence | no match | match end ("" for ar)
+    "source",  # which drafter proposed the round's guesses: model | lookup ("" when none, and for ar)
 )
 
 
@@ -70,12 +75,13 @@ def rounds_frame(events: Iterable) -> pd.DataFrame:
         if isinstance(ev, Round):
             rows.append(
                 (name, ev.index, len(ev.tokens), ev.n, len(ev.drafted), ev.kind, ev.draft_s, ev.verify_s,
-                 max(row_s - ev.draft_s - ev.verify_s, 0.0), row_s, ev.elapsed_s, ev.tokens)
+                 max(row_s - ev.draft_s - ev.verify_s, 0.0), row_s, ev.elapsed_s, ev.tokens, ev.planned, ev.stop,
+                 ev.sources[0] if ev.sources else "")
             )  # fmt: skip
         else:
             rows.append(
                 (name, ev.index, 1, 0, 0, "step", 0.0, ev.forward_s, max(row_s - ev.forward_s, 0.0), row_s,
-                 ev.elapsed_s, (ev.token,))
+                 ev.elapsed_s, (ev.token,), 0, "", "")
             )  # fmt: skip
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -98,7 +104,7 @@ def _summary(frame: pd.DataFrame, start: Start | None, done: Done | None) -> dic
         "rejected": rejected,
         # per-token acceptance (the papers' alpha): of the proposals the target ruled on, the share it kept;
         # proposals after a rejection are never ruled on, so this is above accepted / drafted
-        "alpha": accepted / (accepted + rejected) if accepted + rejected else 0.0,
+        "alpha": alpha(accepted, rejected),
         "tokens_per_target_call": new / calls if calls else 0.0,
         "prefill_s": prefill,
         "draft_s": float(frame["draft_s"].sum()),
@@ -137,20 +143,15 @@ def summary(events: Iterable) -> dict:
 
 
 def acceptance_by_position(frame: pd.DataFrame) -> pd.Series:
-    """P(proposal i is accepted | it was drafted), i = 0 .. gamma-1, from a rounds frame of one spec run.
-
-    Position i was reached in every round with gamma > i and accepted where n > i.
-    """
+    """Conditional acceptance alpha_k at draft positions k = 1, 2, ... of one spec run (see theory.position_alphas):
+    of the rounds that reached position k, the share accepted there."""
     spec = frame[frame["gamma"] > 0]
-    if spec.empty:
-        return pd.Series(dtype=float, name="acceptance")
-    g = int(spec["gamma"].max())
-    rate = [float((spec["n"] > i).sum() / max((spec["gamma"] > i).sum(), 1)) for i in range(g)]
-    return pd.Series(rate, index=pd.RangeIndex(g, name="position"), name="acceptance")
+    rates = position_alphas(zip(spec["gamma"], spec["n"]))
+    return pd.Series(rates, index=pd.RangeIndex(1, len(rates) + 1, name="position"), name="acceptance", dtype=float)
 
 
 def accepted_histogram(frame: pd.DataFrame) -> pd.Series:
-    """How many rounds accepted n = 0 .. gamma proposals (spec rows only)."""
+    """How many rounds accepted n = 0 .. gamma proposals (rounds that proposed something)."""
     spec = frame[frame["gamma"] > 0]
-    g = int(spec["gamma"].max()) if len(spec) else 0
-    return spec["n"].value_counts().reindex(range(g + 1), fill_value=0).rename_axis("n").rename("rounds")
+    counts = theory_histogram(zip(spec["gamma"], spec["n"]))
+    return pd.Series(counts, index=pd.RangeIndex(len(counts), name="n"), name="rounds", dtype=int)

@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from . import metrics
+from . import metrics, theory
 from .events import Event, Round, Start, Step
 from .theory import expected_speedup
 
@@ -65,18 +65,80 @@ def _curve(events: Sequence[Event]) -> tuple[list[float], list[int]]:
     return t, n
 
 
-def race_figure(ar: Sequence[Event], spec: Sequence[Event]) -> go.Figure:
+SPEC2_COLOR = GREEN  # the second speculative lane
+
+
+def _lanes(ar, spec, spec2, labels) -> list[tuple[str, Sequence[Event], str]]:
+    """(name, events, colour) per lane that is in the race."""
+    labels = labels or {}
+    out = [(labels.get("ar", "plain"), ar, AR_COLOR), (labels.get("spec", "speculative"), spec, SPEC_COLOR)]
+    if spec2 is not None:
+        out.append((labels.get("spec2", "speculative 2"), spec2, SPEC2_COLOR))
+    return out
+
+
+def race_figure(ar: Sequence[Event], spec: Sequence[Event], spec2=None, labels: dict | None = None) -> go.Figure:
     """Tokens so far against each run's own compute clock: the steeper line is the faster side."""
     fig = go.Figure()
-    for name, evs, color, dash in (("plain", ar, AR_COLOR, "dot"), ("speculative", spec, SPEC_COLOR, "solid")):
+    for name, evs, color in _lanes(ar, spec, spec2, labels):
         t, n = _curve(evs)
+        dash = "dot" if color == AR_COLOR else "solid"
         fig.add_trace(go.Scatter(x=t, y=n, name=name, mode="lines", line={"color": color, "dash": dash, "shape": "hv"}))
     return _layout(fig, "The race: tokens so far", "compute time (s)", "tokens")
+
+
+STOP_COLORS = {"gamma": BLUE, "budget": GREY, "confidence": ORANGE, "no match": VERMILLION, "match end": SKY}
+
+
+def gamma_timeline_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
+    """Guesses proposed per round (bars, coloured by why the round stopped there) and the policy's cap (ticks)."""
+    fig = go.Figure()
+    for lane, (label, f) in enumerate(frames.items()):
+        if not len(f):
+            continue
+        for stop, part in f.groupby("stop"):
+            fig.add_trace(go.Bar(x=part["round"], y=part["gamma"], name=f"{label}: stopped by {stop or 'gamma'}",
+                                 marker_color=STOP_COLORS.get(stop, GREY), opacity=1.0 if lane == 0 else 0.55,
+                                 legendgroup=label))  # fmt: skip
+        fig.add_trace(go.Scatter(x=f["round"], y=f["planned"], mode="markers", name=f"{label}: most allowed",
+                                 marker={"symbol": "line-ew-open", "size": 12, "color": "#333"}, legendgroup=label))  # fmt: skip
+    fig = _layout(fig, "Gamma per round: guesses proposed, and why a round stopped", "round", "guesses")
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(rangemode="tozero", dtick=1)
+    return fig
+
+
+def position_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
+    """Conditional acceptance alpha_k at each draft position k, per speculative lane, with the run's overall alpha.
+
+    Where the bars are not level, the textbook formula (one alpha at every position) mispredicts the tokens
+    per target call; the legend gives both predictions next to the measured value."""
+    fig = go.Figure()
+    for (label, f), color in zip(frames.items(), (BLUE, SPEC2_COLOR)):
+        if not len(f):
+            continue
+        alphas = metrics.acceptance_by_position(f)
+        spec = f[f["gamma"] > 0]
+        a = theory.alpha(int(spec["n"].sum()), int((spec["kind"] == "resampled").sum()))
+        mean_k = max(round(float(spec["gamma"].mean())), 1) if len(spec) else 1
+        by_pos = theory.expected_tokens_by_position(list(alphas)[:mean_k])
+        textbook = theory.expected_tokens(a, mean_k)
+        measured = float(f["tokens"].sum() / len(f))
+        name = (f"{label}: {measured:.2f} tokens/call measured; per-position α predicts {by_pos:.2f}, "
+                f"one α = {a:.2f} predicts {textbook:.2f} (γ≈{mean_k})")  # fmt: skip
+        fig.add_trace(go.Bar(x=list(alphas.index), y=list(alphas.values), name=name, marker_color=color))
+    fig = _layout(fig, "Acceptance at each draft position (of the rounds that got there)", "position k", "α_k")
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.25, "xanchor": "left", "x": 0},
+                      margin={"b": 90}, height=HEIGHT + 60)  # fmt: skip
+    fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
+    fig.update_xaxes(dtick=1)
+    return fig
 
 
 def acceptance_figure(rounds: pd.DataFrame) -> go.Figure:
     """Share of each round's proposals accepted (bars) and the running acceptance rate (line)."""
     fig = go.Figure()
+    rounds = rounds[rounds["gamma"] > 0] if len(rounds) else rounds  # a round with no guess has no share
     if len(rounds):
         share = rounds["n"] / rounds["gamma"]
         running = rounds["n"].cumsum() / rounds["gamma"].cumsum()
@@ -89,6 +151,7 @@ def acceptance_figure(rounds: pd.DataFrame) -> go.Figure:
 
 def tokens_per_round_figure(rounds: pd.DataFrame, gamma: int) -> go.Figure:
     """How many tokens each round produced: 1 (first guess rejected) .. gamma+1 (all accepted + bonus)."""
+    gamma = max([gamma, *(rounds["gamma"].tolist() if len(rounds) else [])])  # a varying gamma may go past it
     k = list(range(1, gamma + 2))
     counts = rounds["emitted"].value_counts().reindex(k, fill_value=0) if len(rounds) else pd.Series(0, index=k)
     colors = [BLUE] * gamma + [PURPLE]  # the last bar: every proposal accepted, plus the bonus token
@@ -98,22 +161,20 @@ def tokens_per_round_figure(rounds: pd.DataFrame, gamma: int) -> go.Figure:
     return fig
 
 
-def time_share_figure(ar: Sequence[Event], spec: Sequence[Event]) -> go.Figure:
+def time_share_figure(ar: Sequence[Event], spec: Sequence[Event], spec2=None, labels: dict | None = None) -> go.Figure:
     """Where each side's compute went: prompt encoding, drafting (q), the target (p), and the rest."""
-    a, s = metrics.rounds_frame(ar), metrics.rounds_frame(spec)
-    prefill = [sum(ev.prefill_s for ev in evs if isinstance(ev, Start)) for evs in (ar, spec)]
+    lanes = _lanes(ar, spec, spec2, labels)
+    frames = [metrics.rounds_frame(evs) for _, evs, _ in lanes]
+    names = [name for name, _, _ in lanes]
+    prefill = [sum(ev.prefill_s for ev in evs if isinstance(ev, Start)) for _, evs, _ in lanes]
     fig = go.Figure()
     for name, vals, color in (
         ("prompt", prefill, GREY),
-        ("draft q", [0.0, s["draft_s"].sum()], SKY),
-        ("target p", [a["verify_s"].sum(), s["verify_s"].sum()], BLUE),
-        ("other", [a["other_s"].sum(), s["other_s"].sum()], ORANGE),
+        ("drafting", [f["draft_s"].sum() for f in frames], SKY),
+        ("target p", [f["verify_s"].sum() for f in frames], BLUE),
+        ("other", [f["other_s"].sum() for f in frames], ORANGE),
     ):
-        fig.add_trace(
-            go.Bar(
-                y=["plain", "speculative"], x=[float(v) for v in vals], name=name, orientation="h", marker_color=color
-            )
-        )
+        fig.add_trace(go.Bar(y=names, x=[float(v) for v in vals], name=name, orientation="h", marker_color=color))
     fig = _layout(fig, "Where the time went", "compute time (s)", "")
     fig.update_layout(barmode="stack")
     return fig

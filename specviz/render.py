@@ -45,9 +45,19 @@ class Pieces:
         return token_id in self.special
 
 
-def _span(cls: str, body: str, title: str, special: bool = False) -> str:
-    extra = " tok-special" if special else ""
+SOURCES = {
+    "model": "proposed by the draft model q",
+    "lookup": "proposed by prompt lookup: copied from what followed the same words earlier (a free guess)",
+}
+
+
+def _span(cls: str, body: str, title: str, special: bool = False, source: str = "") -> str:
+    extra = (" tok-special" if special else "") + (f" src-{source}" if source == "lookup" else "")
     return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}">{body}</span>'
+
+
+def _source(rnd: Round, i: int) -> str:
+    return rnd.sources[i] if i < len(rnd.sources) else ""
 
 
 def ar_token_html(pieces: Pieces, step: Step, greedy: bool) -> str:
@@ -58,6 +68,8 @@ def ar_token_html(pieces: Pieces, step: Step, greedy: bool) -> str:
 
 def _draft_title(rnd: Round, i: int, greedy: bool, accepted: bool, shown: str, top: str = "") -> str:
     head = f"round {rnd.index + 1}, proposal {i + 1} of {len(rnd.drafted)}: {shown}"
+    if _source(rnd, i) in SOURCES:
+        head += f"\n{SOURCES[_source(rnd, i)]}"
     if greedy:
         why = (
             "greedy: accepted because it equals the target's top token"
@@ -81,17 +93,22 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
     n, emitted = rnd.n, len(rnd.tokens)
     for i, token in enumerate(rnd.tokens[:n]):
         title = _draft_title(rnd, i, greedy, True, pieces.text(token))
-        parts.append(_span("tok-accepted", pieces.html(token), title, pieces.is_special(token)))
+        parts.append(_span("tok-accepted", pieces.html(token), title, pieces.is_special(token), _source(rnd, i)))
     if emitted == n + 1:  # the target's own token was emitted (not cut off by EOS or the budget)
         token = rnd.tokens[n]
-        if n < len(rnd.drafted):
+        if rnd.kind == "plain":
+            why = {"no match": "prompt lookup found no earlier occurrence of the last words",
+                   "confidence": "the draft was not confident enough to guess"}.get(rnd.stop, "nothing was proposed")  # fmt: skip
+            title = f"round {rnd.index + 1}: {pieces.text(token)}\nno guess this round ({why}): one plain target step"
+            parts.append(_span("tok-plain", pieces.html(token), title, pieces.is_special(token)))
+        elif n < len(rnd.drafted):
             rejected = rnd.drafted[n]
             title = _draft_title(rnd, n, greedy, False, pieces.text(rejected), repr(pieces.text(token)))
             later = len(rnd.drafted) - n - 1
             if later:
                 plural = "s were" if later > 1 else " was"
                 title += f"\n(the draft's {later} later proposal{plural} thrown away too)"
-            parts.append(_span("tok-rejected", pieces.html(rejected, breaks=False), title))
+            parts.append(_span("tok-rejected", pieces.html(rejected, breaks=False), title, source=_source(rnd, n)))
             how = (
                 "greedy: the target's top token here"
                 if greedy
@@ -108,6 +125,7 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
     ms = (rnd.draft_s + rnd.verify_s) * 1000
     return (
         f'<span class="sv-round sv-round-{rnd.index % 2}" data-round="{rnd.index + 1}" '
+        f'data-gamma="{len(rnd.drafted)}" data-stop="{html.escape(rnd.stop, quote=True)}" '
         f'data-ms="{ms:.0f}">{"".join(parts)}</span>'
     )
 
@@ -118,16 +136,19 @@ def _finish_text(done: Done | None) -> str:
     return "end of text" if done.finish_reason == "eos" else "token limit"
 
 
-def pane_html(side: str, body: str, clock_s: float, done: Done | None, waiting: str = "") -> str:
-    """A whole pane: a header with the side's own clock, the tokens, and a finish line when done."""
-    title = "Plain decoding (target only)" if side == "ar" else "Speculative (draft + target)"
+def pane_html(side: str, body: str, clock_s: float, done: Done | None, waiting: str = "", label: str = "") -> str:
+    """A whole pane: a header with the side's own clock, the tokens, and a finish line when done.
+
+    side: "ar", "spec" or "spec2" (a second speculative lane); label: the lane's configuration, e.g. "lookup, auto".
+    """
+    title = "Plain decoding (target only)" if side == "ar" else f"Speculative ({label or 'draft + target'})"
     state = f"done at {clock_s:.2f} s ({_finish_text(done)})" if done else f"t = {clock_s:.2f} s"
     cursor = "" if done else '<span class="sv-cursor" aria-hidden="true"></span>'
     empty = f'<span class="sv-waiting">{html.escape(waiting)}</span>' if waiting and not body else ""
     status = "done" if done else "running"
     return (
         f'<div class="sv-pane sv-pane-{side}" data-state="{status}">'
-        f'<div class="sv-pane-head"><span>{title}</span><span class="sv-clock">{state}</span></div>'
+        f'<div class="sv-pane-head"><span>{html.escape(title)}</span><span class="sv-clock">{state}</span></div>'
         f'<div class="sv-text">{empty}{body}{cursor}</div></div>'
     )
 
@@ -155,6 +176,13 @@ LEGEND = (
     ),
     ("tok-resampled", "word", "resampled", "the target's own choice in place of the rejected guess"),
     ("tok-bonus", "word", "bonus", "every guess in the round was accepted, so the target adds one more token free"),
+    (
+        "tok-accepted src-lookup",
+        "word",
+        "from prompt lookup",
+        "a free guess copied from earlier text (drafter: lookup)",
+    ),
+    ("tok-plain", "word", "plain step", "no guess this round (nothing to look up, or the draft was unsure)"),
 )
 
 

@@ -457,7 +457,8 @@ HOSTILE_PROMPTS = [
 
 def race_http(url: str, *args) -> list:
     """/race through raw HTTP (JSON escapes let it carry lone surrogates, which gradio_client cannot send)."""
-    body = json.dumps({"data": list(args)})  # ASCII JSON: a lone surrogate travels as a \\udXXX escape
+    args = list(args) + ["model", "constant", "none", "auto"][max(len(args) - 7, 0) :]  # the lane inputs
+    body = json.dumps({"data": args})  # ASCII JSON: a lone surrogate travels as a \\udXXX escape
     r = httpx.post(f"{url}gradio_api/call/race", content=body, headers={"content-type": "application/json"}, timeout=10)
     stream = httpx.get(f"{url}gradio_api/call/race/{r.json()['event_id']}", timeout=60).text
     assert "event: complete" in stream, stream[-500:]
@@ -488,17 +489,35 @@ def _call(url: str, api: str, body: str) -> tuple[int, str]:
 
 
 RAW_BODIES = [
-    ('{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "extra", 5]}', "Done."),  # extra values: ignored
+    (
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "extra", 5]}',
+        "Done.",
+    ),  # extra values: ignored
     ('{"data": ["hello", 4]}', None),  # too few
     ('{"data": "hello"}', None),  # not a list
-    ('{"data": [{"a": 1}, 4, 0.0, 0, 1.0, 8, 0]}', "The prompt must be text"),
-    ('{"data": ["hello", 4, Infinity, 0, 1.0, 8, 0]}', "temperature must be a finite number"),
-    ('{"data": ["hello", 4, 0.0, -Infinity, 1.0, 8, 0]}', "top_k must be a finite number"),
-    ('{"data": ["hello", 4, 0.0, 0, NaN, 8, 0]}', "top_p must be a finite number"),
-    ('{"data": ["hello", 4, 0.0, 0, 1.0, 1e308, 0]}', "capped at 64"),
-    ('{"data": ["hello", 4, 0.0, 0, 1.0, 8, 1e30]}', "seed must be a whole number"),
-    ('{"data": ["hello", [4], 0.0, 0, 1.0, 8, 0]}', "gamma must be a number"),
-    ('{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0], "trust_remote_code": true, "fn_index": 99}', "Done."),  # unknown keys
+    ('{"data": [{"a": 1}, 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto"]}', "The prompt must be text"),
+    (
+        '{"data": ["hello", 4, Infinity, 0, 1.0, 8, 0, "model", "constant", "none", "auto"]}',
+        "temperature must be a finite number",
+    ),
+    (
+        '{"data": ["hello", 4, 0.0, -Infinity, 1.0, 8, 0, "model", "constant", "none", "auto"]}',
+        "top_k must be a finite number",
+    ),
+    ('{"data": ["hello", 4, 0.0, 0, NaN, 8, 0, "model", "constant", "none", "auto"]}', "top_p must be a finite number"),
+    ('{"data": ["hello", 4, 0.0, 0, 1.0, 1e308, 0, "model", "constant", "none", "auto"]}', "capped at 64"),
+    (
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 1e30, "model", "constant", "none", "auto"]}',
+        "seed must be a whole number",
+    ),
+    (
+        '{"data": ["hello", [4], 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto"]}',
+        "gamma must be a whole number from 1 to 16 or",
+    ),
+    (
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto"], "trust_remote_code": true, "fn_index": 99}',
+        "Done.",
+    ),  # unknown keys
     ("not json at all", None),
 ]
 

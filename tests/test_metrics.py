@@ -64,10 +64,12 @@ def test_race_pairs_split_by_side(loaded_pair):
 def test_acceptance_by_position_and_histogram(runs):
     spec, _ = runs
     f = rounds_frame(spec)
-    full = f[f["gamma"] == 4]
     rate = acceptance_by_position(f)
-    assert len(rate) == 4 and ((rate >= 0) & (rate <= 1)).all()
-    assert rate[0] == pytest.approx((f["n"] > 0).sum() / len(f))
-    assert (rate.diff().dropna() <= 1e-12).all() or len(full) < len(f)  # later positions need all earlier ones
+    assert len(rate) <= 4 and ((rate >= 0) & (rate <= 1)).all() and list(rate.index)[0] == 1
+    assert rate[1] == pytest.approx((f["n"] > 0).sum() / len(f))  # every round reaches position 1
+    # position 2 is reached only by the rounds that accepted position 1: alpha_2 is conditional on that
+    reached = f[(f["gamma"] >= 2) & (f["n"] >= 1)]
+    if len(reached):
+        assert rate[2] == pytest.approx((reached["n"] >= 2).sum() / len(reached))
     hist = accepted_histogram(f)
-    assert hist.sum() == len(f) and list(hist.index) == [0, 1, 2, 3, 4]
+    assert hist.sum() == len(f) and list(hist.index) == list(range(len(hist))) and len(hist) <= 5

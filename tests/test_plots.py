@@ -63,7 +63,7 @@ def test_tokens_per_round_histogram_spans_1_to_gamma_plus_1():
 def test_time_share():
     fig = plots.time_share_figure(AR, SPEC)
     by_name = {t.name: list(t.x) for t in fig.data}
-    assert by_name["draft q"] == pytest.approx([0.0, 0.06])
+    assert by_name["drafting"] == pytest.approx([0.0, 0.06])
     assert by_name["target p"] == pytest.approx([0.35, 0.15])
     assert by_name["prompt"] == pytest.approx([0.05, 0.1])
     assert by_name["other"] == pytest.approx([0.0, 0.0])  # rollback and bookkeeping: none in these events

@@ -1,32 +1,32 @@
-"""The Race tab: plain decoding of the target p against speculative decoding with the draft q, side by side.
+"""The Race tab: plain decoding of the target p against speculative decoding, side by side, in up to three lanes.
 
-Both runs go through `engine.race` in one worker: the run that is behind on its own compute clock moves next,
-so the two panes stream on a common clock as if each had a machine of its own. The gamma sweep measures
-acceptance and speedup per gamma (sweep.py).
+All runs go through `engine.race` in one worker: the run that is behind on its own compute clock moves next,
+so the panes stream on a common clock as if each had a machine of its own. The second speculative lane
+(optional) races another drafter or gamma policy on the same clock. The gamma sweep is in sweep.py.
 """
 
 from __future__ import annotations
 
-import html
 import time
 
 import gradio as gr
 
 from .. import plots, render
-from ..api import encode_prompt
-from ..config import ASSETS, TEMPERATURE_MAX, SamplingConfig, SpecConfig, SpecvizError
+from ..config import ASSETS, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
+from ..theory import alpha
 from .common import UIContext, error_html, gpu
+from .inputs import NO_LANE, lane_drafter, note, prepare, run_config
 
-DEFAULT_GAMMA = 3  # the built-in pair's speedup is flat over gamma 1-3 and falls after; 3 shows longer rounds
 HTML_EVERY_S = 0.1  # at most ~10 text updates a second, so the browser keeps up on long runs
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
+SPEC_LANES = ("spec", "spec2")
 TIMING_NOTE = (
-    "**How the race is timed.** Both runs share one worker and take turns: the run that is behind on its own "
+    "**How the race is timed.** All runs share one worker and take turns: the run that is behind on its own "
     "clock computes next. Each clock counts only that run's own model calls (prompt encoding included), so the "
-    "times, tokens/s and speedup are what two identical machines starting together would show, even though "
-    "the page may replay them a little slower. Same target, prompt, seed and sampling settings on both sides."
+    "times, tokens/s and speedup are what identical machines starting together would show, even though "
+    "the page may replay them a little slower. Same target, prompt, seed and sampling settings in every lane."
 )
 
 
@@ -36,42 +36,17 @@ def examples() -> list[str]:
     return [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
 
 
-def _note(text: str) -> str:
-    return f'<div class="sv-note">{html.escape(text)}</div>'
-
-
-def _check_text(prompt) -> str:
-    if not isinstance(prompt, str):
-        raise SpecvizError("The prompt must be text.")
-    if not prompt.strip():
-        raise SpecvizError("The prompt is empty; type something for the model to continue.")
-    return prompt
-
-
-def _config(ctx: UIContext, gamma, temperature, top_k, top_p, max_new_tokens, seed) -> SpecConfig:
-    """Everything a visitor sends, checked: numbers, ranges, and this deployment's caps."""
-    cfg = SpecConfig(gamma, max_new_tokens, seed, SamplingConfig(temperature, top_k, top_p))
-    ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
-    return cfg
-
-
-def _prepare(ctx: UIContext, prompt, cfg: SpecConfig):
-    _check_text(prompt)
-    p, q = ctx.pair()
-    ids = encode_prompt(p, prompt)
-    ctx.limits.check_prompt_tokens(len(ids))
-    return p, q, ids
-
-
 class RaceView:
-    """What the page shows of one race, built up event by event."""
+    """What the page shows of one race, built up event by event. Lanes: "ar", "spec" and maybe "spec2"."""
 
-    def __init__(self, prompt: str = "", gamma: int = 4):
+    def __init__(self, prompt: str = "", gamma: int = DEFAULT_GAMMA, labels: dict[str, str] | None = None):
         self.prompt, self.gamma = prompt if isinstance(prompt, str) else "", gamma
-        self.events: dict[str, list] = {"ar": [], "spec": []}
-        self.body: dict[str, list[str]] = {"ar": [], "spec": []}
-        self.done: dict[str, Done | None] = {"ar": None, "spec": None}
-        self.clock = {"ar": 0.0, "spec": 0.0}
+        self.labels = labels or {"spec": "model, gamma 3"}
+        self.lanes = ("ar", *(k for k in SPEC_LANES if k in self.labels))
+        self.events: dict[str, list] = {k: [] for k in ("ar", *SPEC_LANES)}
+        self.body: dict[str, list[str]] = {k: [] for k in self.events}
+        self.done: dict[str, Done | None] = dict.fromkeys(self.events)
+        self.clock = dict.fromkeys(self.events, 0.0)
         self.pieces: render.Pieces | None = None
         self.greedy = True
         self._figs: tuple | None = None  # the last figures sent, sent again between plot refreshes
@@ -92,93 +67,112 @@ class RaceView:
             self.clock[side] = ev.stats["wall_s"]
 
     def pane(self, side: str, waiting: str = "") -> str:
-        return render.pane_html(side, "".join(self.body[side]), self.clock[side], self.done[side], waiting)
+        label = self.labels.get(side, "")
+        return render.pane_html(side, "".join(self.body[side]), self.clock[side], self.done[side], waiting, label)
 
     def _rate(self, side: str) -> tuple[int, float]:
         evs = self.events[side]
         n = sum(1 for e in evs if isinstance(e, Step)) + sum(len(e.tokens) for e in evs if isinstance(e, Round))
         return n, (n / self.clock[side] if self.clock[side] > 0 else 0.0)
 
-    def stats(self) -> tuple[str, str]:
-        n_ar, rate_ar = self._rate("ar")
-        n_sp, rate_sp = self._rate("spec")
-        rounds = [e for e in self.events["spec"] if isinstance(e, Round)]
+    def _spec_stats(self, side: str, rate_ar: float, n_ar: int) -> str:
+        if side not in self.lanes:
+            return ""
+        n_sp, rate_sp = self._rate(side)
+        rounds = [e for e in self.events[side] if isinstance(e, Round)]
         drafted, accepted = sum(len(r.drafted) for r in rounds), sum(r.n for r in rounds)
-        ar = render.stats_html([(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")])
-        speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp else "—"
-        spec = render.stats_html(
+        a = alpha(accepted, sum(r.kind == "resampled" for r in rounds))
+        speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp and rate_ar else "—"
+        return render.stats_html(
             [
                 (str(n_sp), "tokens"),
                 (f"{rate_sp:.1f}", "tokens/s"),
                 (str(len(rounds)), "target calls"),
                 (f"{accepted / drafted:.0%}" if drafted else "—", "guesses accepted"),
+                (f"{a:.0%}" if drafted else "—", "α: kept of those checked"),
                 (f"{n_sp / len(rounds):.2f}" if rounds else "—", "tokens per target call"),
                 (speedup, "speedup (tokens/s vs plain)"),
             ]
         )
-        return ar, spec
+
+    def stats(self) -> tuple[str, str, str]:
+        n_ar, rate_ar = self._rate("ar")
+        ar = render.stats_html([(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")])
+        return ar, self._spec_stats("spec", rate_ar, n_ar), self._spec_stats("spec2", rate_ar, n_ar)
 
     def figures(self) -> tuple:
-        rounds = plots.rounds_frame(self.events["spec"])
+        ev, labels = self.events, {"ar": "plain", **self.labels}
+        spec2 = ev["spec2"] if "spec2" in self.lanes else None
+        frames = {self.labels[k]: plots.rounds_frame(ev[k]) for k in self.lanes if k != "ar"}
+        first = next(iter(frames.values()))
         return (
-            plots.race_figure(self.events["ar"], self.events["spec"]),
-            plots.acceptance_figure(rounds),
-            plots.tokens_per_round_figure(rounds, self.gamma),
-            plots.time_share_figure(self.events["ar"], self.events["spec"]),
+            plots.race_figure(ev["ar"], ev["spec"], spec2, labels),
+            plots.acceptance_figure(first),
+            plots.tokens_per_round_figure(first, self.gamma),
+            plots.time_share_figure(ev["ar"], ev["spec"], spec2, labels),
+            plots.position_figure(frames),
+            plots.gamma_timeline_figure(frames),
         )
 
     def outputs(self, message: str = "", with_plots: bool = True, waiting: str = "") -> tuple:
-        ar_stats, spec_stats = self.stats()
+        """The values of the /race outputs, in order (the first ten as before lanes existed, then the rest)."""
+        ar_stats, spec_stats, spec2_stats = self.stats()
         # Between plot refreshes the last figures go out again: gr.skip() would make gradio 6 build a new
         # gr.Plot per update and keep it forever (tests/test_load.py measures this)
         if with_plots or self._figs is None:
             self._figs = self.figures()
-        figs = self._figs
+        f = self._figs
         prompt = render.prompt_html(self.prompt) if self.prompt.strip() else ""
-        return (prompt, self.pane("ar", waiting), self.pane("spec", waiting), ar_stats, spec_stats, message, *figs)
+        panes = (self.pane("ar", waiting), self.pane("spec", waiting))
+        spec2 = self.pane("spec2", waiting) if "spec2" in self.lanes else ""
+        return (prompt, *panes, ar_stats, spec_stats, message, *f[:4], spec2, spec2_stats, *f[4:])
 
     def summary(self) -> str:
-        a, s = self.done["ar"], self.done["spec"]
-        if not (a and s):
+        if not all(self.done[k] for k in self.lanes):
             return ""
+        a = self.done["ar"]
         _, rate_ar = self._rate("ar")
-        _, rate_sp = self._rate("spec")
-        faster = rate_sp / rate_ar if rate_ar else 0.0
-        if f"{faster:.2f}" == "1.00":
-            word = "the same speed"
-        elif faster > 1:
-            word = "faster"
-        else:
-            word = "slower (the draft costs more than its guesses save here)"
-        return _note(
-            f"Done. Plain: {a.stats['new_tokens']} tokens in {a.stats['wall_s']:.2f} s. Speculative: "
-            f"{s.stats['new_tokens']} tokens in {s.stats['wall_s']:.2f} s with {s.stats['target_calls']} target "
-            f"call{'s' if s.stats['target_calls'] != 1 else ''}: {faster:.2f}×, {word}."
-        )
+        parts = [f"Done. Plain: {a.stats['new_tokens']} tokens in {a.stats['wall_s']:.2f} s."]
+        for k in self.lanes[1:]:
+            s, (_, rate) = self.done[k], self._rate(k)
+            faster = rate / rate_ar if rate_ar else 0.0
+            word = "the same speed" if f"{faster:.2f}" == "1.00" else "faster" if faster > 1 else "slower"
+            calls = s.stats["target_calls"]
+            parts.append(
+                f"Speculative ({self.labels[k]}): {s.stats['new_tokens']} tokens in {s.stats['wall_s']:.2f} s with "
+                f"{calls} target call{'s' if calls != 1 else ''}: {faster:.2f}×, {word}."
+            )
+        if any(self._rate(k)[1] < rate_ar for k in self.lanes[1:]):
+            parts.append("Slower means the guesses cost more than they saved here.")
+        return note(" ".join(parts))
 
 
-def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed):
-    """Yield the page's outputs while the two runs race (text every ~0.1 s, plots every ~0.5 s)."""
+def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
+                drafter="model", policy="constant", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
+    """Yield the page's outputs while the lanes race (text every ~0.1 s, plots every ~0.5 s)."""
     view, start = RaceView(prompt if isinstance(prompt, str) else ""), time.monotonic()
     try:
-        cfg = _config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed)
-        _check_text(prompt)
-        view.gamma = cfg.gamma
-        yield view.outputs(_note("Loading the models…"), waiting="waiting for the models…")
-        p, q, ids = _prepare(ctx, prompt, cfg)
+        cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy)
+        cfgs = {"spec": cfg}
+        second = lane_drafter(drafter2)
+        if second is not None:
+            cfg2 = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, second, policy2)
+            cfgs["spec2"] = cfg2
+        view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()})
+        yield view.outputs(note("Loading the models…"), waiting="waiting for the models…")
+        p, q, ids = prepare(ctx, prompt, cfg)
         view.pieces = render.Pieces(p.tokenizer)
         last_html = last_plots = 0.0
+        runs = [autoregressive_decode(p, ids, cfg), *(speculative_decode(p, q, ids, c) for c in cfgs.values())]
         # within_time: past the request cap it stops the race with one SpecvizError (caught below)
-        stream = ctx.limits.within_time(
-            race(autoregressive_decode(p, ids, cfg), speculative_decode(p, q, ids, cfg)), start
-        )
+        stream = ctx.limits.within_time(race(*runs, names=("ar", *cfgs)), start)
         for side, ev in stream:
             view.add(side, ev)
             now = time.monotonic()
             if now - last_html >= HTML_EVERY_S or isinstance(ev, Done):
                 with_plots = now - last_plots >= PLOTS_EVERY_S
                 last_html, last_plots = now, now if with_plots else last_plots
-                yield view.outputs(_note("Racing…"), with_plots=with_plots)
+                yield view.outputs(note("Racing…"), with_plots=with_plots)
         yield view.outputs(view.summary())
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
@@ -186,14 +180,14 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
 
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
-    from .sweep import EMPTY_SWEEP, sweep_stream  # sweep.py uses this module's checks
+    from .sweep import EMPTY_SWEEP, sweep_stream
 
     lim = ctx.limits
     gr.Markdown(
         "Two ways to get text from the same model. **Left:** the target model writes one token per call. "
-        "**Right:** a small *draft* model guesses gamma tokens, and the target checks them all in one call, "
-        "keeping the good guesses. The text on the right follows the target's own distribution exactly; "
-        "only the speed changes."
+        "**Right:** guesses come cheaply (from a small *draft* model, or copied from earlier text by *prompt "
+        "lookup*), and the target checks them all in one call, keeping the good ones. The text on the right "
+        "follows the target's own distribution exactly; only the speed changes."
     )
     with gr.Row(equal_height=True):
         prompt = gr.Textbox(label="Prompt", value=examples()[0], lines=2, max_lines=8, scale=5)
@@ -203,16 +197,19 @@ def build_race_tab(ctx: UIContext) -> None:
             sweep = gr.Button("Sweep gamma", variant="secondary")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():
+        drafter = gr.Dropdown(list(DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
+        policy = gr.Dropdown(list(GAMMA_POLICIES), value="constant", label="gamma policy", scale=1)
         gamma = gr.Slider(
-            1,
-            lim.max_gamma,
-            value=min(DEFAULT_GAMMA, lim.max_gamma),
-            step=1,
-            label="gamma: tokens the draft guesses per round",
-        )
+            1, lim.max_gamma, value=min(DEFAULT_GAMMA, lim.max_gamma), step=1, scale=2,
+            label="gamma: guesses per round (the most per round under confidence and auto)",
+        )  # fmt: skip
         temperature = gr.Slider(
-            0, TEMPERATURE_MAX, value=0.0, step=0.05, label="temperature (0 = greedy: always the top token)"
+            0, TEMPERATURE_MAX, value=0.0, step=0.05, scale=2, label="temperature (0 = greedy: always the top token)"
         )
+    with gr.Accordion("Race a third lane (another drafter or policy on the same clock)", open=False):
+        with gr.Row():
+            drafter2 = gr.Dropdown([NO_LANE, *DRAFTERS], value=NO_LANE, label="third lane: guesses from")
+            policy2 = gr.Dropdown(list(GAMMA_POLICIES), value="auto", label="third lane: gamma policy")
     with gr.Accordion("Advanced", open=False):
         with gr.Row():
             top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
@@ -232,6 +229,9 @@ def build_race_tab(ctx: UIContext) -> None:
         with gr.Column():
             spec_pane = gr.HTML(view.pane("spec", "Press Run race."), elem_id="sv-spec", js_on_load=None)
             spec_stats = gr.HTML(elem_id="sv-spec-stats", js_on_load=None)
+        with gr.Column(visible=False) as lane3:
+            spec2_pane = gr.HTML(elem_id="sv-spec2", js_on_load=None)
+            spec2_stats = gr.HTML(elem_id="sv-spec2-stats", js_on_load=None)
     gr.Markdown(TIMING_NOTE, elem_classes=["sv-timing"])
     figs = view.figures()
     with gr.Row():
@@ -240,34 +240,42 @@ def build_race_tab(ctx: UIContext) -> None:
     with gr.Row():
         fig_hist = gr.Plot(figs[2], show_label=False, elem_id="sv-plot-hist")
         fig_share = gr.Plot(figs[3], show_label=False, elem_id="sv-plot-share")
+    with gr.Row():
+        fig_position = gr.Plot(figs[4], show_label=False, elem_id="sv-plot-position")
+        fig_timeline = gr.Plot(figs[5], show_label=False, elem_id="sv-plot-timeline")
     gr.Markdown(
         "### Which gamma is best?\n**Sweep gamma** races plain decoding once, then speculative decoding for each "
-        "gamma on the current prompt and settings. Dots are measured; the dashed line is the paper's expected "
-        "speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the measured acceptance α and cost ratio c."
+        "gamma on the current prompt, drafter and settings. Dots are measured; the dashed line is the paper's "
+        "expected speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the measured acceptance α and cost ratio c."
     )
     sweep_note = gr.HTML(js_on_load=None)
     sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
 
     @gpu
-    def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed):
-        yield from race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+    def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter="model",
+                policy="constant", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
+        yield from race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy,
+                               drafter2, policy2)  # fmt: skip
 
     @gpu
-    def on_sweep(prompt, temperature, top_k, top_p, max_new_tokens, seed):
-        yield from sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed)
+    def on_sweep(prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
+        yield from sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter)
 
     # concurrency_id "models": every handler that runs the models (all tabs) shares the one queue limit.
     # preprocess=False: the handlers get the raw values a client sent and check them all themselves,
-    # so a bad value through the API (NaN, a string, out of range) gets one sentence in the page too
-    outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share]
-    inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed]
+    # so a bad value through the API (NaN, a string, out of range) gets one sentence in the page too.
+    # New inputs and outputs go at the end, so API clients written for two lanes keep working.
+    outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share,
+               spec2_pane, spec2_stats, fig_position, fig_timeline]  # fmt: skip
+    inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed, drafter, policy, drafter2, policy2]
     race_ev = run.click(on_race, inputs, outputs, api_name="race", preprocess=False, concurrency_id="models")
     sweep_ev = sweep.click(
         on_sweep,
-        [prompt, *inputs[2:]],
+        [prompt, *inputs[2:7], drafter],
         [sweep_plot, sweep_note],
         api_name="sweep",
         preprocess=False,
         concurrency_id="models",
     )
     stop.click(None, cancels=[race_ev, sweep_ev])
+    drafter2.change(lambda d: gr.Column(visible=d != NO_LANE), drafter2, lane3, queue=False, api_visibility="private")

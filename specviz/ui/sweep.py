@@ -15,8 +15,11 @@ import pandas as pd
 from .. import plots
 from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
+from ..theory import alpha_of, cost_ratio
 from .common import UIContext, error_html
-from .race import HTML_EVERY_S, _config, _note, _prepare
+from .inputs import note as _note
+from .inputs import prepare, run_config
+from .race import HTML_EVERY_S
 
 SWEEP_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)  # the first limits.max_sweep of these, up to limits.max_gamma
 DEFAULT_SWEEP = 6  # 1, 2, 3, 4, 6, 8 unless the deployment asks for fewer
@@ -40,17 +43,17 @@ def _run(events, *page):
     return done
 
 
-def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_tokens, seed):
-    """Run gamma over SWEEP_GAMMAS (capped) for this prompt; yield the figure after each gamma."""
+def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
+    """Run gamma over SWEEP_GAMMAS (capped) for this prompt and drafter; yield the figure after each gamma."""
     empty, start = plots.sweep_figure(EMPTY_SWEEP), time.monotonic()
     fig = empty
     try:
-        cfg = _config(ctx, 1, temperature, top_k, top_p, max_new_tokens, seed)
+        cfg = run_config(ctx, 1, temperature, top_k, top_p, max_new_tokens, seed, drafter)
         gammas = [g for g in SWEEP_GAMMAS if g <= ctx.limits.max_gamma][
             : max(1, min(DEFAULT_SWEEP, ctx.limits.max_sweep))
         ]
         yield empty, _note("Loading the models…")
-        p, q, ids = _prepare(ctx, prompt, cfg)
+        p, q, ids = prepare(ctx, prompt, cfg)
         note = _note(f"Plain decoding first (the baseline), then gamma = {', '.join(map(str, gammas))}…")
         yield empty, note
         ar = (yield from _run(ctx.limits.within_time(autoregressive_decode(p, ids, cfg), start), empty, note)).stats
@@ -69,9 +72,8 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
             )
             for k in tot:
                 tot[k] += st[k]
-            judged = tot["accepted"] + tot["resampled"]  # proposals the target actually ruled on
-            alpha = tot["accepted"] / judged if judged else 0.0
-            c = tot["draft_s"] / max(tot["draft_calls"], 1) / t_p if t_p > 0 else 0.0
+            alpha = alpha_of(tot)  # of the proposals the target ruled on, the share kept
+            c = cost_ratio(tot["draft_s"], tot["draft_calls"], t_p) if tot["draft_calls"] and t_p > 0 else 0.0
             theory = plots.theory_frame(alpha, c, range(1, max(gammas) + 1))
             fig = plots.sweep_figure(pd.DataFrame(rows), theory)
             best = int(theory.loc[theory["speedup"].idxmax(), "gamma"])

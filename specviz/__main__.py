@@ -43,6 +43,8 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .config import DRAFTERS
+
     ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -59,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="can these two models be paired, and is it worth it?")
     _model_args(c)
     c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
+    c.add_argument("--drafter", choices=DRAFTERS, default="model", help="where guesses come from")
 
     b = sub.add_parser("bench", help="measure speedup against plain decoding and transformers' assisted generation")
     _model_args(b)
@@ -153,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         elif a.command == "check":
             from .pairs import check_pair
 
-            rep = check_pair(a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens)
+            rep = check_pair(
+                a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens, drafter=a.drafter
+            )
             out = rep.to_dict()
             if not a.json:
                 print(rep.report())

@@ -182,6 +182,7 @@ class PairReport:
     target_vocab_rows: int  # rows of the output layer (may be padded past the tokenizer)
     draft_vocab_rows: int
     draft_trimmed: bool  # the draft carries a specviz_vocab.json (a subset of the target's ids)
+    drafter: str = "model"  # where the measured guesses came from: model | lookup | lookup+model
     target_step_s: float | None = None
     draft_step_s: float | None = None
     c: float | None = None  # draft_step_s / target_step_s
@@ -229,7 +230,7 @@ class PairReport:
             lines += [
                 f"cost ratio  c = {self.c:.3f} (one cached step: draft {self.draft_step_s * 1e3:.2f} ms, "
                 f"target {self.target_step_s * 1e3:.2f} ms; median of {TIMING_STEPS})",
-                f"acceptance  a = {acc.a:.3f} (greedy, gamma {CHECK_GAMMA}, {self.prompts} prompts: "
+                f"acceptance  a = {acc.a:.3f} ({self.drafter} drafter, greedy, gamma {CHECK_GAMMA}, {self.prompts} prompts: "
                 f"{acc.accepted} of {acc.tested} judged proposals accepted, {acc.new_tokens} tokens "
                 f"in {acc.rounds} rounds)",
                 "expected speedup by gamma: (1 - a^(g+1)) / ((1 - a)(g c + 1))",
@@ -326,10 +327,12 @@ def check_pair(
     max_new_tokens: int = 32,
     prompts: list[str] | tuple[str, ...] | None = None,
     timeout_s: float | None = None,
+    drafter: str = "model",
 ) -> PairReport:
     """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
 
     target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
+    drafter: where the guesses come from (model, lookup, lookup+model); lookup alone costs no draft calls (c = 0).
     prompts: texts for the acceptance run (default: SAMPLE_PROMPTS), formatted as `generate` would.
     timeout_s: a cap on the measuring, from the call on (loading included); past it, one SpecvizError.
     """
@@ -337,7 +340,7 @@ def check_pair(
 
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
-    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens)  # validates max_new_tokens up front
+    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, drafter=drafter)  # validates them up front
     if prompts is None:
         prompts = SAMPLE_PROMPTS
     if isinstance(prompts, str):
@@ -369,8 +372,10 @@ def check_pair(
 
     ids = [encode_prompt(p, x) for x in prompts]
     p_s, q_s = measure_step_times(p, q, ids[0])
+    if drafter == "lookup":  # guesses copied from the text: no draft model call at all
+        q_s = 0.0
     c = q_s / p_s
-    acc = measure_acceptance(p, q, ids, cfg.max_new_tokens, deadline)
+    acc = measure_acceptance(p, q, ids, cfg.max_new_tokens, deadline, drafter)
     speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
     best_gamma = max(range(len(speedups)), key=speedups.__getitem__) + 1
     best = speedups[best_gamma - 1]
@@ -378,6 +383,7 @@ def check_pair(
     return PairReport(
         verdict=verdict,
         reasons=tuple(reasons),
+        drafter=drafter,
         target_step_s=p_s,
         draft_step_s=q_s,
         c=c,

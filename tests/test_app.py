@@ -143,3 +143,34 @@ def test_model_load_failure_and_oom_are_one_sentence(tiny_pair, monkeypatch):
     assert "ran out of memory" in final[MESSAGE] and "GiB" not in final[MESSAGE]
     _, note = list(sweep_stream(ctx, "hello", 0.0, 0, 1.0, 8, 0))[-1]
     assert "ran out of memory" in note
+
+
+SPEC2, SPEC2_STATS = 10, 11  # the third lane's pane and stats, after the four original figures
+
+
+def test_three_lanes_race_on_one_clock_with_lookup_marks(client):
+    """Plain, lookup+model with auto gamma, and lookup alone: three panes, each with its own numbers."""
+    prompt = "hello world"  # the tiny target then repeats itself: prompt lookup has matches to propose
+    _, final = _race(client, prompt, 4, 0.0, 0, 1.0, 40, 0, "lookup+model", "auto", "lookup", "constant")
+    assert "Done." in final[MESSAGE] and "sv-error" not in final[MESSAGE]
+    spec, spec2 = final[SPEC], final[SPEC2]
+    assert "Speculative (lookup+model, auto" in spec and "Speculative (lookup, gamma 4)" in spec2
+    assert 'data-state="done"' in spec2 and "speedup" in final[SPEC2_STATS]
+    assert 'src-lookup"' in spec and 'src-lookup"' in spec2  # free guesses are marked where they were used
+    assert "proposed by prompt lookup" in spec2
+    words = re.findall(r'class="tok tok-ar[^>]*>(.*?)</span>', final[AR])
+    for pane in (spec, spec2):  # greedy: every lane writes the same text
+        kept = re.findall(r'class="tok tok-(?:accepted|resampled|bonus|plain)[^>]*>(.*?)</span>', pane)
+        assert kept == words
+    _, two = _race(client, prompt, 3, 0.0, 0, 1.0, 16, 0)  # the old seven inputs: two lanes, no third pane
+    assert two[SPEC2] == "" and "Done." in two[MESSAGE]
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [(("magic", "constant"), "drafter must be one of"), (("model", "sometimes"), "gamma policy must be one of"),
+     (("model", "constant", "psychic", "auto"), "the third lane&#x27;s drafter must be one of")],
+)  # fmt: skip
+def test_bad_drafter_or_policy_is_one_sentence(client, extra, expected):
+    _, final = _race(client, "hello", 3, 0.0, 0, 1.0, 8, 0, *extra)
+    assert "sv-error" in final[MESSAGE] and expected in final[MESSAGE]

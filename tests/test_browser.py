@@ -99,3 +99,20 @@ def test_hostile_prompt_shows_as_text(page):
     assert page.locator("#sv-spec img, #sv-ar img, .sv-prompt img").count() == 0
     page.wait_for_timeout(300)
     assert page.dialogs == []
+
+
+def test_three_lane_race_in_the_browser(page):
+    expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=TIMEOUT_MS)
+    page.get_by_text("Race a third lane").click()
+    page.get_by_label("third lane: guesses from", exact=True).click()
+    page.get_by_role("option", name="lookup", exact=True).click()
+    expect(page.locator("#sv-spec2")).to_be_visible(timeout=TIMEOUT_MS)
+    _run(page, "hello world")  # the tiny target then repeats itself: prompt lookup has matches to propose
+    expect(page.locator('#sv-spec2 .sv-pane[data-state="done"]')).to_be_visible(timeout=TIMEOUT_MS)
+    assert page.locator("#sv-spec2 .src-lookup").count() > 0  # lookup's guesses carry their mark
+    mark = page.locator("#sv-spec2 .src-lookup").first.evaluate("e => getComputedStyle(e, '::before').content")
+    assert "⧉" in mark
+    assert page.locator("#sv-plot-race .scatterlayer .trace").count() == 3  # one line per lane
+    for plot in ("position", "timeline"):
+        expect(page.locator(f"#sv-plot-{plot} .js-plotly-plot")).to_be_visible(timeout=TIMEOUT_MS)
+    assert "speedup" in page.locator("#sv-spec2-stats").inner_text()

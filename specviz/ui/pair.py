@@ -10,7 +10,7 @@ import html
 
 import gradio as gr
 
-from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, PRESETS
+from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, DRAFTERS, PRESETS, SpecvizError
 from ..pairs import CHECK_GAMMA, PairReport, check_pair
 from ..teach_plots import speedup_figure
 from .common import UIContext, error_html, gpu
@@ -105,6 +105,7 @@ def build_pair_tab(ctx: UIContext) -> None:
     with gr.Row():
         preset = gr.Dropdown([p.label for p in PRESETS] + [CUSTOM], value=first.label, label="Pair", scale=3)
         max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
+        drafter = gr.Dropdown(list(DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
     with gr.Row():
         target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1)
         draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
@@ -119,11 +120,13 @@ def build_pair_tab(ctx: UIContext) -> None:
         return (p.target, p.draft) if p else (gr.skip(), gr.skip())
 
     @gpu
-    def on_check(target, draft, max_new_tokens):
+    def on_check(target, draft, max_new_tokens, drafter="model"):
         try:
             n, _ = ctx.limits.check_run(max_new_tokens, 1)
+            if drafter not in DRAFTERS:
+                raise SpecvizError(f"drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}.")
             p, q = ctx.pair(target, draft)
-            r = check_pair(p, q, max_new_tokens=n, timeout_s=ctx.limits.request_timeout_s)
+            r = check_pair(p, q, max_new_tokens=n, timeout_s=ctx.limits.request_timeout_s, drafter=drafter)
         except Exception as err:
             return error_html(err), gr.Plot(visible=False), None
         fig = None
@@ -134,4 +137,6 @@ def build_pair_tab(ctx: UIContext) -> None:
     preset.input(on_preset, preset, [target, draft], api_visibility="private", queue=False)
     for box in (target, draft):
         box.input(lambda: CUSTOM, None, preset, api_visibility="private", queue=False)
-    run.click(on_check, [target, draft, max_new], [verdict, plot, numbers], api_name="check", concurrency_id="models")
+    run.click(
+        on_check, [target, draft, max_new, drafter], [verdict, plot, numbers], api_name="check", concurrency_id="models"
+    )

@@ -129,23 +129,18 @@ class _MapIds(torch.nn.Module):
 
 
 class _FullVocab(torch.nn.Module):
-    """The draft's output layer, widened to the target's V: trimmed rows scattered, the rest -inf."""
+    """The draft's output layer, widened to the target's V with the engine's own mapping (LoadedModel.to_target_logits)."""
 
-    def __init__(self, head: torch.nn.Module, vocab_map: torch.Tensor | None, V: int, blocked: torch.Tensor | None):
+    def __init__(self, draft: LoadedModel, V: int):
         super().__init__()
-        self.head, self.V = head, V
-        self.register_buffer("vocab_map", vocab_map, persistent=False)
-        self.register_buffer("blocked", blocked, persistent=False)  # rows never proposed, as in our engine
+        self.head, self.draft, self.V = draft.model.get_output_embeddings(), draft, V
+        self.register_buffer("blocked", draft.blocked_rows, persistent=False)  # rows never proposed, as in our engine
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         z = self.head(h)  # (B, L, N)
         if self.blocked is not None:
             z = z.index_fill(-1, self.blocked, -torch.inf)
-        if self.vocab_map is not None:
-            return z.new_full((*z.shape[:-1], self.V), -torch.inf).index_copy_(-1, self.vocab_map, z)
-        if z.shape[-1] >= self.V:
-            return z[..., : self.V]
-        return torch.nn.functional.pad(z, (0, self.V - z.shape[-1]), value=-torch.inf)
+        return self.draft.to_target_logits(z.reshape(-1, z.shape[-1]), self.V).view(*z.shape[:-1], self.V)
 
 
 def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.nn.Module:
@@ -171,7 +166,7 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
         if draft.input_map is not None:
             embed = _MapIds(embed, draft.input_map)
         view.set_input_embeddings(embed)
-        view.set_output_embeddings(_FullVocab(m.get_output_embeddings(), draft.vocab_map, V, draft.blocked_rows))
+        view.set_output_embeddings(_FullVocab(draft, V))
     except (AttributeError, TypeError, ValueError, RuntimeError) as e:
         raise SpecvizError(f"transformers' assisted generation cannot use this draft ({e}).") from None
     if any(t.is_meta for t in list(view.parameters()) + list(view.buffers())):

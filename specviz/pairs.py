@@ -17,7 +17,7 @@ import torch
 
 from .config import GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .models import CachedModel, LoadedModel, load_pair
-from .theory import alpha, expected_speedup, speedup_table  # noqa: F401  (expected_speedup: re-exported)
+from .theory import alpha, cost_ratio, expected_speedup, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS = (
     "Tell me about gravity.",
@@ -374,7 +374,7 @@ def check_pair(
     p_s, q_s = measure_step_times(p, q, ids[0])
     if drafter == "lookup":  # guesses copied from the text: no draft model call at all
         q_s = 0.0
-    c = q_s / p_s
+    c = cost_ratio(q_s, 1, p_s)
     acc = measure_acceptance(p, q, ids, cfg.max_new_tokens, deadline, drafter)
     speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
     best_gamma = max(range(len(speedups)), key=speedups.__getitem__) + 1

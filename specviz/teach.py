@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import SamplingConfig, SpecConfig, SpecvizError
+from .config import DEFAULT_GAMMA, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times  # noqa: F401  (the step-through's verify-cost chart imports it from here)
 from .engine import autoregressive_decode, eos_ids, run_over, speculative_decode
 from .events import Done, Round
 from .models import CachedModel, LoadedModel
 from .sampling import greedy, residual, to_probs, verify_sampled
+from .theory import cost_ratio
 
 # --- token text -------------------------------------------------------------------------------------
 
@@ -44,7 +45,7 @@ class StepSettings:
     """What a step-through run depends on; a change of any of these starts the run over."""
 
     prompt: str
-    gamma: int = 4
+    gamma: int = DEFAULT_GAMMA
     temperature: float = 0.0
     seed: int = 0
     max_new_tokens: int = 64
@@ -279,5 +280,6 @@ def timing_sentence(times: list[float], draft_time: float | None = None) -> str:
     else:
         tail = ", so this machine gains little from checking guesses together: the speedup here will be small or none."
     if draft_time is not None:
-        tail += f" A draft pass costs {draft_time * 1e3:.0f} ms (c = {draft_time / t1:.2f} of a target pass)."
+        c = cost_ratio(draft_time, 1, t1)
+        tail += f" A draft pass costs {draft_time * 1e3:.0f} ms (c = {c:.2f} of a target pass)."
     return head + tail

@@ -14,7 +14,7 @@ import threading
 import gradio as gr
 
 from ..api import encode_prompt
-from ..config import TEMPERATURE_MAX, SamplingConfig, SpecConfig, SpecvizError
+from ..config import DEFAULT_GAMMA, TEMPERATURE_MAX, SamplingConfig, SpecConfig, SpecvizError
 from ..render import Pieces
 from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
 from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
@@ -83,7 +83,9 @@ def build_step_tab(ctx: UIContext) -> None:
         with gr.Column(scale=3):
             with gr.Row():
                 prompt = gr.Textbox("Tell me about gravity.", label="Prompt", lines=1, scale=3)
-                gamma = gr.Slider(1, min(8, ctx.limits.max_gamma), value=4, step=1, label="gamma: guesses per round")
+                gamma = gr.Slider(
+                    1, min(8, ctx.limits.max_gamma), value=DEFAULT_GAMMA, step=1, label="gamma: guesses per round"
+                )
             with gr.Row():
                 temperature = gr.Slider(0, TEMPERATURE_MAX, value=0.0, step=0.1, label="temperature (0 = greedy)")
                 seed = gr.Number(0, label="seed", precision=0)

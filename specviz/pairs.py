@@ -16,16 +16,22 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .config import GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
+from .costs import forward_times
 from .models import CachedModel, LoadedModel, load_pair
-from .theory import alpha, cost_ratio, expected_speedup, speedup_table  # noqa: F401  (expected_speedup: re-exported)
+from .theory import alpha, cost_ratio, expected_speedup, expected_speedup_measured, speedup_table, wilson_interval  # noqa: F401  (expected_speedup: re-exported)
 
-SAMPLE_PROMPTS = (
-    "Tell me about gravity.",
-    "Write a short poem about the sea.",
-    "What is the capital of France, and why is it famous?",
-    "Explain how a bicycle works to a child.",
-    "def fibonacci(n):",
-)
+SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
+    "chat": ("Tell me about gravity.", "What is the capital of France, and why is it famous?"),
+    "story": ("Write a short story about a lighthouse keeper.", "Write a short poem about the sea."),
+    "code": ("def fibonacci(n):", "Write a Python function that checks whether a word is a palindrome."),
+    "summarise": (
+        "Summarise this text: The town library will open on Sundays from May. It will also lend board games, "
+        "and children under twelve can join a reading club that meets every Saturday morning.",
+        "Summarise this text in one sentence: Glaciers form where more snow falls in winter than melts in summer. "
+        "Over many years the snow is pressed into ice, which slowly flows downhill under its own weight.",
+    ),
+}
+MEASURED_GAMMAS = range(1, 9)  # the verify cost is measured for blocks of 2 .. 9 tokens
 MIN_SPEEDUP = 1.05  # below this a second model is not worth its memory and complexity
 MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
@@ -114,6 +120,16 @@ def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list
 
 
 @dataclass(frozen=True)
+class KindAcceptance:
+    kind: str  # chat, story, code, summarise, or "given" for the caller's own prompts
+    a: float
+    low: float  # 95% interval (Wilson) from the number of judged guesses
+    high: float
+    accepted: int
+    tested: int
+
+
+@dataclass(frozen=True)
 class Acceptance:
     a: float  # accepted / tested positions: the per-token chance under the i.i.d. model (its MLE)
     accepted: int
@@ -121,6 +137,9 @@ class Acceptance:
     drafted: int
     rounds: int
     new_tokens: int
+    low: float = 0.0  # 95% interval (Wilson) of a from the number of judged guesses
+    high: float = 1.0
+    by_kind: tuple[KindAcceptance, ...] = ()
 
 
 def measure_acceptance(
@@ -157,7 +176,31 @@ def measure_acceptance(
                 rounds += 1
             elif isinstance(ev, Done):
                 new += len(ev.token_ids)
-    return Acceptance(alpha(accepted, tested - accepted), accepted, tested, drafted, rounds, new)
+    low, high = wilson_interval(accepted, tested)
+    return Acceptance(alpha(accepted, tested - accepted), accepted, tested, drafted, rounds, new, low, high)
+
+
+def acceptance_by_kind(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: dict[str, list[list[int]]],
+    max_new_tokens: int,
+    deadline: float | None = None,
+    drafter: str = "model",
+) -> Acceptance:
+    """measure_acceptance per kind of prompt, and over all of them (the overall a weighs every judged guess)."""
+    parts = {
+        k: measure_acceptance(target, draft, ids, max_new_tokens, deadline, drafter) for k, ids in prompt_ids.items()
+    }
+    kinds = tuple(KindAcceptance(k, x.a, x.low, x.high, x.accepted, x.tested) for k, x in parts.items())
+    tot = {
+        f: sum(getattr(x, f) for x in parts.values()) for f in ("accepted", "tested", "drafted", "rounds", "new_tokens")
+    }
+    low, high = wilson_interval(tot["accepted"], tot["tested"])
+    a = alpha(tot["accepted"], tot["tested"] - tot["accepted"])
+    return Acceptance(
+        a, tot["accepted"], tot["tested"], tot["drafted"], tot["rounds"], tot["new_tokens"], low, high, kinds
+    )
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -189,8 +232,10 @@ class PairReport:
     acceptance: Acceptance | None = None
     prompts: int = 0
     max_new_tokens: int = 0
-    speedups: tuple[float, ...] = field(default=())  # expected speedup for gamma = 1, 2, ..., 16
-    best_gamma: int | None = None
+    speedups: tuple[float, ...] = field(default=())  # the textbook speedup (a verify costs one step), gamma 1..16
+    verify_costs: tuple[float, ...] = field(default=())  # one target call over k + 1 tokens, in single steps, k = 1..8
+    speedups_measured: tuple[float, ...] = field(default=())  # with those measured costs, gamma 1..8: the prediction
+    best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
 
     @property
@@ -207,6 +252,10 @@ class PairReport:
         d["tokenizer"]["mismatch_fraction"] = self.tokenizer.mismatch_fraction
         d["tokenizer"]["compatible"] = self.tokenizer.compatible
         d["speedups"] = [{"gamma": g, "speedup": s} for g, s in enumerate(self.speedups, start=1)]
+        d["speedups_measured"] = [
+            {"gamma": g, "speedup": s, "verify_cost": v}
+            for g, (s, v) in enumerate(zip(self.speedups_measured, self.verify_costs), start=1)
+        ]
         return d
 
     def report(self) -> str:
@@ -233,13 +282,18 @@ class PairReport:
                 f"acceptance  a = {acc.a:.3f} ({self.drafter} drafter, greedy, gamma {CHECK_GAMMA}, {self.prompts} prompts: "
                 f"{acc.accepted} of {acc.tested} judged proposals accepted, {acc.new_tokens} tokens "
                 f"in {acc.rounds} rounds)",
-                "expected speedup by gamma: (1 - a^(g+1)) / ((1 - a)(g c + 1))",
+                f"            95% interval {acc.low:.2f}-{acc.high:.2f}; by kind: "
+                + ", ".join(f"{k.kind} {k.a:.2f} ({k.low:.2f}-{k.high:.2f})" for k in acc.by_kind),
+                "expected speedup by gamma: tokens per round (1 - a^(g+1)) / (1 - a) over (g c + v_g), where v_g is",
+                "the measured cost of one target call over g + 1 tokens, in single steps (the textbook formula has v = 1)",
             ]
-            top = max(self.speedups)
-            for g, s in enumerate(self.speedups, start=1):
+            top = max(self.speedups_measured)
+            for g, (s, v) in enumerate(zip(self.speedups_measured, self.verify_costs), start=1):
                 bar = "█" * max(1, round(30 * s / top))
                 mark = "  <- best" if g == self.best_gamma else ""
-                lines.append(f"  gamma {g:2d}  {s:5.2f}x  {bar}{mark}")
+                lines.append(
+                    f"  gamma {g:2d}  {s:5.2f}x  (v = {v:.2f}, textbook {self.speedups[g - 1]:.2f}x)  {bar}{mark}"
+                )
         lines.append(f"verdict     {self.verdict.upper()}")
         lines += [f"  - {r}" for r in self.reasons]
         if self.warnings:
@@ -325,7 +379,7 @@ def check_pair(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     max_new_tokens: int = 32,
-    prompts: list[str] | tuple[str, ...] | None = None,
+    prompts: list[str] | tuple[str, ...] | dict[str, tuple[str, ...]] | None = None,
     timeout_s: float | None = None,
     drafter: str = "model",
 ) -> PairReport:
@@ -333,7 +387,8 @@ def check_pair(
 
     target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
     drafter: where the guesses come from (model, lookup, lookup+model); lookup alone costs no draft calls (c = 0).
-    prompts: texts for the acceptance run (default: SAMPLE_PROMPTS), formatted as `generate` would.
+    prompts: texts for the acceptance run, formatted as `generate` would: a list, or a dict kind -> texts
+    (default: SAMPLE_PROMPTS, two each of chat, story, code and summarise; a is also given per kind).
     timeout_s: a cap on the measuring, from the call on (loading included); past it, one SpecvizError.
     """
     from .api import encode_prompt
@@ -345,8 +400,9 @@ def check_pair(
         prompts = SAMPLE_PROMPTS
     if isinstance(prompts, str):
         prompts = (prompts,)
-    prompts = tuple(prompts)
-    if not prompts or not all(isinstance(x, str) and x.strip() for x in prompts):
+    kinds = {k: tuple(v) for k, v in prompts.items()} if isinstance(prompts, dict) else {"given": tuple(prompts)}
+    texts = [x for v in kinds.values() for x in v]
+    if not texts or not all(isinstance(x, str) and x.strip() for x in texts):
         raise SpecvizError("prompts must be a list of non-empty texts.")
     p, q = load_pair(target, draft, device=device, dtype=dtype)
 
@@ -370,15 +426,19 @@ def check_pair(
     if bad:  # nothing to measure: the target cannot read the draft's proposals
         return PairReport(verdict="incompatible", reasons=tuple(bad), **base)
 
-    ids = [encode_prompt(p, x) for x in prompts]
-    p_s, q_s = measure_step_times(p, q, ids[0])
+    ids = {k: [encode_prompt(p, x) for x in v] for k, v in kinds.items()}
+    first = next(iter(ids.values()))[0]
+    p_s, q_s = measure_step_times(p, q, first)
     if drafter == "lookup":  # guesses copied from the text: no draft model call at all
         q_s = 0.0
     c = cost_ratio(q_s, 1, p_s)
-    acc = measure_acceptance(p, q, ids, cfg.max_new_tokens, deadline, drafter)
+    times = forward_times(p, first, max(MEASURED_GAMMAS) + 1, reps=3)  # one call over 1 .. 9 tokens
+    verify = tuple(times[g] / times[0] for g in MEASURED_GAMMAS)  # (v_1 .. v_8): a call over g + 1 tokens, in steps
+    acc = acceptance_by_kind(p, q, ids, cfg.max_new_tokens, deadline, drafter)
     speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
-    best_gamma = max(range(len(speedups)), key=speedups.__getitem__) + 1
-    best = speedups[best_gamma - 1]
+    measured = tuple(expected_speedup_measured([acc.a] * g, c, v) for g, v in zip(MEASURED_GAMMAS, verify))
+    best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
+    best = measured[best_gamma - 1]
     verdict, reasons = _worth(acc.a, c, best_gamma, best)
     return PairReport(
         verdict=verdict,
@@ -388,9 +448,11 @@ def check_pair(
         draft_step_s=q_s,
         c=c,
         acceptance=acc,
-        prompts=len(prompts),
+        prompts=len(texts),
         max_new_tokens=cfg.max_new_tokens,
         speedups=speedups,
+        verify_costs=verify,
+        speedups_measured=measured,
         best_gamma=best_gamma,
         best_speedup=best,
         **base,

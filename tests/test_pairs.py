@@ -160,13 +160,18 @@ def test_identical_tokenizers_fast_draft_is_compatible_with_numbers(fast_pair):
     acc = rep.acceptance
     assert 0.5 < acc.a < 1 and acc.a == acc.accepted / acc.tested  # noisy head: mostly, not always, right
     assert acc.drafted >= acc.tested > acc.accepted > 0 and acc.new_tokens == rep.prompts * 16
-    assert rep.speedups == speedup_table(acc.a, rep.c)
-    assert rep.best_speedup == max(rep.speedups) == expected_speedup(acc.a, rep.best_gamma, rep.c) >= 1.05
+    assert acc.low < acc.a < acc.high and {k.kind for k in acc.by_kind} == {"chat", "story", "code", "summarise"}
+    assert sum(k.tested for k in acc.by_kind) == acc.tested
+    assert rep.speedups == speedup_table(acc.a, rep.c)  # the textbook table: a verify costs one step
+    assert len(rep.verify_costs) == len(rep.speedups_measured) == 8 and all(v > 0 for v in rep.verify_costs)
+    for g, (s, v) in enumerate(zip(rep.speedups_measured, rep.verify_costs), start=1):
+        assert s == pytest.approx(expected_speedup(acc.a, g, rep.c) * (g * rep.c + 1) / (g * rep.c + v))
+    assert rep.best_speedup == max(rep.speedups_measured) >= 1.05
     assert "compatible" in rep.reasons[0].lower() or "faster" in rep.reasons[0]
 
     d = json.loads(json.dumps(rep.to_dict()))
     assert d["verdict"] == "compatible" and d["c"] == rep.c and len(d["speedups"]) == 16
-    assert d["speedups"][rep.best_gamma - 1] == {"gamma": rep.best_gamma, "speedup": rep.best_speedup}
+    assert d["speedups_measured"][rep.best_gamma - 1]["speedup"] == rep.best_speedup
     text = rep.report()
     assert "COMPATIBLE" in text and f"c = {rep.c:.3f}" in text and f"a = {acc.a:.3f}" in text
     assert f"gamma {rep.best_gamma:2d}" in text and "<- best" in text
@@ -212,7 +217,7 @@ def test_slow_draft_with_low_acceptance_is_not_worth_it(tiny_pair, tmp_path):
     assert any("too slow" in r and f"{rep.c:.2f}" in r for r in rep.reasons)
     if rep.acceptance.a < 0.5:
         assert any("too rarely" in r for r in rep.reasons)
-    assert math.isclose(rep.best_speedup, max(rep.speedups))
+    assert math.isclose(rep.best_speedup, max(rep.speedups_measured))
 
 
 def test_bad_arguments_and_loading_errors_are_one_sentence(tiny_pair, tmp_path):
@@ -231,3 +236,20 @@ def test_a_check_past_its_time_limit_stops_with_a_sentence(fast_pair):
     with pytest.raises(SpecvizError, match="time limit"):
         check_pair(str(t), str(d), device="cpu", max_new_tokens=8, timeout_s=0)
     assert check_pair(str(t), str(d), device="cpu", max_new_tokens=8, timeout_s=600).verdict  # and the next works
+
+
+def test_the_interval_covers_the_alpha_the_benchmark_measures(fast_pair):
+    """The pair check's 95% interval for alpha, on its own prompts, holds the benchmark's alpha on the same prompts."""
+    from specviz import load_pair
+    from specviz.bench import run_bench
+
+    p, q = load_pair(*fast_pair, device="cpu")
+    prompts = [x for v in pairs.SAMPLE_PROMPTS.values() for x in v]
+    rep = check_pair(p, q, max_new_tokens=24)
+    table = run_bench(p, q, prompts, [pairs.CHECK_GAMMA], [0.0], max_new_tokens=24, hf=False)
+    assert rep.acceptance.low <= table["alpha"].iloc[0] <= rep.acceptance.high
+
+
+def test_the_lookup_drafter_costs_no_draft_calls(fast_pair):
+    rep = check_pair(*fast_pair, device="cpu", max_new_tokens=12, drafter="lookup")
+    assert rep.drafter == "lookup" and rep.c == 0 and "lookup drafter" in rep.report()

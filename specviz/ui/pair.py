@@ -70,7 +70,8 @@ def report_html(r: PairReport) -> str:
                     _num(
                         f"{acc.a:.2f}",
                         f"acceptance a: {acc.accepted} of {acc.tested} judged guesses kept "
-                        f"(greedy, gamma {CHECK_GAMMA}, {r.prompts} prompts)",
+                        f"(95% interval {acc.low:.2f}–{acc.high:.2f}; {r.drafter} drafter, greedy, gamma "
+                        f"{CHECK_GAMMA}, {r.prompts} prompts)",
                     ),
                     _num(
                         f"{r.c:.2f}",
@@ -83,10 +84,17 @@ def report_html(r: PairReport) -> str:
             )
             + "</div>"
         )
-    if r.speedups:
+    if r.acceptance is not None and r.acceptance.by_kind:
+        kinds = " · ".join(
+            f"{html.escape(k.kind)} <b>{k.a:.2f}</b> ({k.low:.2f}–{k.high:.2f})" for k in r.acceptance.by_kind
+        )
+        nums += f'<p class="sv-kinds">Acceptance by kind of prompt (95% intervals): {kinds}</p>'
+    if r.speedups_measured:
+        v = r.verify_costs[r.best_gamma - 1]
         nums += (
-            '<p class="sv-warn">The expected speedup assumes the target checks gamma + 1 tokens as fast as it '
-            "writes one, as on a GPU. On a CPU a long block can cost more: the Step through tab measures it here.</p>"
+            f'<p class="sv-warn">The prediction uses the verify cost measured here: one target call over '
+            f"{r.best_gamma + 1} tokens costs {v:.2f} single-token steps on this machine (the textbook formula "
+            f"assumes 1, which gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma).</p>"
         )
     warn = ""
     if r.warnings:
@@ -130,8 +138,8 @@ def build_pair_tab(ctx: UIContext) -> None:
         except Exception as err:
             return error_html(err), gr.Plot(visible=False), None
         fig = None
-        if r.speedups:
-            fig = speedup_figure(range(1, len(r.speedups) + 1), r.speedups, r.best_gamma)
+        if r.speedups_measured:
+            fig = speedup_figure(range(1, len(r.speedups_measured) + 1), r.speedups_measured, r.best_gamma)
         return report_html(r), gr.Plot(fig, visible=fig is not None), r.to_dict()
 
     preset.input(on_preset, preset, [target, draft], api_visibility="private", queue=False)

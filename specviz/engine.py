@@ -154,7 +154,7 @@ def make_run(
     verify_s, step_s, spent = [], 0.0, 0.0
     if cfg.gamma_policy == "auto":
         verify_s, spent = calibration(target, prompt_ids, cfg.gamma + 1)
-        if draft is not None and drafter.calls is not None and not isinstance(drafter, LookupDrafter):
+        if draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
             (step_s,), spent_q = calibration(draft, prompt_ids, 1, vocab_size=V)
             spent += spent_q
     return drafter, make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s, step_s), spent

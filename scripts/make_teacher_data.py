@@ -1,28 +1,39 @@
 """Generate teacher data for the built-in draft: the target's own replies to a broad set of instructions.
 
-Each output line is `{"prompt": str, "temperature": float, "ids": [int, ...]}`, where `ids` are the tokens the
-target generated after its chat template was applied to `[{"role": "user", "content": prompt}]` with
-add_generation_prompt=True (token 2, <|im_end|>, ends a reply and is kept; replies that hit --max-new-tokens
-stop there). temperature 0 is greedy; others are plain sampling (no top-k, no top-p).
+Each output line is `{"prompt": str, "temperature": float, "ids": [int, ...]}` (plus `"kind"` when the prompt
+file names one), where `ids` are the tokens the target generated after its chat template was applied to
+`[{"role": "user", "content": prompt}]` with add_generation_prompt=True (token 2, <|im_end|>, ends a reply and
+is kept; replies that hit --max-new-tokens stop there). temperature 0 is greedy; others are plain sampling
+(no top-k, no top-p).
 
-The prompts are built from templates (questions, explanations, how-tos, stories, poems, lists, code,
-comparisons, emails ...), shuffled with --seed; the held-out evaluation prompts (assets/prompts/heldout.txt)
-are never generated for. The run is resumable: it appends to --out (plain or .gz) and skips every
-(prompt, temperature) reply already there, so it can be stopped and started again at will, e.g.
+Prompts: --prompts FILE (the output of scripts/build_prompts.py, `{"prompt", "kind"}` JSON lines, or a .txt
+with one prompt a line), in the file's order; without it, the small built-in template set below, shuffled
+with --seed. Prompts in any file of assets/prompts/ (held-out and benchmark sets) are never generated for.
 
-    nohup nice -n 15 python scripts/make_teacher_data.py --out runs/teacher.jsonl.gz --n-prompts 600 \
-        --temperatures 0 0.7 1.0 > runs/teacher.log 2>&1 &
+Soft labels: with --topk K (16 by default, 0 for none) the target's K most likely tokens and their
+probabilities at every generated position go to a second file beside --out (teacher.jsonl.gz ->
+teacher.topk.jsonl.gz); scripts/teacher_io.py documents that format and reads it back.
 
-A temperature listed twice asks for two samples per prompt at it. Runs on CUDA when present, else CPU.
+The run is resumable: it appends one gzip member per batch to --out (plain or .gz), cuts off a member that
+an earlier kill left incomplete, and skips every (prompt, temperature) reply already there, so it can be
+stopped and started again at will. The top-k record of a batch is written before its replies, so every
+reply in --out has its top-k record (a kill between the two leaves a spare top-k record, which readers
+match by (prompt, temperature, ids) and otherwise ignore). Prompts are taken in windows of --window, every
+temperature within a window, so a run stopped early still covers every kind at every temperature, e.g.
+
+    nohup nice -n 19 python scripts/make_teacher_data.py --prompts data/prompts.jsonl.gz \
+        --out data/teacher.jsonl.gz --temperatures 0 0.8 > data/teacher.log 2>&1 &
+
+A temperature listed twice asks for two samples per prompt at it. Sampling draws from one torch.Generator
+seeded with --seed (a resumed run continues with a fresh one, so it is not bit-for-bit the uninterrupted run).
+Runs on CUDA when present, else CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import itertools
-import json
 import random
 import sys
 import time
@@ -32,7 +43,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
-from train_draft import HELDOUT, norm_prompt, prompt_ids, read_heldout, target_folder  # noqa: E402
+from build_prompts import HELDOUT_DIR, HeldOut, read_prompts  # noqa: E402
+from teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_path  # noqa: E402
+from train_draft import HELDOUT, prompt_ids, read_heldout, target_folder  # noqa: E402
 
 # --- the built-in prompts: templates x fillers --------------------------------------------------------
 
@@ -127,33 +140,86 @@ def builtin_prompts(seed: int = 0) -> list[str]:
 
 
 def existing_counts(path: Path) -> collections.Counter:
-    """How many replies per (prompt, temperature) the output file already holds."""
-    counts: collections.Counter = collections.Counter()
-    if path.is_file():
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by an interrupted run: redo it
-                    continue
-                counts[(row["prompt"], float(row["temperature"]))] += 1
-    return counts
+    """How many replies per (prompt, temperature) the output file already holds (a cut-off tail is skipped)."""
+    return collections.Counter((row["prompt"], float(row["temperature"])) for row in read_jsonl(path))
+
+
+def load_prompts(path: str) -> list[tuple[str, str]]:
+    """(prompt, kind) from a builder file (JSON lines) or a .txt file (one prompt a line, kind '')."""
+    if path.endswith(".txt"):
+        return [(p, "") for p in read_heldout(path)]
+    return [(r["prompt"], r.get("kind", "")) for r in read_prompts(path)]
 
 
 @torch.inference_mode()
-def generate_batch(model, batch: list[list[int]], temperature: float, max_new_tokens: int) -> list[list[int]]:
-    """Left-padded batched generation; each reply cut after its first <|im_end|> (id 2)."""
-    T = max(map(len, batch))
+def generate_batch(
+    model, batch: list[list[int]], temperature: float, max_new_tokens: int, k: int = 0, generator=None
+) -> tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor] | None]]:
+    """Left-padded batched decoding with a KV cache; each reply cut after its first <|im_end|> (id 2).
+
+    Returns the replies and, with k > 0, each reply's (top ids (T, k), their probabilities p (T, k)) under the
+    target at temperature 1. A row leaves the batch (and the cache) as soon as it has finished.
+    """
+    from transformers import DynamicCache
+
+    B, T = len(batch), max(map(len, batch))
     ids = torch.tensor([[2] * (T - len(x)) + x for x in batch], device=model.device)  # (B, T)
-    mask = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in batch], device=model.device)
-    sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature else {}
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=2,
-                         eos_token_id=2, **(sample or {"do_sample": False}))  # fmt: skip
-    replies = []
-    for row in out[:, T:].tolist():  # (B, <= max_new_tokens)
-        replies.append(row[: row.index(2) + 1] if 2 in row else row)
-    return replies
+    mask = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in batch], device=model.device)  # (B, T)
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, T) positions as if unpadded
+    cache = DynamicCache(config=model.config)
+    rows = torch.arange(B, device=model.device)  # batch rows still generating
+    steps = []  # per step: (rows, next token, top ids, top p), all on the CPU
+    for _ in range(max_new_tokens):
+        # 1. the target's next-token logits for the rows still generating
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                    logits_to_keep=1)  # fmt: skip
+        logits = out.logits[:, -1].float()  # (b, V)
+        # 2. the next token: greedy, or sampled at `temperature` from the one generator
+        if temperature:
+            nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=generator).squeeze(1)
+        else:
+            nxt = logits.argmax(-1)  # (b,)
+        # 3. p's top-k at temperature 1 (the soft labels)
+        top = logits.softmax(-1).topk(k, -1) if k else None
+        steps.append((rows.cpu(), nxt.cpu(), *((top.indices.cpu(), top.values.cpu()) if k else (None, None))))
+        # 4. drop finished rows from the batch and the cache; feed the rest their new token
+        alive = nxt != 2
+        if not alive.any():
+            break
+        if not alive.all():
+            keep = alive.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, nxt, mask, pos = rows[keep], nxt[keep], mask[keep], pos[keep]
+        ids = nxt[:, None]  # (b, 1)
+        mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+        pos = pos[:, -1:] + 1
+    replies: list[list[int]] = [[] for _ in batch]
+    tops: list[list] = [[] for _ in batch]
+    for r, x, ti, tp in steps:
+        for j, row in enumerate(r.tolist()):
+            replies[row].append(int(x[j]))
+            if k:
+                tops[row].append((ti[j], tp[j]))
+    topk = [(torch.stack([a for a, _ in t]), torch.stack([b for _, b in t])) if k else None for t in tops]
+    return replies, topk
+
+
+def plan(prompts: list[str], temperatures: list[float], have: collections.Counter, window: int) -> list[list]:
+    """Work units in order: per window of prompts, per temperature, the replies still missing there."""
+    want: collections.Counter = collections.Counter()
+    units = []
+    step = window or max(1, len(prompts))
+    for i in range(0, len(prompts), step):
+        for t in dict.fromkeys(temperatures):
+            todo = []
+            for p in prompts[i : i + step]:
+                for _ in range(temperatures.count(t)):
+                    want[(p, t)] += 1
+                    if want[(p, t)] > have[(p, t)]:
+                        todo.append(p)
+            if todo:
+                units.append([t, todo])
+    return units
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,58 +227,68 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSONL file to append to (.gz for gzip)")
-    ap.add_argument("--n-prompts", type=int, default=600, help="how many built-in prompts to use")
+    ap.add_argument("--prompts", default="", help="prompt file from scripts/build_prompts.py (or a .txt)")
+    ap.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts (default: 600 built-in, all of --prompts)")  # fmt: skip
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--window", type=int, default=0, help="prompts per window (every temperature per window); 0 = all")
+    ap.add_argument("--topk", type=int, default=16, help="target top-k per position to store beside --out; 0 = none")
     ap.add_argument("--seed", type=int, default=0, help="prompt order and sampling")
     ap.add_argument("--target", default="", help="target folder; default: the built-in target")
     ap.add_argument("--heldout", default=str(HELDOUT), help="prompts never generated for")
+    ap.add_argument("--heldout-dir", default=str(HELDOUT_DIR), help="every prompt file here is never generated for")
     ap.add_argument("--threads", type=int, default=2, help="torch threads on CPU")
     args = ap.parse_args(argv)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)  # once: generate() draws from the global generator
+    generator = torch.Generator(device).manual_seed(args.seed)  # once: every sampled token draws from it
     target_dir = target_folder(args.target)
 
     # 1. the prompts (held-out ones removed) and what is still to do, one (prompt, temperature) per reply
-    banned = {norm_prompt(p) for p in read_heldout(args.heldout)}
-    prompts = [p for p in builtin_prompts(args.seed) if norm_prompt(p) not in banned][: args.n_prompts]
+    held = HeldOut(read_heldout(args.heldout) + sorted(HeldOut.from_dir(args.heldout_dir).exact))
+    pairs = load_prompts(args.prompts) if args.prompts else [(p, "") for p in builtin_prompts(args.seed)]
+    pairs = [(p, kind) for p, kind in dict(pairs).items() if not held.blocks(p)]
+    n = args.n_prompts if args.n_prompts is not None else (len(pairs) if args.prompts else 600)
+    pairs = pairs[:n]
+    kinds = dict(pairs)
     out = Path(args.out)
+    top_out = topk_path(out) if args.topk else None
+    for f in (out, top_out):
+        if f is not None and (cut := repair_tail(f)):
+            print(f"cut {cut} bytes of an interrupted write off {f}")
     have = existing_counts(out)
-    want: collections.Counter = collections.Counter()
-    todo: list[tuple[float, str]] = []
-    for t in args.temperatures:  # greedy first when listed first: an interrupted run is still useful
-        for p in prompts:
-            want[(p, t)] += 1
-            if want[(p, t)] > have[(p, t)]:
-                todo.append((t, p))
-    print(f"{len(prompts)} prompts, {len(todo)} replies to generate ({sum(have.values())} already in {out})")
-    if not todo:
+    units = plan([p for p, _ in pairs], args.temperatures, have, args.window)
+    n_todo = sum(len(u[1]) for u in units)
+    print(f"{len(pairs)} prompts, {n_todo} replies to generate ({sum(have.values())} already in {out})", flush=True)
+    if not n_todo:
         return 0
 
     # 2. the target, then batches of one temperature, prompts of similar length together
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
-    encoded = {p: prompt_ids(tokenizer, p) for p in prompts}
     out.parent.mkdir(parents=True, exist_ok=True)
-    opener = gzip.open if out.suffix == ".gz" else open
     done, n_tokens, t0 = 0, 0, time.time()
-    for t, group in itertools.groupby(todo, key=lambda x: x[0]):
-        group = sorted((p for _, p in group), key=lambda p: len(encoded[p]))
-        for i in range(0, len(group), args.batch_size):
-            chunk = group[i : i + args.batch_size]
-            replies = generate_batch(model, [encoded[p] for p in chunk], t, args.max_new_tokens)
-            # 3. append the whole batch at once (a gzip member per batch), so a kill loses at most one batch
-            with opener(out, "at", encoding="utf-8") as f:
-                f.write("".join(json.dumps({"prompt": p, "temperature": t, "ids": r}) + "\n"
-                                for p, r in zip(chunk, replies)))  # fmt: skip
+    for t, todo in units:
+        encoded = {p: prompt_ids(tokenizer, p) for p in todo}
+        todo = sorted(todo, key=lambda p: len(encoded[p]))
+        for i in range(0, len(todo), args.batch_size):
+            chunk = todo[i : i + args.batch_size]
+            replies, tops = generate_batch(model, [encoded[p] for p in chunk], t, args.max_new_tokens, args.topk,
+                                           generator)  # fmt: skip
+            rows = [{"prompt": p, "temperature": t, "ids": r} | ({"kind": kinds[p]} if kinds[p] else {})
+                    for p, r in zip(chunk, replies)]  # fmt: skip
+            # 3. top-k first, then the replies, one gzip member each: a kill loses at most this batch
+            if top_out is not None:
+                append_jsonl(top_out, [{"prompt": r["prompt"], "temperature": t, "ids": r["ids"], **encode_topk(*tk)}
+                                       for r, tk in zip(rows, tops)])  # fmt: skip
+            append_jsonl(out, rows)
             done += len(chunk)
             n_tokens += sum(map(len, replies))
             rate = n_tokens / (time.time() - t0)
-            print(f"{done}/{len(todo)} replies, {n_tokens} tokens, {rate:.0f} tokens/s", flush=True)
+            print(f"{done}/{n_todo} replies, {n_tokens} tokens, {rate:.0f} tokens/s", flush=True)
     return 0
 
 

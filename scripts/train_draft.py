@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import math
 import random
@@ -94,12 +93,10 @@ def read_heldout(path: str | Path) -> list[str]:
 
 
 def read_teacher(paths: list[str]) -> list[dict]:
-    rows = []
-    for p in paths:
-        opener = gzip.open if str(p).endswith(".gz") else open
-        with opener(p, "rt", encoding="utf-8") as f:
-            rows.extend(json.loads(line) for line in f if line.strip())
-    return rows
+    """Every reply in the teacher files; a file still being written (a cut-off last gzip member) is fine."""
+    from teacher_io import read_jsonl
+
+    return [row for p in paths for row in read_jsonl(p)]
 
 
 def target_folder(target: str) -> Path:

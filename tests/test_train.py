@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_teacher_data  # noqa: E402
+import teacher_io  # noqa: E402
 import train_draft  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(40)] + ["hello", "world", "tell", "me", "about", "cats", "dogs", "write", "a", "poem"]
@@ -160,3 +161,67 @@ def test_builtin_prompts_are_many_distinct_and_exclude_the_heldout_set():
     heldout = {train_draft.norm_prompt(p) for p in train_draft.read_heldout(train_draft.HELDOUT)}
     assert len(heldout) >= 30
     assert not heldout & {train_draft.norm_prompt(p) for p in prompts}
+
+
+def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_path, target_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = ["hello world", "tell me about cats", "tell me about dogs", "write a poem", "w1 w2 w3", "w4 w5"]
+    pfile = tmp_path / "prompts.jsonl.gz"
+    with gzip.open(pfile, "wt") as f:
+        f.writelines(json.dumps({"prompt": p, "kind": "k" + str(i % 2)}) + "\n" for i, p in enumerate(prompts))
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "later.txt").write_text("TELL me about dogs\n")  # a held-out set: never generated for
+    out = tmp_path / "teacher.jsonl.gz"
+    args = ["--out", str(out), "--prompts", str(pfile), "--temperatures", "0", "1.0", "--max-new-tokens", "6",
+            "--batch-size", "2", "--window", "2", "--topk", "4", "--target", str(target_dir),
+            "--heldout-dir", str(held), "--threads", "1"]  # fmt: skip
+
+    # 1. a run killed in its third batch, after its top-k write: the files end with a half-written member
+    real, calls = make_teacher_data.generate_batch, []
+
+    def dies_in_third_batch(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            for f in (teacher_io.topk_path(out), out):
+                f.write_bytes(f.read_bytes() + gzip.compress(b'{"prompt": "hello world", "tempera')[:-6])
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(make_teacher_data, "generate_batch", dies_in_third_batch)
+    with pytest.raises(KeyboardInterrupt):
+        make_teacher_data.main(args)
+    assert len(list(teacher_io.read_jsonl(out))) == 4  # two whole batches survive, the cut tail is skipped
+    monkeypatch.setattr(make_teacher_data, "generate_batch", real)
+
+    # 2. the resumed run repairs the tails and adds exactly what is missing
+    make_teacher_data.main(args)
+    rows = list(teacher_io.read_jsonl(out))
+    with gzip.open(out, "rt") as f:  # still a valid gzip file
+        assert [json.loads(line) for line in f] == rows
+    keys = sorted((r["prompt"], r["temperature"]) for r in rows)
+    assert keys == sorted((p, t) for p in prompts if p != "tell me about dogs" for t in (0.0, 1.0))
+    assert {r["kind"] for r in rows} == {"k0", "k1"}
+    make_teacher_data.main(args)  # nothing left: no duplicates
+    assert len(list(teacher_io.read_jsonl(out))) == len(rows)
+
+    # 3. every reply has a top-k record equal to the target's own softmax, teacher-forced on prompt + reply
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    tops = {
+        (r["prompt"], r["temperature"], tuple(r["ids"])): r for r in teacher_io.read_jsonl(teacher_io.topk_path(out))
+    }
+    for r in rows:
+        ids, p = teacher_io.decode_topk(tops[(r["prompt"], r["temperature"], tuple(r["ids"]))])
+        prompt = train_draft.prompt_ids(tok, r["prompt"])
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + r["ids"]])).logits[0, len(prompt) - 1 : -1]  # (T, V)
+        ref = logits.softmax(-1).topk(4, -1)
+        assert ids.shape == (len(r["ids"]), 4)
+        assert torch.equal(ids, ref.indices)
+        assert torch.allclose(p, ref.values, rtol=teacher_io.p8_error() + 1e-6, atol=3e-6)
+        if r["temperature"] == 0.0:  # greedy: each reply token is the target's argmax, as in HF generate
+            assert r["ids"] == ids[:, 0].tolist()
+            hf = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=2)
+            assert r["ids"] == hf[0, len(prompt) :].tolist()[: len(r["ids"])]

@@ -1,0 +1,108 @@
+"""The teacher-data prompt builder (scripts/build_prompts.py) and the teacher file helpers (scripts/teacher_io.py).
+
+The generator itself (scripts/make_teacher_data.py: resuming, top-k) is tested in test_train.py, beside the
+tiny chat target it runs on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import build_prompts  # noqa: E402
+import teacher_io  # noqa: E402
+
+KINDS = {
+    "question", "howto", "advice", "creative", "list", "comparison", "reasoning", "code_write", "code_edit",
+    "summarise", "rewrite", "answer_from_text",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def built() -> list[dict]:
+    return build_prompts.build(seed=0)
+
+
+def test_builder_makes_over_5000_distinct_prompts_of_every_kind(built):
+    prompts = [r["prompt"] for r in built]
+    assert len(prompts) >= 5000
+    assert len({build_prompts.norm_prompt(p) for p in prompts}) == len(prompts)
+    kinds = {r["kind"] for r in built}
+    assert KINDS <= kinds
+    assert all(sum(r["kind"] == k for r in built) >= 300 for k in KINDS)
+    assert (
+        sum(len(r["prompt"]) > 300 for r in built if r["kind"] in {"summarise", "rewrite", "answer_from_text"}) > 1000
+    )
+    assert build_prompts.build(seed=0)[:50] == built[:50]  # seeded: the same set again
+    first_kinds = {r["kind"] for r in built[:300]}  # shuffled: an early stop still covers every kind
+    assert KINDS <= first_kinds
+
+
+def test_builder_excludes_every_prompt_of_the_held_out_sets(built):
+    held = build_prompts.HeldOut.from_dir(build_prompts.HELDOUT_DIR)
+    assert len(held.exact) >= 50
+    assert not any(held.blocks(r["prompt"]) for r in built)
+
+
+def test_a_set_added_later_is_excluded_by_prompt_and_by_pasted_text(tmp_path, built):
+    grounded = next(r["prompt"] for r in built if r["kind"] == "summarise")
+    pasted = grounded.split(":", 1)[1].strip()  # the real paragraph under the instruction
+    edit = next(r["prompt"] for r in built if r["kind"] == "code_edit")
+    code = edit.split(":", 1)[1].strip()
+    plain = next(r["prompt"] for r in built if r["kind"] == "howto")
+    for f in (ROOT / "assets" / "prompts").glob("*.txt"):
+        (tmp_path / f.name).write_text(f.read_text())
+    (tmp_path / "grounded.txt").write_text(
+        f"Answer from this text: {' '.join(pasted.split())}\n"  # the same text under another instruction
+        f"add type hints to this function: {' '.join(code.split())}\n"  # folded onto one line
+        f"  {plain.upper()}  \n"  # the same prompt, other case and spacing
+    )
+    again = build_prompts.build(seed=0, heldout_dir=tmp_path)
+    prompts = {r["prompt"] for r in again}
+    assert grounded not in prompts and edit not in prompts and plain not in prompts
+    assert not any(pasted in p or code in p for p in prompts)
+    assert len(again) >= 5000
+
+
+def test_main_writes_the_prompt_file(tmp_path, capsys):
+    out = tmp_path / "prompts.jsonl.gz"
+    build_prompts.main(["--out", str(out), "--target-cache", str(tmp_path / "none.jsonl.gz")])
+    rows = build_prompts.read_prompts(out)
+    assert len(rows) >= 5000 and set(rows[0]) == {"prompt", "kind"}
+    assert "answer_from_text" in capsys.readouterr().out
+
+
+def test_reader_tolerates_a_cut_gzip_tail_and_repair_lets_appends_continue(tmp_path):
+    path = tmp_path / "t.jsonl.gz"
+    teacher_io.append_jsonl(path, [{"a": 1}, {"a": 2}])
+    teacher_io.append_jsonl(path, [{"a": 3}])
+    whole = path.read_bytes()
+    cut = gzip.compress(b'{"a": 4}\n{"a": 5}\n')[:-9]  # a member cut short by a kill (its lines are whole)
+    path.write_bytes(whole + cut)
+    assert [r["a"] for r in teacher_io.read_jsonl(path)][:3] == [1, 2, 3]  # no error; what was decoded is kept
+    path.write_bytes(whole + cut[:15])  # cut inside the compressed data
+    assert [r["a"] for r in teacher_io.read_jsonl(path)] == [1, 2, 3]
+    assert teacher_io.repair_tail(path) > 0 and path.read_bytes() == whole
+    teacher_io.append_jsonl(path, [{"a": 6}])
+    assert [r["a"] for r in teacher_io.read_jsonl(path)] == [1, 2, 3, 6]
+    with gzip.open(path, "rt") as f:  # and any gzip reader still reads it
+        assert [json.loads(line)["a"] for line in f] == [1, 2, 3, 6]
+
+
+def test_topk_encoding_round_trips_within_the_quantisation_step():
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(7, 49152, generator=g).mul(4).softmax(-1)
+    top = p.topk(16, -1)
+    ids, q = teacher_io.decode_topk(teacher_io.encode_topk(top.indices, top.values))
+    assert torch.equal(ids, top.indices)
+    keep = top.values > 1e-5
+    assert torch.allclose(q[keep], top.values[keep], rtol=teacher_io.p8_error() + 1e-6, atol=0)
+    assert teacher_io.topk_path("data/teacher.jsonl.gz") == Path("data/teacher.topk.jsonl.gz")

@@ -182,10 +182,12 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         yield view.outputs(view.summary())
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
+    return view  # the finished view, for the downloads (ui/replay.py)
 
 
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
+    from .replay import download_buttons, downloads, race_recording, sweep_recording, with_result
     from .sweep import EMPTY_SWEEP, sweep_stream  # sweep.py uses this module's checks
 
     lim = ctx.limits
@@ -232,6 +234,7 @@ def build_race_tab(ctx: UIContext) -> None:
         with gr.Column():
             spec_pane = gr.HTML(view.pane("spec", "Press Run race."), elem_id="sv-spec", js_on_load=None)
             spec_stats = gr.HTML(elem_id="sv-spec-stats", js_on_load=None)
+    race_dl = download_buttons()  # a finished race as a JSON recording and a self-contained HTML page
     gr.Markdown(TIMING_NOTE, elem_classes=["sv-timing"])
     figs = view.figures()
     with gr.Row():
@@ -247,27 +250,43 @@ def build_race_tab(ctx: UIContext) -> None:
     )
     sweep_note = gr.HTML(js_on_load=None)
     sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
+    sweep_dl = download_buttons()
+    finished = gr.State(None)  # the last finished race's view or sweep's result, for the downloads
 
     @gpu
     def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed):
-        yield from race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+        yield from with_result(race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed))
 
     @gpu
     def on_sweep(prompt, temperature, top_k, top_p, max_new_tokens, seed):
-        yield from sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed)
+        yield from with_result(sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed))
 
     # concurrency_id "models": every handler that runs the models (all tabs) shares the one queue limit.
     # preprocess=False: the handlers get the raw values a client sent and check them all themselves,
     # so a bad value through the API (NaN, a string, out of range) gets one sentence in the page too
     outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share]
     inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed]
-    race_ev = run.click(on_race, inputs, outputs, api_name="race", preprocess=False, concurrency_id="models")
+    race_ev = run.click(
+        on_race, inputs, [*outputs, finished], api_name="race", preprocess=False, concurrency_id="models"
+    )
     sweep_ev = sweep.click(
         on_sweep,
         [prompt, *inputs[2:]],
-        [sweep_plot, sweep_note],
+        [sweep_plot, sweep_note, finished],
         api_name="sweep",
         preprocess=False,
         concurrency_id="models",
+    )
+    private = {"api_visibility": "private", "queue": False}
+    run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
+    sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
+    race_ev.then(
+        lambda view, *a: downloads(race_recording(ctx, view, *a), "race"), [finished, *inputs], list(race_dl), **private
+    )
+    sweep_ev.then(
+        lambda res, text: downloads(sweep_recording(ctx, res, text), "sweep"),
+        [finished, prompt],
+        list(sweep_dl),
+        **private,
     )
     stop.click(None, cancels=[race_ev, sweep_ev])

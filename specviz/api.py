@@ -49,11 +49,21 @@ def encode_prompt(lm: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
     return ids
 
 
-def _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0) -> SpecConfig:
+def _config(
+    gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0, relaxed_w=1.0, allow_lossy=False
+) -> SpecConfig:
     detail = _integer("detail", detail)
     if not 0 <= detail <= MAX_DETAIL:
         raise SpecvizError(f"detail must be a whole number from 0 (off) to {MAX_DETAIL}, not {detail}.")
-    return SpecConfig(gamma, max_new_tokens, seed, SamplingConfig(temperature, top_k, top_p), detail)
+    cfg = SpecConfig(
+        gamma, max_new_tokens, seed, SamplingConfig(temperature, top_k, top_p), detail, relaxed_w=relaxed_w
+    )
+    if cfg.relaxed_w < 1.0 and allow_lossy is not True:
+        raise SpecvizError(
+            "relaxed_w below 1 makes the output stop following the target (not exact); "
+            "pass allow_lossy=True to use it anyway."
+        )
+    return cfg
 
 
 def _prepare(
@@ -69,6 +79,8 @@ def _prepare(
     seed,
     raw,
     detail,
+    relaxed_w,
+    allow_lossy,
     device,
     dtype,
     quantize,
@@ -77,7 +89,7 @@ def _prepare(
     _check_text(prompt)
     if mode not in MODES:
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
-    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail)
+    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, relaxed_w, allow_lossy)
     if mode == "ar" and draft is None:  # plain decoding needs no draft: don't load one
         p, q = load_model(target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize), None
     else:
@@ -108,6 +120,7 @@ def generate(prompt: str, **options) -> Result:
     Options (all keyword): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
     built-in pair; mode "spec" or "ar"; gamma 1..16; temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
     max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
+    relaxed_w (below 1: verify against w·p + (1 − w)·q, NOT exact; refused unless allow_lossy=True);
     device, dtype, quantize ("4bit"/"8bit", CUDA only). Raises SpecvizError on anything a caller can fix.
     """
     p, events = _prepare(prompt, **_options(options, "generate"))
@@ -128,6 +141,8 @@ _DEFAULTS = dict(
     seed=0,
     raw=False,
     detail=0,
+    relaxed_w=1.0,
+    allow_lossy=False,
     device=None,
     dtype=None,
     quantize=None,

@@ -80,6 +80,7 @@ class SpecConfig:
     seed: int = 0
     sampling: SamplingConfig = SamplingConfig()
     detail: int = 0  # >0: each round also carries the top-`detail` candidates of p and q (step-through view)
+    relaxed_w: float = 1.0  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
 
     def __post_init__(self) -> None:
         g = _integer("gamma", self.gamma)
@@ -91,9 +92,13 @@ class SpecConfig:
             raise SpecvizError(f"max_new_tokens must be at least 1, not {n}.")
         if not 0 <= s < 2**63:
             raise SpecvizError(f"seed must be a whole number from 0 to 2**63 - 1, not {s}.")
+        w = _finite("relaxed_w", self.relaxed_w)
+        if not 0.0 <= w <= 1.0:
+            raise SpecvizError(f"relaxed_w must be between 0 and 1 (1 is exact verification), not {w:g}.")
         object.__setattr__(self, "gamma", g)
         object.__setattr__(self, "max_new_tokens", n)
         object.__setattr__(self, "seed", s)
+        object.__setattr__(self, "relaxed_w", w)
 
 
 # --- the built-in pair -------------------------------------------------------------------------

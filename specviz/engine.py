@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from .config import SpecConfig, SpecvizError
 from .events import Candidates, Done, Event, Round, Start, Step
 from .models import LoadedModel
-from .sampling import greedy, residual, sample, to_probs, verify_greedy, verify_sampled
+from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
 
 
 class _Clock:
@@ -237,7 +237,10 @@ def speculative_decode(
             v = verify_greedy(drafted_t, p_logits)
         else:
             q_probs = to_probs(torch.stack(q_logits), s)  # (gamma, V): exactly what the draft sampled from
-            v = verify_sampled(drafted_t, q_probs, to_probs(p_logits, s), gen)
+            p_probs = to_probs(p_logits, s)  # (gamma+1, V)
+            if cfg.relaxed_w < 1.0:  # the lossy teaching switch: guessed positions checked against w·p + (1-w)·q
+                p_probs[:gamma] = relaxed(p_probs[:gamma], q_probs, cfg.relaxed_w)
+            v = verify_sampled(drafted_t, q_probs, p_probs, gen)
         verify_s = clock.lap()
         x_ids = drafted_t.tolist()
         n, kind = v.n, "bonus" if v.n == gamma else "resampled"

@@ -539,7 +539,7 @@ def run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options) -> Reco
         raise SpecvizError("modes must be ('spec',), ('ar',) or ('ar', 'spec').")
     if "mode" in options:
         raise SpecvizError("Give the modes to record as modes=('ar', 'spec'), not mode.")
-    cfg = {k: options[k] for k in ("gamma", "max_new_tokens", "seed") if k in options}
+    cfg = {k: options[k] for k in ("gamma", "max_new_tokens", "seed", "relaxed_w") if k in options}
     sampling = {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
     cfg = SpecConfig(**cfg, sampling=SamplingConfig(**sampling))  # bad numbers fail here, before any loading
     load = {k: options.pop(k) for k in ("device", "dtype", "quantize") if k in options}

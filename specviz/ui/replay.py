@@ -97,6 +97,17 @@ def sweep_recording(ctx: UIContext, result: dict | None, prompt) -> record.Recor
     return record.make("sweep", settings, result["lanes"], p.tokenizer, record.environment(p, q), extra)
 
 
+def step_recording(ctx: UIContext, session) -> record.Recording | None:
+    """A finished step-through session (ui/step.py's Session) as a Recording, or None while it runs."""
+    st = getattr(session, "stepper", None)
+    if st is None or st.done is None:
+        return None
+    p, q = ctx.pair()
+    lanes = {"spec": [st.start, *st.rounds, st.done]}
+    settings = record.settings_of(st.settings.prompt, st.config)
+    return record.make("step", settings, lanes, session.pieces.tok, record.environment(p, q))
+
+
 # --- playing ---------------------------------------------------------------------------------------
 
 

@@ -124,6 +124,8 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
                 _tab("Step through", "step", "build_step_tab", ctx)
             with gr.Tab("Pair check"):
                 _tab("Pair check", "pair", "build_pair_tab", ctx)
+            with gr.Tab("Learn"):
+                _tab("Learn", "learn", "build_learn_tab", ctx)
             with gr.Tab("Replay"):
                 _tab("Replay", "replay", "build_replay_tab", ctx)
             with gr.Tab("About"):

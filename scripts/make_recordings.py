@@ -33,10 +33,11 @@ def step_session(prompt: str, gamma: int, temperature: float, seed: int, tokens:
 
 
 def sweep(prompt: str, tokens: int):
+    from specviz.limits import Limits
     from specviz.ui.common import UIContext
     from specviz.ui.sweep import sweep_stream
 
-    ctx = UIContext()
+    ctx = UIContext(limits=Limits(request_timeout_s=3600))  # a busy machine must not cut the sweep short
     gen = sweep_stream(ctx, prompt, 0.0, 0, 1.0, tokens, 0)
     while True:
         try:
@@ -46,7 +47,20 @@ def sweep(prompt: str, tokens: int):
             break
     from specviz.ui.replay import sweep_recording
 
+    if result is None:
+        raise SystemExit("The sweep failed; run it in the app to see why.")
     return sweep_recording(ctx, result, prompt)
+
+
+class _Lessons:
+    """The Learn tab's lessons run on the built-in pair, saved as assets/recordings/lessons.json."""
+
+    def save(self, path: Path) -> Path:
+        from specviz import lessons
+
+        p, q = load_pair()
+        lessons.save_recorded([lessons.run(ls, p, q) for ls in lessons.LESSONS], environment(p, q))
+        return lessons.LESSONS_FILE
 
 
 def main() -> None:
@@ -64,6 +78,7 @@ def main() -> None:
         ),
         f"step-ai-t1.0-{a.tag}": lambda: step_session("What is AI?", 4, 1.0, 0, 48),
         f"sweep-gravity-greedy-{a.tag}": lambda: sweep("Tell me about gravity.", 64),
+        "lessons": _Lessons,
     }
     only = {s for s in a.only.split(",") if s}
     for name, job in jobs.items():

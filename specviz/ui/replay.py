@@ -252,14 +252,21 @@ def build_replay_tab(ctx: UIContext) -> None:
     gr.Markdown(
         "Play back a recorded race, step-through session or gamma sweep, **with no model loaded**: at the speed it "
         "was recorded, faster, or one round at a time. Recordings come from the **⬇ Recording (JSON)** button under "
-        "a finished run, from `python -m specviz generate ... --record run.json`, or with specviz (below)."
+        "a finished run, from `python -m specviz generate ... --record run.json`, or from Python with "
+        "`specviz.record_run(...)`. **Make an HTML page** turns one into a file that opens offline in any browser."
     )
     shipped = list(record.shipped())
     with gr.Row(equal_height=True):
         choice = gr.Dropdown(
             shipped, value=shipped[0] if shipped else None, label="Recordings that come with specviz", scale=2
         )
-        upload = gr.File(label="…or open a recording file (.json)", file_types=[".json"], type="filepath", scale=2)
+        upload = gr.File(
+            label="…or open a recording file (.json)",
+            file_types=[".json"],
+            type="filepath",
+            scale=2,
+            elem_id="sv-replay-upload",
+        )
     with gr.Row(equal_height=True):
         speed = gr.Radio(list(SPEEDS), value="recorded speed", label="Speed", scale=2)
         play = gr.Button("Play ▶", variant="primary", elem_classes=["sv-key-run"], scale=1)

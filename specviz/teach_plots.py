@@ -156,7 +156,7 @@ def exactness_figure(sc: SampleCheck, name: Callable[[int], str], top: int = 12)
     fig.update_xaxes(title_text="probability / share of draws")
     title = "The output follows the target p, not the draft q"
     if sc.relaxed_w < 1:
-        title = f"Relaxed verification (not exact), w = {sc.relaxed_w:.2f}: the output drifts from p toward q"
+        title = f"Relaxed, not exact (w = {sc.relaxed_w:.2f}): the output drifts toward q"
     _layout(fig, 200 + 38 * len(ids), title)
     fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom", x=0), margin=dict(b=120))
     return fig

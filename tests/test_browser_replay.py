@@ -114,6 +114,8 @@ def test_tokens_are_named_with_their_state_for_screen_readers(raced):
 
 def _tab(page, name: str) -> None:
     """Open a tab; on a narrow screen gradio moves the last tabs into its "More tabs" menu."""
+    page.get_by_role("tab").first.wait_for(timeout=TIMEOUT_MS)
+    page.wait_for_timeout(200)  # gradio measures the tab bar once it is drawn
     tab = page.get_by_role("tab", name=name, exact=True)
     if tab.count() and tab.is_visible():
         tab.click()

@@ -191,10 +191,12 @@ def sample_html(sc: SampleCheck) -> str:
     tv_pq = 0.5 * float((sc.p - sc.q).abs().sum())
     like_p = sc.tv_p <= 1.5 * sc.tv_noise + 0.01  # as close to p as perfect samples of p would be
     if sc.relaxed_w < 1:
-        drift = "drifted from" if not like_p else "is too close to tell apart from"
+        drift = (
+            "✗ <b>The output drifted from" if not like_p else "⚠ <b>With these draws the output is hard to tell from"
+        )
         verdict = (
             f'<span class="sv-lossy">Relaxed verification (not exact), w = {sc.relaxed_w:.2f}</span> '
-            f"✗ <b>The output {drift} the target p.</b> A guess is kept {sc.acceptance:.0%} of the time here "
+            f"{drift} the target p.</b> A guess is kept {sc.acceptance:.0%} of the time here "
             f"(exact verification: {sc.exact_acceptance:.0%}): that is the speed it buys, and the price is the "
             "distance to p below."
         )

@@ -7,6 +7,7 @@ clocks), faster, all at once, or one round per click. A file a visitor uploads i
 
 from __future__ import annotations
 
+import html
 import tempfile
 import time
 import uuid
@@ -16,7 +17,7 @@ import gradio as gr
 
 from .. import export, record
 from ..config import SpecvizError
-from .common import UIContext, error_html, message
+from .common import UIContext, error_html, gpu, message
 
 SPEEDS = {"recorded speed": 1.0, "4× faster": 4.0, "all at once": 0.0}
 FRAME_S = 0.1  # at most ~10 page updates a second while playing
@@ -106,6 +107,29 @@ def step_recording(ctx: UIContext, session) -> record.Recording | None:
     lanes = {"spec": [st.start, *st.rounds, st.done]}
     settings = record.settings_of(st.settings.prompt, st.config)
     return record.make("step", settings, lanes, session.pieces.tok, record.environment(p, q))
+
+
+def record_race(ctx: UIContext, prompt, gamma=3, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=64, seed=0) -> str:
+    """Run a race to the end and return its recording as JSON text (the /record_race endpoint)."""
+    from .race import race_stream
+
+    stream = race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+    while True:
+        try:
+            last = next(stream)
+        except StopIteration as stop:
+            view = stop.value
+            break
+    rec = race_recording(ctx, view, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+    if rec is None:  # the page's last message says why, in one sentence
+        raise gr.Error(_text_of(last[5]) or "The race did not finish.")
+    return rec.dumps()
+
+
+def _text_of(fragment: str) -> str:
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment or "")).strip()
 
 
 # --- playing ---------------------------------------------------------------------------------------
@@ -293,5 +317,20 @@ def build_replay_tab(ctx: UIContext) -> None:
     nxt.click(on_next, [player, choice, upload], outs, api_visibility="private", concurrency_limit=8)
     stop.click(None, cancels=[play_ev])
     export_btn.click(on_export, [choice, upload], [html_dl, note], api_name="replay_html", concurrency_limit=2)
+
+    @gpu
+    def api_record_race(
+        prompt: str,
+        gamma: int = 3,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 64,
+        seed: int = 0,
+    ) -> str:
+        """Race plain against speculative decoding on the server's pair; returns the JSON recording as text."""
+        return record_race(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+
+    gr.api(api_record_race, api_name="record_race", concurrency_id="models")
     for ev in opened:  # a new recording: the old page is gone
         ev.then(lambda: gr.DownloadButton(visible=False), None, [html_dl], api_visibility="private")

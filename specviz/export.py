@@ -160,8 +160,19 @@ def banner_html(rec: Recording, replay: bool = True) -> str:
     return (
         f'<div class="sv-replay-banner" role="note"><b>{what}</b>, no model is running: '
         f"{html.escape(KIND_TITLES.get(rec.kind, rec.kind))}, recorded on {html.escape(rec.recorded_on)}{device}"
-        f" on {html.escape(str(e.get('recorded_at', 'an unknown date')))}.{models} Times are those measured there.</div>"
+        f" on {html.escape(str(e.get('recorded_at', 'an unknown date')))}.{models} Times are those measured there"
+        f"{_load(e)}.</div>"
     )
+
+
+def _load(env: dict) -> str:
+    """A note on how busy the machine was, when it was recorded (a shared machine runs slower)."""
+    try:
+        load, cores = float(env["load_avg_1min"]), int(env["cpu_count"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    busy = " (busy: other work shared it, so times are slower than its best)" if load > 0.75 * cores else ""
+    return f", with a load average of {load:.1f} on {cores} cores{html.escape(busy)}"
 
 
 def settings_html(rec: Recording) -> str:

@@ -422,7 +422,8 @@ def environment(target=None, draft=None) -> dict:
     from .bench import machine_info
 
     info = machine_info()
-    env = {k: info.get(k) for k in ("cpu", "cpu_count", "gpu", "torch", "transformers", "python", "platform")}
+    keys = ("cpu", "cpu_count", "gpu", "load_avg_1min", "torch", "transformers", "python", "platform")
+    env = {k: info.get(k) for k in keys}  # the load: a shared machine's times are slower than its best
     if target is not None:
         env |= {"target": target.name, "target_params": target.n_params, "device": target.device.type}
     if draft is not None:

@@ -251,7 +251,7 @@ def build_race_tab(ctx: UIContext) -> None:
     sweep_note = gr.HTML(js_on_load=None)
     sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
     sweep_dl = download_buttons()
-    finished = gr.State(None)  # the last finished race's view or sweep's result, for the downloads
+    race_done, sweep_done = gr.State(None), gr.State(None)  # the last finished race's view / sweep's result
 
     @gpu
     def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed):
@@ -267,12 +267,12 @@ def build_race_tab(ctx: UIContext) -> None:
     outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share]
     inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed]
     race_ev = run.click(
-        on_race, inputs, [*outputs, finished], api_name="race", preprocess=False, concurrency_id="models"
+        on_race, inputs, [*outputs, race_done], api_name="race", preprocess=False, concurrency_id="models"
     )
     sweep_ev = sweep.click(
         on_sweep,
         [prompt, *inputs[2:]],
-        [sweep_plot, sweep_note, finished],
+        [sweep_plot, sweep_note, sweep_done],
         api_name="sweep",
         preprocess=False,
         concurrency_id="models",
@@ -281,11 +281,14 @@ def build_race_tab(ctx: UIContext) -> None:
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
     race_ev.then(
-        lambda view, *a: downloads(race_recording(ctx, view, *a), "race"), [finished, *inputs], list(race_dl), **private
+        lambda view, *a: downloads(race_recording(ctx, view, *a), "race"),
+        [race_done, *inputs],
+        list(race_dl),
+        **private,
     )
     sweep_ev.then(
         lambda res, text: downloads(sweep_recording(ctx, res, text), "sweep"),
-        [finished, prompt],
+        [sweep_done, prompt],
         list(sweep_dl),
         **private,
     )

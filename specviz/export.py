@@ -57,6 +57,7 @@ class LaneView:
     done: Done | None = None
     mode: str = "spec"
     greedy: bool = True
+    relaxed_w: float = 1.0  # <1: this run's verification was relaxed (not exact); its numbers say so
 
     def add(self, ev: Event) -> None:
         self.events.append(ev)
@@ -102,6 +103,8 @@ class LaneView:
             (f"{accepted / drafted:.0%}" if drafted else "—", "guesses accepted"),
             (f"{n / len(rounds):.2f}" if rounds else "—", "tokens per target call"),
         ]
+        if self.relaxed_w < 1 and not self.greedy:  # a lossy run's numbers never appear without the label
+            items.append(("not exact", f"relaxed verification, w = {self.relaxed_w:.2f}"))
         if plain is not None:
             n_ar, rate_ar = plain.rate()
             items.append((f"{rate / rate_ar:.2f}×" if n_ar and n and rate_ar else "—", "speedup (tokens/s vs plain)"))
@@ -111,7 +114,9 @@ class LaneView:
 def lane_views(rec: Recording) -> dict[str, LaneView]:
     """An empty view per lane, sharing one token table."""
     pieces = render.Pieces(RecordedTokenizer(rec))
-    return {name: LaneView(name, pieces) for name in rec.lanes}
+    w = rec.settings.get("relaxed_w", 1.0)
+    w = float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else 1.0
+    return {name: LaneView(name, pieces, relaxed_w=w) for name in rec.lanes}
 
 
 def plain_lane(views: dict[str, LaneView]) -> LaneView | None:

@@ -152,3 +152,36 @@ def test_sampling_settings_are_recorded(tiny_pair):
     rec = record_run("hi", ("ar",), target=tiny_pair[0], draft=tiny_pair[1], device="cpu", max_new_tokens=4)
     assert rec.settings | {"prompt": "hi"} == rec.settings and rec.settings["max_new_tokens"] == 4
     assert SamplingConfig().temperature == rec.settings["temperature"]
+
+
+def test_a_step_session_and_a_sweep_are_recorded_and_export(tiny_pair):
+    from specviz.limits import Limits
+    from specviz.render import Pieces
+    from specviz.teach import Stepper, StepSettings
+    from specviz.ui.common import UIContext
+    from specviz.ui.replay import step_recording, sweep_recording
+    from specviz.ui.step import Session
+    from specviz.ui.sweep import sweep_stream
+
+    ctx = UIContext(limits=Limits(max_new_tokens=16, max_sweep=3), device="cpu")
+    ctx.default_target, ctx.default_draft = tiny_pair
+    p, q = ctx.pair()
+    st = Stepper(p, q, p.tokenizer("the cat")["input_ids"], StepSettings("the cat", 3, 1.0, 2, 12, relaxed_w=0.5))
+    session = Session(st, Pieces(p.tokenizer))
+    assert step_recording(ctx, session) is None  # not finished yet
+    while st.advance() is not None:
+        pass
+    rec = loads(step_recording(ctx, session).dumps())
+    assert rec.kind == "step" and rec.settings["relaxed_w"] == 0.5 and rec.lanes["spec"][1].candidates
+    assert "Relaxed verification (not exact)" in html_page(rec)  # a lossy run is labelled wherever it is shown
+    gen = sweep_stream(ctx, "the cat", 0.0, 0, 1.0, 12, 0)
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            result = stop.value
+            break
+    rec = loads(sweep_recording(ctx, result, "the cat").dumps())
+    assert list(rec.lanes) == ["ar", "gamma = 1", "gamma = 2", "gamma = 3"] and len(rec.extra["sweep"]) == 3
+    page = html_page(rec)
+    assert page.count('class="plotly-graph-div"') == 1 and page.count('<div class="sv-pane sv-pane-spec"') == 3

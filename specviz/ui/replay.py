@@ -232,10 +232,11 @@ def on_play(pl: Player | None, speed, choice=None, upload=None):
         wall0, last_html, last_plots = time.monotonic(), 0.0, 0.0
         while not pl.finished and pl.run == run:
             t_event = pl.steps[pl.pos][-1][0]
-            if factor > 0:  # wait until this round's recorded moment, scaled
-                delay = (t_event - t0) / factor - (time.monotonic() - wall0)
-                if delay > 0:
-                    time.sleep(min(delay, 5.0))
+            deadline = wall0 + (t_event - t0) / factor if factor > 0 else 0.0  # this round's recorded moment
+            while (left := deadline - time.monotonic()) > 0 and pl.run == run:
+                time.sleep(min(left, 0.25))  # short naps: Stop or another click ends the wait at once
+            if pl.run != run:
+                break
             pl.advance()
             now = time.monotonic()
             if factor > 0 and now - last_html >= FRAME_S:
@@ -246,6 +247,11 @@ def on_play(pl: Player | None, speed, choice=None, upload=None):
         yield _page(pl)
     except Exception as err:
         yield (pl, gr.skip(), gr.skip(), gr.skip(), error_html(message(err)), *[gr.skip()] * MAX_FIGS)
+
+
+def _stop(pl: Player | None) -> None:
+    if pl is not None:
+        pl.run += 1  # the playing loop sees it and ends
 
 
 def on_next(pl: Player | None, choice=None, upload=None):
@@ -315,7 +321,7 @@ def build_replay_tab(ctx: UIContext) -> None:
     ]
     play_ev = play.click(on_play, [player, speed, choice, upload], outs, api_visibility="private", concurrency_limit=8)
     nxt.click(on_next, [player, choice, upload], outs, api_visibility="private", concurrency_limit=8)
-    stop.click(None, cancels=[play_ev])
+    stop.click(_stop, [player], None, cancels=[play_ev], api_visibility="private", queue=False)
     export_btn.click(on_export, [choice, upload], [html_dl, note], api_name="replay_html", concurrency_limit=2)
 
     @gpu

@@ -32,6 +32,7 @@ SETTING_NAMES = (
     ("seed", "seed"),
     ("relaxed_w", "relaxed verification w (1 = exact)"),
 )
+UNREMARKABLE = {("relaxed_w", 1.0), ("detail", 0), ("raw", False)}  # defaults not worth a row
 KIND_TITLES = {
     "race": "Race: plain against speculative decoding",
     "step": "Step-through session",
@@ -176,12 +177,12 @@ def _load(env: dict) -> str:
         load, cores = float(env["load_avg_1min"]), int(env["cpu_count"])
     except (KeyError, TypeError, ValueError):
         return ""
-    busy = " (busy: other work shared it, so times are slower than its best)" if load > 0.75 * cores else ""
+    busy = " (busy: other work shared it, so times are slower than its best)" if load > cores else ""
     return f", with a load average of {load:.1f} on {cores} cores{html.escape(busy)}"
 
 
 def settings_html(rec: Recording) -> str:
-    s = rec.settings
+    s = {k: v for k, v in rec.settings.items() if (k, v) not in UNREMARKABLE}
     rows = [(label, s[key]) for key, label in SETTING_NAMES if key in s and s[key] is not None]
     rows += [(k, v) for k, v in s.items() if k not in dict(SETTING_NAMES)]
     cells = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)

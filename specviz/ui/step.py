@@ -153,7 +153,7 @@ def build_step_tab(ctx: UIContext) -> None:
                 note = f"{note} {lossy_note}".strip()
             say = say_html(s.stepper, s.pieces, rd, note)
             text_now = text_html(s.pieces, s.stepper.rounds, greedy)
-            return s, say, text_now, draws_html(rd, s.name, greedy), gr.Plot(fig, visible=True)
+            return s, say, text_now, draws_html(rd, s.name, greedy, settings.relaxed_w), gr.Plot(fig, visible=True)
         except Exception as err:
             return s, _fail(err), gr.skip(), gr.skip(), gr.skip()
 

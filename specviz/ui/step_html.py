@@ -89,14 +89,15 @@ def text_html(pieces: Pieces, rounds: list[Round], greedy: bool) -> str:
     return f'<div class="sv-step-text"><span class="sv-old">{old}</span>{now}</div>{LEGEND}'
 
 
-def draws_html(rd: Round, name, greedy: bool) -> str:
+def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0) -> str:
     """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token."""
     g, n = len(rd.drafted), rd.n
     if greedy:
         head = "<th>#</th><th>draft's guess</th><th>target's top choice</th><th>result</th>"
     else:
+        against = "p(x) target" if relaxed_w >= 1 else f"{relaxed_w:.2f}·p + {1 - relaxed_w:.2f}·q (not exact)"
         head = (
-            "<th>#</th><th>draft's guess x</th><th>q(x) draft</th><th>p(x) target</th>"
+            f"<th>#</th><th>draft's guess x</th><th>q(x) draft</th><th>{against}</th>"
             "<th>keep if r &lt; min(1, p/q)</th><th>result</th>"
         )
     rows = []

@@ -227,6 +227,7 @@ def on_play(pl: Player | None, speed, choice=None, upload=None):
     try:
         if pl.finished:
             pl.restart()
+        yield _page(pl)  # the banner and settings first (a recording opened by this click has none shown yet)
         factor = SPEEDS.get(speed, 1.0)
         t0 = pl.steps[pl.pos][0][0] if pl.pos < len(pl.steps) else 0.0
         wall0, last_html, last_plots = time.monotonic(), 0.0, 0.0
@@ -319,7 +320,14 @@ def build_replay_tab(ctx: UIContext) -> None:
         choice.change(on_open, [choice, upload], outs, api_name="replay_open", concurrency_limit=4),
         upload.change(on_open, [choice, upload], outs, api_visibility="private", concurrency_limit=4),
     ]
-    play_ev = play.click(on_play, [player, speed, choice, upload], outs, api_visibility="private", concurrency_limit=8)
+    play_ev = play.click(
+        on_play,
+        [player, speed, choice, upload],
+        outs,
+        api_visibility="private",
+        concurrency_limit=8,
+        show_progress="hidden",  # the note says how far it got
+    )
     nxt.click(on_next, [player, choice, upload], outs, api_visibility="private", concurrency_limit=8)
     stop.click(_stop, [player], None, cancels=[play_ev], api_visibility="private", queue=False)
     export_btn.click(on_export, [choice, upload], [html_dl, note], api_name="replay_html", concurrency_limit=2)

@@ -27,10 +27,13 @@ __all__ = [
     "autoregressive_decode",
     "check_pair",
     "encode_prompt",
+    "export_html",
     "generate",
     "load_model",
     "load_pair",
+    "load_recording",
     "race",
+    "record_run",
     "speculative_decode",
     "stream",
 ]
@@ -41,3 +44,24 @@ def check_pair(*args, **kwargs):
     from .pairs import check_pair as _check
 
     return _check(*args, **kwargs)
+
+
+def record_run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options):
+    """Run and record: see specviz.record.run (a Recording: .save(path), .dumps(); export with export_html)."""
+    from .record import run
+
+    return run(prompt, modes, **options)
+
+
+def load_recording(path):
+    """A recording file, validated (see specviz.record.load)."""
+    from .record import load
+
+    return load(path)
+
+
+def export_html(recording, path) -> None:
+    """Write a recording as one self-contained HTML page that opens offline (see specviz.export)."""
+    from .export import write_html
+
+    write_html(recording, path)

@@ -55,6 +55,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--mode", choices=["spec", "ar"], default="spec")
     g.add_argument("--compare", action="store_true", help="run plain and speculative decoding and print the speedup")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--record", metavar="RUN.json", help="also save the run (every event, timed) as a recording")
     _sampling_args(g)
     _model_args(g)
 
@@ -62,6 +63,11 @@ def parser() -> argparse.ArgumentParser:
     _model_args(c)
     c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
     c.add_argument("--drafter", choices=DRAFTERS, default="model", help="where guesses come from")
+
+    r = sub.add_parser("replay", help="read a recording (no model needed): summarise it, export it as HTML")
+    r.add_argument("recording", help="a JSON recording (from --record or the app's download button)")
+    r.add_argument("--html", metavar="RUN.html", help="write a self-contained HTML page that opens offline")
+    r.add_argument("--json", action="store_true", help="print one JSON object for machines")
 
     b = sub.add_parser("bench", help="measure speedup against plain decoding and transformers' assisted generation")
     _model_args(b)
@@ -105,8 +111,15 @@ def _generate(a) -> dict:
         dtype=a.dtype,
         quantize=a.quantize,
     )
+    recorded = {}
+    if a.record:  # one recorded run (both modes raced for --compare), read back below instead of generating
+        from .record import run
+
+        rec = run(a.prompt, ("ar", "spec") if a.compare else (a.mode,), **kw)
+        rec.save(a.record)
+        recorded = {m: rec.result(m) for m in rec.lanes}
     if not a.compare:
-        r = generate(a.prompt, mode=a.mode, **kw)
+        r = recorded.get(a.mode) or generate(a.prompt, mode=a.mode, **kw)
         if not a.json:
             print(r.text)
             s = r.stats
@@ -115,8 +128,8 @@ def _generate(a) -> dict:
                 line += f", acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_target_call']:.2f} tokens/call"
             print(line + "]", file=sys.stderr)
         return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats}
-    ar = generate(a.prompt, mode="ar", **kw)
-    sp = generate(a.prompt, mode="spec", **kw)
+    ar = recorded.get("ar") or generate(a.prompt, mode="ar", **kw)
+    sp = recorded.get("spec") or generate(a.prompt, mode="spec", **kw)
     speedup = ar.stats["wall_s"] / sp.stats["wall_s"] if sp.stats["wall_s"] else 0.0
     if not a.json:
         print("── plain decoding ──\n" + ar.text)
@@ -130,6 +143,33 @@ def _generate(a) -> dict:
         "ar": {"text": ar.text, "stats": ar.stats},
         "spec": {"text": sp.text, "stats": sp.stats},
         "speedup": speedup,
+    }
+
+
+def _replay(a) -> dict:
+    from .export import write_html
+    from .record import load
+
+    rec = load(a.recording)
+    if a.html:
+        write_html(rec, a.html)
+    lanes = {name: rec.result(name) for name in rec.lanes}
+    if not a.json:
+        print(f"A {rec.kind} recorded on {rec.recorded_on} on {rec.env.get('recorded_at', 'an unknown date')}.")
+        for name, r in lanes.items():
+            s = r.stats
+            print(f"── {name} ──\n{r.text}")
+            print(
+                f"[{s.get('new_tokens')} tokens, {s.get('tokens_per_s', 0):.1f} tok/s, {s.get('target_calls')} target calls]"
+            )
+        if a.html:
+            print(f"wrote {a.html}", file=sys.stderr)
+    return {
+        "kind": rec.kind,
+        "env": rec.env,
+        "settings": rec.settings,
+        "lanes": {name: {"text": r.text, "stats": r.stats} for name, r in lanes.items()},
+        "html": a.html,
     }
 
 
@@ -153,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if a.command == "generate":
             out = _generate(a)
+        elif a.command == "replay":
+            out = _replay(a)
         elif a.command == "check":
             from .pairs import check_pair
 

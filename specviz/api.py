@@ -48,10 +48,18 @@ def encode_prompt(lm: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
     return ids
 
 
-def _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0, **drafting) -> SpecConfig:
+def _config(
+    gamma, temperature, top_k, top_p, max_new_tokens, seed, detail=0, relaxed_w=1.0, allow_lossy=False, **drafting
+) -> SpecConfig:
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    return SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling, detail=detail,
-                      **drafting)  # fmt: skip
+    cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling, detail=detail,
+                     relaxed_w=relaxed_w, **drafting)  # fmt: skip
+    if cfg.relaxed_w < 1.0 and allow_lossy is not True:
+        raise SpecvizError(
+            "relaxed_w below 1 makes the output stop following the target (not exact); "
+            "pass allow_lossy=True to use it anyway."
+        )
+    return cfg
 
 
 def _prepare(
@@ -67,6 +75,8 @@ def _prepare(
     seed,
     raw,
     detail,
+    relaxed_w,
+    allow_lossy,
     device,
     dtype,
     quantize,
@@ -76,7 +86,7 @@ def _prepare(
     _check_text(prompt)
     if mode not in MODES:
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
-    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, **drafting)
+    cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, relaxed_w, allow_lossy, **drafting)
     if (mode == "ar" or cfg.drafter == "lookup") and draft is None:  # no draft model needed: don't load one
         p, q = load_model(target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize), None
     else:
@@ -110,6 +120,7 @@ def generate(prompt: str, **options) -> Result:
     start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,
     max_matching_ngram_size (lookup); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
     max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
+    relaxed_w (below 1: verify against w·p + (1 − w)·q, NOT exact; refused unless allow_lossy=True);
     device, dtype, quantize ("4bit"/"8bit", CUDA only). Raises SpecvizError on anything a caller can fix.
     """
     p, events = _prepare(prompt, **_options(options, "generate"))
@@ -136,6 +147,8 @@ _DEFAULTS = dict(
     seed=0,
     raw=False,
     detail=0,
+    relaxed_w=1.0,
+    allow_lossy=False,
     device=None,
     dtype=None,
     quantize=None,

@@ -97,6 +97,7 @@ class SpecConfig:
     confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability
     prompt_lookup_num_tokens: int = 10  # lookup: the most tokens one match proposes (transformers' name)
     max_matching_ngram_size: int = 3  # lookup: the longest suffix looked up first (transformers' name)
+    relaxed_w: float = 1.0  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
 
     def __post_init__(self) -> None:
         gamma, policy = self.gamma, self.gamma_policy
@@ -129,7 +130,10 @@ class SpecConfig:
             raise SpecvizError(f"prompt_lookup_num_tokens must be from 1 to {GAMMA_MAX}, not {lookup_k}.")
         if not 1 <= ngram <= 8:
             raise SpecvizError(f"max_matching_ngram_size must be from 1 to 8, not {ngram}.")
-        for name, value in (("gamma", g), ("max_new_tokens", n), ("seed", s), ("detail", d), ("gamma_policy", policy),
+        w = _finite("relaxed_w", self.relaxed_w)
+        if not 0.0 <= w <= 1.0:
+            raise SpecvizError(f"relaxed_w must be between 0 and 1 (1 is exact verification), not {w:g}.")
+        for name, value in (("gamma", g), ("relaxed_w", w), ("max_new_tokens", n), ("seed", s), ("detail", d), ("gamma_policy", policy),
                             ("confidence", c), ("prompt_lookup_num_tokens", lookup_k),
                             ("max_matching_ngram_size", ngram)):  # fmt: skip
             object.__setattr__(self, name, value)

@@ -20,7 +20,7 @@ from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_draft
 from .events import Candidates, Done, Event, Round, Start, Step
 from .models import CachedModel, LoadedModel
 from .policies import make_policy
-from .sampling import greedy, residual, sample, to_probs, verify_greedy, verify_sampled
+from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
 from .theory import alpha
 
 
@@ -222,8 +222,11 @@ def speculative_decode(
         if s.greedy:
             v = verify_greedy(x, p_logits)
         else:
-            q = prop.q if k else p_logits.new_zeros(0, V)  # (k, V)
-            v = verify_sampled(x, q, to_probs(p_logits, s), gen)
+            q = prop.q if k else p_logits.new_zeros(0, V)  # (k, V): exactly what the drafter drew from
+            p_probs = to_probs(p_logits, s)  # (k+1, V)
+            if cfg.relaxed_w < 1.0:  # the lossy teaching switch: guessed positions checked against w·p + (1-w)·q
+                p_probs[:k] = relaxed(p_probs[:k], q, cfg.relaxed_w)
+            v = verify_sampled(x, q, p_probs, gen)
         verify_s = clock.lap()
         x_ids, n = x.tolist(), v.n
         kind = "plain" if k == 0 else "bonus" if n == k else "resampled"

@@ -49,11 +49,22 @@ SOURCES = {
     "model": "proposed by the draft model q",
     "lookup": "proposed by prompt lookup: copied from what followed the same words earlier (a free guess)",
 }
+STATES = {  # what a screen reader says before a speculative token's text (its accessible name)
+    "tok-accepted": "accepted",
+    "tok-rejected": "rejected, not in the text",
+    "tok-resampled": "resampled",
+    "tok-bonus": "bonus",
+    "tok-plain": "plain step",
+}
 
 
-def _span(cls: str, body: str, title: str, special: bool = False, source: str = "") -> str:
+def _span(cls: str, body: str, title: str, special: bool = False, text: str = "", source: str = "") -> str:
     extra = (" tok-special" if special else "") + (f" src-{source}" if source == "lookup" else "")
-    return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}">{body}</span>'
+    name = ""
+    if cls in STATES and text:  # the state in the accessible name, not only in the colour
+        how = ", from prompt lookup" if source == "lookup" else ""
+        name = f' role="img" aria-label="{html.escape(f"{STATES[cls]}{how}: {text}", quote=True)}"'
+    return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}"{name}>{body}</span>'
 
 
 def _source(rnd: Round, i: int) -> str:
@@ -93,14 +104,18 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
     n, emitted = rnd.n, len(rnd.tokens)
     for i, token in enumerate(rnd.tokens[:n]):
         title = _draft_title(rnd, i, greedy, True, pieces.text(token))
-        parts.append(_span("tok-accepted", pieces.html(token), title, pieces.is_special(token), _source(rnd, i)))
+        parts.append(
+            _span(
+                "tok-accepted", pieces.html(token), title, pieces.is_special(token), pieces.text(token), _source(rnd, i)
+            )
+        )
     if emitted == n + 1:  # the target's own token was emitted (not cut off by EOS or the budget)
         token = rnd.tokens[n]
         if rnd.kind == "plain":
             why = {"no match": "prompt lookup found no earlier occurrence of the last words",
                    "confidence": "the draft was not confident enough to guess"}.get(rnd.stop, "nothing was proposed")  # fmt: skip
             title = f"round {rnd.index + 1}: {pieces.text(token)}\nno guess this round ({why}): one plain target step"
-            parts.append(_span("tok-plain", pieces.html(token), title, pieces.is_special(token)))
+            parts.append(_span("tok-plain", pieces.html(token), title, pieces.is_special(token), pieces.text(token)))
         elif n < len(rnd.drafted):
             rejected = rnd.drafted[n]
             title = _draft_title(rnd, n, greedy, False, pieces.text(rejected), repr(pieces.text(token)))
@@ -108,20 +123,31 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
             if later:
                 plural = "s were" if later > 1 else " was"
                 title += f"\n(the draft's {later} later proposal{plural} thrown away too)"
-            parts.append(_span("tok-rejected", pieces.html(rejected, breaks=False), title, source=_source(rnd, n)))
+            parts.append(
+                _span(
+                    "tok-rejected",
+                    pieces.html(rejected, breaks=False),
+                    title,
+                    False,
+                    pieces.text(rejected),
+                    _source(rnd, n),
+                )  # fmt: skip
+            )
             how = (
                 "greedy: the target's top token here"
                 if greedy
                 else "sampled from the target's corrected distribution norm(max(0, p − q))"
             )
             title = f"round {rnd.index + 1}: {pieces.text(token)}\nresampled: replaces the rejected proposal\n{how}"
-            parts.append(_span("tok-resampled", pieces.html(token), title, pieces.is_special(token)))
+            parts.append(
+                _span("tok-resampled", pieces.html(token), title, pieces.is_special(token), pieces.text(token))
+            )
         else:
             title = (
                 f"round {rnd.index + 1}: {pieces.text(token)}\nbonus: all {n} proposals were accepted, and the "
                 "same target call already scored the next position, so this token is free"
             )
-            parts.append(_span("tok-bonus", pieces.html(token), title, pieces.is_special(token)))
+            parts.append(_span("tok-bonus", pieces.html(token), title, pieces.is_special(token), pieces.text(token)))
     ms = (rnd.draft_s + rnd.verify_s) * 1000
     return (
         f'<span class="sv-round sv-round-{rnd.index % 2}" data-round="{rnd.index + 1}" '

@@ -65,6 +65,18 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 1e-12, diff / total.clamp_min(1e-30), p)
 
 
+def relaxed(p: torch.Tensor, q: torch.Tensor, w: float) -> torch.Tensor:
+    """w·p + (1 − w)·q: what "relaxed verification" checks guesses against instead of p. NOT exact for w < 1.
+
+    Speculative sampling makes the output follow whatever it verifies against, so with w < 1 the output follows
+    this mix, not the target: guesses are kept more often (min(1, mix/q) >= 1 − w), and the text drifts toward
+    the draft. w = 1 returns p itself, so exact verification is untouched bit for bit.
+    """
+    if w >= 1.0:
+        return p
+    return w * p + (1.0 - w) * q
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token id from a (V,) distribution."""
     return int(torch.multinomial(probs, 1, generator=generator))

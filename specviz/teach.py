@@ -21,7 +21,7 @@ from .costs import forward_times  # noqa: F401  (the step-through's verify-cost 
 from .engine import autoregressive_decode, eos_ids, run_over, speculative_decode
 from .events import Done, Round
 from .models import CachedModel, LoadedModel
-from .sampling import greedy, residual, to_probs, verify_sampled
+from .sampling import greedy, relaxed, residual, to_probs, verify_sampled
 from .theory import cost_ratio
 
 # --- token text -------------------------------------------------------------------------------------
@@ -49,6 +49,7 @@ class StepSettings:
     temperature: float = 0.0
     seed: int = 0
     max_new_tokens: int = 64
+    relaxed_w: float = 1.0  # <1: relaxed verification against w·p + (1-w)·q, not exact (sampled runs only)
 
 
 class Stepper:
@@ -59,11 +60,17 @@ class Stepper:
     def __init__(self, target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], settings: StepSettings):
         self.target, self.settings, self.prompt_ids = target, settings, list(prompt_ids)
         cfg = SpecConfig(
-            settings.gamma, settings.max_new_tokens, settings.seed, SamplingConfig(settings.temperature), self.DETAIL
+            settings.gamma,
+            settings.max_new_tokens,
+            settings.seed,
+            SamplingConfig(settings.temperature),
+            self.DETAIL,
+            relaxed_w=settings.relaxed_w,
         )
+        self.config = cfg
         self._eos = eos_ids(target)
         self._events = speculative_decode(target, draft, self.prompt_ids, cfg)
-        next(self._events)  # Start: the prompt is encoded by both models here
+        self.start = next(self._events)  # Start: the prompt is encoded by both models here
         self.rounds: list[Round] = []
         self.done: Done | None = None
 
@@ -182,11 +189,15 @@ def position_probs(
     return to_probs(p_logits, sampling), to_probs(q_logits, sampling)
 
 
-def speculative_draws(p: torch.Tensor, q: torch.Tensor, draws: int, gen: torch.Generator) -> torch.Tensor:
+def speculative_draws(
+    p: torch.Tensor, q: torch.Tensor, draws: int, gen: torch.Generator, relaxed_w: float = 1.0
+) -> torch.Tensor:
     """`draws` one-token speculative samples from fixed p, q (V,): the rule of `verify_sampled`, vectorised.
 
     x ~ q; keep x when r < min(1, p(x)/q(x)); otherwise draw from residual(p, q) = norm(max(0, p - q)).
+    With relaxed_w < 1, p is replaced by relaxed(p, q, w) = w·p + (1 − w)·q, as the engine does: NOT exact.
     """
+    p = relaxed(p, q, relaxed_w)  # (V,) p itself when relaxed_w == 1
     x = torch.multinomial(q, draws, replacement=True, generator=gen)  # (draws,) 1. draft
     r = torch.rand(draws, generator=gen)  # (draws,) 2. the uniform draws
     keep = r < (p[x] / q[x]).clamp(max=1.0)  # q[x] > 0: x was drawn from q
@@ -194,13 +205,13 @@ def speculative_draws(p: torch.Tensor, q: torch.Tensor, draws: int, gen: torch.G
     return torch.where(keep, x, fix)
 
 
-def first_tokens(p: torch.Tensor, q: torch.Tensor, seeds: Iterable[int]) -> list[int]:
+def first_tokens(p: torch.Tensor, q: torch.Tensor, seeds: Iterable[int], relaxed_w: float = 1.0) -> list[int]:
     """The first output token of the engine's run with each seed, replayed with `verify_sampled` on fixed p, q (V,).
 
     Each seed gets its own generator, as a separate run of the engine does, and the same draws in the same
     order (x ~ q, then r, then the resample), so the token matches the engine's bit for bit.
     """
-    p_rows = torch.stack([p, p])  # (2, V): row 1 is the bonus position; it never changes the first token
+    p_rows = torch.stack([relaxed(p, q, relaxed_w), p])  # (2, V): row 1 is the bonus position (never relaxed)
     q_rows = q[None]  # (1, V)
     out = []
     for seed in seeds:
@@ -226,6 +237,17 @@ class SampleCheck:
     tv_q: float  # ... and to q: about TV(p, q)
     tv_noise: float  # what the same number of perfect draws from p would show: the floor set by chance
     real: tuple[tuple[int, int, int], ...]  # (seed, token from a real engine run, token replayed here)
+    relaxed_w: float = 1.0  # 1: exact speculative sampling; <1: relaxed verification (the output drifts from p)
+
+    @property
+    def acceptance(self) -> float:
+        """The chance a guess is kept here: sum_x min(q(x), m(x)) = 1 - TV(m, q), m what it is verified against."""
+        return 1.0 - total_variation(relaxed(self.p, self.q, self.relaxed_w), self.q)
+
+    @property
+    def exact_acceptance(self) -> float:
+        """The same with exact verification (w = 1): 1 - TV(p, q)."""
+        return 1.0 - total_variation(self.p, self.q)
 
     @property
     def real_agree(self) -> int:
@@ -240,6 +262,7 @@ def sample_check(
     draws: int = 1000,
     real_runs: int = 5,
     seed0: int = 0,
+    relaxed_w: float = 1.0,
 ) -> SampleCheck:
     """`draws` one-token speculative samples at the first new position, and `real_runs` engine runs end to end.
 
@@ -249,15 +272,18 @@ def sample_check(
     p, q = position_probs(target, draft, prompt_ids, sampling)
     V = p.shape[-1]
     gen = torch.Generator(device=p.device).manual_seed(seed0)  # one generator for all the fast draws
-    freq = torch.bincount(speculative_draws(p, q, draws, gen), minlength=V).float() / draws  # (V,)
+    freq = torch.bincount(speculative_draws(p, q, draws, gen, relaxed_w), minlength=V).float() / draws  # (V,)
     perfect = torch.bincount(torch.multinomial(p, draws, replacement=True, generator=gen), minlength=V) / draws
     seeds = range(seed0, seed0 + real_runs)
     engine = [
-        _done(speculative_decode(target, draft, prompt_ids, SpecConfig(1, 1, s, sampling))).token_ids[0] for s in seeds
+        _done(
+            speculative_decode(target, draft, prompt_ids, SpecConfig(1, 1, s, sampling, relaxed_w=relaxed_w))
+        ).token_ids[0]
+        for s in seeds
     ]
-    real = tuple(zip(seeds, engine, first_tokens(p, q, seeds)))
+    real = tuple(zip(seeds, engine, first_tokens(p, q, seeds, relaxed_w)))
     tv = total_variation
-    return SampleCheck(p, q, freq, draws, seed0, tv(freq, p), tv(freq, q), tv(perfect, p), real)
+    return SampleCheck(p, q, freq, draws, seed0, tv(freq, p), tv(freq, q), tv(perfect, p), real, relaxed_w)
 
 
 # --- why it pays: forward time against block size (measured in costs.forward_times) -------------------

@@ -154,7 +154,10 @@ def exactness_figure(sc: SampleCheck, name: Callable[[int], str], top: int = 12)
     )
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title_text="probability / share of draws")
-    _layout(fig, 200 + 38 * len(ids), "The output follows the target p, not the draft q")
+    title = "The output follows the target p, not the draft q"
+    if sc.relaxed_w < 1:
+        title = f"Relaxed, not exact (w = {sc.relaxed_w:.2f}): the output drifts toward q"
+    _layout(fig, 200 + 38 * len(ids), title)
     fig.update_layout(legend=dict(yref="container", y=0.0, yanchor="bottom", x=0), margin=dict(b=120))
     return fig
 

@@ -35,7 +35,7 @@ from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.race import HTML_EVERY_S  # noqa: E402
 
 ECHO, AR, SPEC, AR_STATS, SPEC_STATS, MESSAGE = range(6)  # the outputs of /race, in order
-TOKEN = re.compile(r'<span class="tok (tok-[a-z]+)[^"]*" title="[^"]*">(.*?)</span>', re.S)
+TOKEN = re.compile(r'<span class="tok (tok-[a-z]+)[^"]*" title="[^"]*"[^>]*>(.*?)</span>', re.S)
 LIMITS = Limits(max_new_tokens=64, max_prompt_tokens=200, max_gamma=8, max_sweep=3, concurrency=1, max_queue=64)
 
 

@@ -109,6 +109,7 @@ def _tab(title: str, module: str, builder: str, ctx: UIContext) -> None:
 
 def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
     """The whole app; queue with the deployment's concurrency limit. Launch with `launch_kwargs()`."""
+    from .present import build_present_controls
     from .race import build_race_tab
 
     ctx = ctx or default_context()
@@ -117,6 +118,7 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
         with gr.Row(elem_classes=["sv-header"]):
             gr.Markdown("## specviz · speculative decoding, visualised")
             status = gr.HTML(loader.html(), elem_id="sv-status", js_on_load=None)
+            build_present_controls()  # presentation mode and keys (ui/present.py)
         with gr.Tabs():
             with gr.Tab("Race"):
                 build_race_tab(ctx)
@@ -124,6 +126,10 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
                 _tab("Step through", "step", "build_step_tab", ctx)
             with gr.Tab("Pair check"):
                 _tab("Pair check", "pair", "build_pair_tab", ctx)
+            with gr.Tab("Learn"):
+                _tab("Learn", "learn", "build_learn_tab", ctx)
+            with gr.Tab("Replay"):
+                _tab("Replay", "replay", "build_replay_tab", ctx)
             with gr.Tab("About"):
                 gr.Markdown(ABOUT)
         timer = gr.Timer(1.0)

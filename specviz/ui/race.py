@@ -176,10 +176,12 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         yield view.outputs(view.summary())
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
+    return view  # the finished view, for the downloads (ui/replay.py)
 
 
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
+    from .replay import download_buttons, downloads, race_recording, sweep_recording, with_result
     from .sweep import EMPTY_SWEEP, sweep_stream
 
     lim = ctx.limits
@@ -232,6 +234,7 @@ def build_race_tab(ctx: UIContext) -> None:
         with gr.Column(visible=False) as lane3:
             spec2_pane = gr.HTML(elem_id="sv-spec2", js_on_load=None)
             spec2_stats = gr.HTML(elem_id="sv-spec2-stats", js_on_load=None)
+    race_dl = download_buttons()  # a finished race as a JSON recording and a self-contained HTML page
     gr.Markdown(TIMING_NOTE, elem_classes=["sv-timing"])
     figs = view.figures()
     with gr.Row():
@@ -250,32 +253,52 @@ def build_race_tab(ctx: UIContext) -> None:
     )
     sweep_note = gr.HTML(js_on_load=None)
     sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
+    sweep_dl = download_buttons()
+    race_done, sweep_done = gr.State(None), gr.State(None)  # the last finished race's view / sweep's result
 
     @gpu
     def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter="model",
                 policy="constant", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
-        yield from race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy,
-                               drafter2, policy2)  # fmt: skip
+        yield from with_result(race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
+                                           drafter, policy, drafter2, policy2))  # fmt: skip
 
     @gpu
     def on_sweep(prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
-        yield from sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter)
+        yield from with_result(sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter))
 
     # concurrency_id "models": every handler that runs the models (all tabs) shares the one queue limit.
     # preprocess=False: the handlers get the raw values a client sent and check them all themselves,
     # so a bad value through the API (NaN, a string, out of range) gets one sentence in the page too.
-    # New inputs and outputs go at the end, so API clients written for two lanes keep working.
+    # New inputs and outputs go at the end, so API clients written for two lanes keep working; the gr.State
+    # outputs (the finished race / sweep, for the downloads) are hidden from the API.
     outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share,
                spec2_pane, spec2_stats, fig_position, fig_timeline]  # fmt: skip
     inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed, drafter, policy, drafter2, policy2]
-    race_ev = run.click(on_race, inputs, outputs, api_name="race", preprocess=False, concurrency_id="models")
+    race_ev = run.click(
+        on_race, inputs, [*outputs, race_done], api_name="race", preprocess=False, concurrency_id="models"
+    )
     sweep_ev = sweep.click(
         on_sweep,
         [prompt, *inputs[2:7], drafter],
-        [sweep_plot, sweep_note],
+        [sweep_plot, sweep_note, sweep_done],
         api_name="sweep",
         preprocess=False,
         concurrency_id="models",
+    )
+    private = {"api_visibility": "private", "queue": False}
+    run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
+    sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
+    race_ev.then(
+        lambda view, *a: downloads(race_recording(ctx, view, *a), "race"),
+        [race_done, *inputs],
+        list(race_dl),
+        **private,
+    )
+    sweep_ev.then(
+        lambda res, text: downloads(sweep_recording(ctx, res, text), "sweep"),
+        [sweep_done, prompt],
+        list(sweep_dl),
+        **private,
     )
     stop.click(None, cancels=[race_ev, sweep_ev])
     drafter2.change(lambda d: gr.Column(visible=d != NO_LANE), drafter2, lane3, queue=False, api_visibility="private")

@@ -19,6 +19,7 @@ from ..render import Pieces
 from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
 from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
 from .common import UIContext, error_html, gpu
+from .replay import download_buttons, downloads, step_recording
 from .step_html import (
     CSS,
     EXACT_HELP,
@@ -34,6 +35,14 @@ from .step_html import (
 )
 
 log = logging.getLogger("specviz")
+LOSSY_LABEL = "w: verify against w·p + (1 − w)·q (1 = exact; lower keeps more guesses and drifts from p)"
+LOSSY_NOTE = (
+    "Relaxed verification (not exact), w = {w:.2f}: guesses are checked against a mix of p and q, so more are "
+    "kept and the text no longer follows the target."
+)
+LOSSY_GREEDY = (
+    "Relaxed verification changes nothing at temperature 0: a guess is kept only if it is the target's top choice."
+)
 STEP_TOKENS = 64  # the answer length in this view: enough to see a sentence form, short enough for a class
 GREEDY_CHECK_TOKENS = 48
 
@@ -49,12 +58,14 @@ def _html(**kw) -> gr.HTML:
     return gr.HTML(css_template=CSS, js_on_load=None, **kw)
 
 
-def _settings(ctx: UIContext, prompt, gamma, temperature, seed) -> StepSettings:
+def _settings(ctx: UIContext, prompt, gamma, temperature, seed, lossy=False, w=1.0) -> StepSettings:
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpecvizError("The prompt is empty; type something for the model to continue.")
-    cfg = SpecConfig(gamma, min(STEP_TOKENS, ctx.limits.max_new_tokens), seed, SamplingConfig(temperature))
+    w = w if lossy is True else 1.0  # the lossy switch counts only when it is on
+    tokens = min(STEP_TOKENS, ctx.limits.max_new_tokens)
+    cfg = SpecConfig(gamma, tokens, seed, SamplingConfig(temperature), relaxed_w=1.0 if w is None else w)
     ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
-    return StepSettings(prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens)
+    return StepSettings(prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens, cfg.relaxed_w)
 
 
 def _prompt_ids(ctx: UIContext, p, prompt: str) -> list[int]:
@@ -89,8 +100,11 @@ def build_step_tab(ctx: UIContext) -> None:
             with gr.Row():
                 temperature = gr.Slider(0, TEMPERATURE_MAX, value=0.0, step=0.1, label="temperature (0 = greedy)")
                 seed = gr.Number(0, label="seed", precision=0)
+            with gr.Row(elem_classes=["sv-lossy-row"]):
+                lossy = gr.Checkbox(False, label="relaxed verification (not exact)", scale=1)
+                w = gr.Slider(0, 1, value=1.0, step=0.05, label=LOSSY_LABEL, visible=False, scale=2)
             with gr.Row():
-                nxt = gr.Button("Next round ▶", variant="primary", size="lg", scale=3)
+                nxt = gr.Button("Next round ▶", variant="primary", size="lg", scale=3, elem_classes=["sv-key-next"])
                 reset = gr.Button("Reset", size="lg", scale=1)
             say = _html(value=START)
             text = _html()
@@ -99,6 +113,7 @@ def build_step_tab(ctx: UIContext) -> None:
         with gr.Column(scale=2, min_width=320):
             _html(value=EXPLAIN)
     session = gr.State(None, time_to_live=3600)
+    step_dl = download_buttons()  # a finished session as a JSON recording and an HTML page
 
     gr.Markdown("## Is it really lossless? And why is it faster?")
     with gr.Row():
@@ -117,9 +132,9 @@ def build_step_tab(ctx: UIContext) -> None:
             time_plot = gr.Plot(show_label=False, visible=False)
 
     @gpu
-    def on_step(prompt, gamma, temperature, seed, s: Session | None):
+    def on_step(prompt, gamma, temperature, seed, lossy, w, s: Session | None):
         try:
-            settings = _settings(ctx, prompt, gamma, temperature, seed)
+            settings = _settings(ctx, prompt, gamma, temperature, seed, lossy, w)
             note = ""
             if s is None or s.stepper.settings != settings:
                 note = "" if s is None else "The settings changed, so the run started over."
@@ -135,9 +150,12 @@ def build_step_tab(ctx: UIContext) -> None:
                 return s, say_html(s.stepper, s.pieces, None), gr.skip(), gr.skip(), gr.skip()
             fig = candidates_figure(rd, s.name, settings.temperature == 0)
             greedy = settings.temperature == 0
+            if settings.relaxed_w < 1:
+                lossy_note = LOSSY_GREEDY if greedy else LOSSY_NOTE.format(w=settings.relaxed_w)
+                note = f"{note} {lossy_note}".strip()
             say = say_html(s.stepper, s.pieces, rd, note)
             text_now = text_html(s.pieces, s.stepper.rounds, greedy)
-            return s, say, text_now, draws_html(rd, s.name, greedy), gr.Plot(fig, visible=True)
+            return s, say, text_now, draws_html(rd, s.name, greedy, settings.relaxed_w), gr.Plot(fig, visible=True)
         except Exception as err:
             return s, _fail(err), gr.skip(), gr.skip(), gr.skip()
 
@@ -145,9 +163,9 @@ def build_step_tab(ctx: UIContext) -> None:
         return None, START, "", "", gr.Plot(None, visible=False)
 
     @gpu
-    def on_exactness(prompt, gamma, temperature, seed, draws, real):
+    def on_exactness(prompt, gamma, temperature, seed, draws, real, lossy=False, w=1.0):
         try:
-            st = _settings(ctx, prompt, gamma, temperature, seed)
+            st = _settings(ctx, prompt, gamma, temperature, seed, lossy, w)
             p, q = ctx.pair()
             ids = _prompt_ids(ctx, p, prompt)
             pieces = Pieces(p.tokenizer)
@@ -157,7 +175,7 @@ def build_step_tab(ctx: UIContext) -> None:
             draws, real = int(draws), int(real)
             if not (100 <= draws <= 2000 and 0 <= real <= 10):
                 raise SpecvizError("Use 100 to 2000 draws and 0 to 10 real runs.")
-            sc = sample_check(p, q, ids, SamplingConfig(st.temperature), draws, real, st.seed)
+            sc = sample_check(p, q, ids, SamplingConfig(st.temperature), draws, real, st.seed, st.relaxed_w)
             return sample_html(sc), gr.Plot(exactness_figure(sc, lambda t: label(pieces.text(t))), visible=True)
         except Exception as err:
             return _fail(err), gr.skip()
@@ -175,11 +193,18 @@ def build_step_tab(ctx: UIContext) -> None:
             return _fail(err), gr.skip()
 
     outs = [session, say, text, draws, cands]
-    nxt.click(on_step, [prompt, gamma, temperature, seed, session], outs, api_name="step", concurrency_id="models")
+    step_ev = nxt.click(
+        on_step, [prompt, gamma, temperature, seed, lossy, w, session], outs, api_name="step", concurrency_id="models"
+    )
+    step_ev.then(
+        lambda s: downloads(step_recording(ctx, s), "step"), [session], list(step_dl), api_visibility="private"
+    )
     reset.click(on_reset, None, outs, api_name="reset", queue=False)
+    reset.click(lambda: downloads(None, ""), None, list(step_dl), api_visibility="private", queue=False)
+    lossy.change(lambda on: gr.Slider(visible=on is True, value=0.5 if on else 1.0), lossy, w, queue=False)
     check.click(
         on_exactness,
-        [prompt, gamma, temperature, seed, n_draws, n_real],
+        [prompt, gamma, temperature, seed, n_draws, n_real, lossy, w],
         [exact_say, exact_plot],
         api_name="exactness",
         concurrency_id="models",

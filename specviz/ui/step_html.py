@@ -89,14 +89,15 @@ def text_html(pieces: Pieces, rounds: list[Round], greedy: bool) -> str:
     return f'<div class="sv-step-text"><span class="sv-old">{old}</span>{now}</div>{LEGEND}'
 
 
-def draws_html(rd: Round, name, greedy: bool) -> str:
+def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0) -> str:
     """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token."""
     g, n = len(rd.drafted), rd.n
     if greedy:
         head = "<th>#</th><th>draft's guess</th><th>target's top choice</th><th>result</th>"
     else:
+        against = "p(x) target" if relaxed_w >= 1 else f"{relaxed_w:.2f}·p + {1 - relaxed_w:.2f}·q (not exact)"
         head = (
-            "<th>#</th><th>draft's guess x</th><th>q(x) draft</th><th>p(x) target</th>"
+            f"<th>#</th><th>draft's guess x</th><th>q(x) draft</th><th>{against}</th>"
             "<th>keep if r &lt; min(1, p/q)</th><th>result</th>"
         )
     rows = []
@@ -190,7 +191,17 @@ def sample_html(sc: SampleCheck) -> str:
     """Temperature > 0: distances of the output to p and to q, the chance floor, and the real-run cross-check."""
     tv_pq = 0.5 * float((sc.p - sc.q).abs().sum())
     like_p = sc.tv_p <= 1.5 * sc.tv_noise + 0.01  # as close to p as perfect samples of p would be
-    if like_p and tv_pq > 2 * sc.tv_noise:
+    if sc.relaxed_w < 1:
+        drift = (
+            "✗ <b>The output drifted from" if not like_p else "⚠ <b>With these draws the output is hard to tell from"
+        )
+        verdict = (
+            f'<span class="sv-lossy">Relaxed verification (not exact), w = {sc.relaxed_w:.2f}</span> '
+            f"{drift} the target p.</b> A guess is kept {sc.acceptance:.0%} of the time here "
+            f"(exact verification: {sc.exact_acceptance:.0%}): that is the speed it buys, and the price is the "
+            "distance to p below."
+        )
+    elif like_p and tv_pq > 2 * sc.tv_noise:
         verdict = "✓ <b>The output follows the target p, not the draft q.</b>"
     elif like_p:
         verdict = (

@@ -15,6 +15,7 @@ import pandas as pd
 from .. import plots
 from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
+from ..record import keep
 from ..theory import alpha_of, cost_ratio
 from .common import UIContext, error_html
 from .inputs import note as _note
@@ -56,11 +57,15 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
         p, q, ids = prepare(ctx, prompt, cfg)
         note = _note(f"Plain decoding first (the baseline), then gamma = {', '.join(map(str, gammas))}…")
         yield empty, note
-        ar = (yield from _run(ctx.limits.within_time(autoregressive_decode(p, ids, cfg), start), empty, note)).stats
+        lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/replay.py)
+        plain = keep(autoregressive_decode(p, ids, cfg), lanes["ar"])
+        ar = (yield from _run(ctx.limits.within_time(plain, start), empty, note)).stats
         t_p = (ar["wall_s"] - ar["prefill_s"]) / max(ar["target_calls"], 1)  # one target call, seconds
         rows, tot = [], {"accepted": 0, "resampled": 0, "draft_s": 0.0, "draft_calls": 0}
         for i, g in enumerate(gammas, 1):
-            spec = speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g))
+            spec = keep(
+                speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g)), lanes.setdefault(f"gamma = {g}", [])
+            )
             # past the cap: one SpecvizError
             st = (yield from _run(ctx.limits.within_time(spec, start), fig, note)).stats
             rows.append(
@@ -86,5 +91,7 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
                 "which holds on a GPU; on a CPU it holds only for short blocks, so past them the dots fall below it."
             )
             yield fig, note
+        return {"lanes": lanes, "sweep": rows, "alpha": alpha, "c": c, "cfg": cfg}  # for the recording
     except Exception as err:  # keep what was measured, add the sentence
         yield fig, error_html(err)
+    return None

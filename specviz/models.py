@@ -327,19 +327,7 @@ class ModelCache:
 
         timeout_s: how long this caller waits for a load; past it, one SpecvizError naming `what`.
         """
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-            future = self._loading.get(key)
-            owner = future is None
-            if owner:
-                future = self._loading[key] = Future()
-        if owner:
-            if timeout_s is None:
-                self._load(key, make, future)
-            else:
-                threading.Thread(target=self._load, args=(key, make, future), name="specviz-load", daemon=True).start()
+        future = self._future(key, make, background=timeout_s is not None)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
@@ -347,6 +335,28 @@ class ModelCache:
                 f"{what} is still loading and this request reached the server's time limit; "
                 "the load goes on, so try again in a minute."
             ) from None
+
+    def start(self, key: tuple, make) -> None:
+        """Start loading `key` in the background unless it is loaded or loading (a later `get` waits for it)."""
+        self._future(key, make, background=True)
+
+    def _future(self, key: tuple, make, background: bool) -> Future:
+        with self._lock:
+            future = self._loading.get(key)
+            if future is None:
+                future, owner = Future(), True
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    future.set_result(self._items[key])
+                    return future
+                self._loading[key] = future
+            else:
+                owner = False
+        if owner and background:
+            threading.Thread(target=self._load, args=(key, make, future), name="specviz-load", daemon=True).start()
+        elif owner:
+            self._load(key, make, future)
+        return future
 
     def _load(self, key: tuple, make, future: Future) -> None:
         try:
@@ -379,6 +389,24 @@ class ModelCache:
 CACHE = ModelCache(env_int("SPECVIZ_MAX_LOADED_MODELS", 4))
 
 
+def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, object, str]:
+    """(cache key, loader, "The model <name>") for one model; every argument is checked before anything is read."""
+    if not isinstance(name, str) or not name.strip():
+        raise SpecvizError("A model must be named by a Hugging Face id or a folder.")
+    name = name.strip()
+    dev = _resolve_device(device)
+    dt = _resolve_dtype(dtype, dev)
+    _quant_config(quantize, dev)  # a bad --quantize fails here, before anything is read
+
+    def make() -> LoadedModel:
+        model, tokenizer, source, memory = _load(name, dev, dt, quantize, trust_remote_code)
+        rows = int(model.get_output_embeddings().weight.shape[0])
+        vocab_map, input_map, blocked = _load_vocab_map(name, source, dev, rows)
+        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked)
+
+    return (name, str(dev), str(dt), quantize, trust_remote_code), make, f"The model {name}"
+
+
 def load_model(
     name: str | LoadedModel,
     *,
@@ -395,21 +423,8 @@ def load_model(
     """
     if isinstance(name, LoadedModel):
         return name
-    if not isinstance(name, str) or not name.strip():
-        raise SpecvizError("A model must be named by a Hugging Face id or a folder.")
-    name = name.strip()
-    dev = _resolve_device(device)
-    dt = _resolve_dtype(dtype, dev)
-    _quant_config(quantize, dev)  # a bad --quantize fails here, before anything is read
-
-    def make() -> LoadedModel:
-        model, tokenizer, source, memory = _load(name, dev, dt, quantize, trust_remote_code)
-        rows = int(model.get_output_embeddings().weight.shape[0])
-        vocab_map, input_map, blocked = _load_vocab_map(name, source, dev, rows)
-        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked)
-
-    key = (name, str(dev), str(dt), quantize, trust_remote_code)
-    return CACHE.get(key, make, timeout_s, what=f"The model {name}")
+    key, make, what = _request(name, device, dtype, quantize, trust_remote_code)
+    return CACHE.get(key, make, timeout_s, what)
 
 
 def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:
@@ -444,6 +459,10 @@ def load_pair(
     pair gives the same sentence. timeout_s caps the wait for both loads together (see `load_model`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    draft = draft or BUILTIN_DRAFT
+    q_device = device or (target.device if isinstance(target, LoadedModel) else None)  # None: as p's, the default
+    if timeout_s is not None and not isinstance(draft, LoadedModel):  # both load at once, even if we give up
+        CACHE.start(*_request(draft, q_device, dtype, None, trust_remote_code)[:2])
     p = load_model(
         target or BUILTIN_TARGET,
         device=device,
@@ -453,13 +472,7 @@ def load_pair(
         timeout_s=timeout_s,
     )
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-    q = load_model(
-        draft or BUILTIN_DRAFT,
-        device=device or p.device,
-        dtype=dtype,
-        trust_remote_code=trust_remote_code,
-        timeout_s=left,
-    )
+    q = load_model(draft, device=q_device or p.device, dtype=dtype, trust_remote_code=trust_remote_code, timeout_s=left)
     gap = vocab_gap(p, q)
     if gap:
         raise SpecvizError(gap)

@@ -3,7 +3,8 @@
 Every failure a caller can cause becomes one SpecvizError sentence. Hub look-ups fail fast when offline: one
 short probe of the hub decides whether to read the local cache only (nothing here changes the environment).
 The cache loads each model once, without holding its lock while loading, so a slow load never blocks requests
-for models already loaded, nor loads of other models. p is the target, q the draft.
+for models already loaded; other models' configs, tokenizers and checks proceed meanwhile, but transformers
+builds one model at a time (`_BUILD_LOCK`). p is the target, q the draft.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with
 HUB_PROBE_TTL_S = 60.0  # remember the answer a minute, so a UI does not probe on every load
 
 QUANTIZE = (None, "4bit", "8bit")
+# transformers' from_pretrained swaps process-wide state while it builds a model (the default dtype, a meta-device
+# mode, patched init and tie functions) and restores it after: two at once can leave the patches in place. So
+# models are built one at a time; the cache's own lock is never held meanwhile (see ModelCache).
+_BUILD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -280,14 +285,15 @@ def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | N
         tokenizer = AutoTokenizer.from_pretrained(
             source, trust_remote_code=trust_remote_code, local_files_only=cache_only
         )
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=dtype,
-            quantization_config=_quant_config(quantize, device),
-            device_map={"": str(device)} if quantize else None,
-            trust_remote_code=trust_remote_code,
-            local_files_only=cache_only,
-        )
+        with _BUILD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(
+                source,
+                dtype=dtype,
+                quantization_config=_quant_config(quantize, device),
+                device_map={"": str(device)} if quantize else None,
+                trust_remote_code=trust_remote_code,
+                local_files_only=cache_only,
+            )
     except SpecvizError:
         raise
     except torch.OutOfMemoryError:
@@ -311,8 +317,8 @@ class ModelCache:
     """Loaded models by (name, device, dtype, quantize), least recently used evicted past `capacity`.
 
     One load per key: a second caller asking for a model that is loading waits for that load. The lock guards
-    the two dicts only and is never held while loading, so callers whose models are loaded (or loading under
-    another key) never wait for someone else's load. With a timeout the load runs in its own thread and outlives
+    the two dicts only and is never held while loading, so callers whose models are loaded never wait for
+    someone else's load (loads of other models wait only for transformers' model building, `_BUILD_LOCK`). With a timeout the load runs in its own thread and outlives
     the caller who gave up: it lands in the cache for the next caller.
     """
 

@@ -238,10 +238,8 @@ def test_trimmed_draft_maps_every_target_id_and_pairing_changes_nothing(tiny_pai
 def test_a_draft_that_cannot_serve_the_target_is_one_sentence_from_load_pair(tiny_pair, tmp_path, fresh_cache):
     gap = _trimmed(tmp_path / "gap", list(range(30)) + list(range(60, 70)))  # ids 64..69: the target has 64
     msg = str(pytest.raises(SpecvizError, load_pair, tiny_pair[0], gap, device="cpu").value)
-    assert (
-        msg
-        == f"The draft {gap} cannot serve the target {tiny_pair[0]}: its trimmed vocabulary includes token id 69 and the target has only 64 token ids."
-    )
+    why = "its trimmed vocabulary includes token id 69 and the target has only 64 token ids"
+    assert msg == f"The draft {gap} cannot serve the target {tiny_pair[0]}: {why}."
     small = tmp_path / "small"  # an untrimmed draft with a smaller vocabulary: cannot read ids 40..63
     make_model(40, seed=0).save_pretrained(small)
     make_tokenizer(40, chat=True).save_pretrained(small)
@@ -418,3 +416,22 @@ def test_importing_specviz_changes_no_environment_variable():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-800:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_models_loading_side_by_side_leave_no_transformers_patch_behind(tmp_path, fresh_cache):
+    """transformers' from_pretrained patches process-wide state while it builds; loads in parallel must not leave
+    it patched (a model built afterwards would have meta tensors, or the wrong default dtype)."""
+    from transformers import PreTrainedModel
+
+    tie, dtype = PreTrainedModel.tie_weights, torch.get_default_dtype()
+    folders = []
+    for i in range(4):
+        folders.append(tmp_path / f"m{i}")
+        make_model(16, seed=i).save_pretrained(folders[-1])
+        make_tokenizer(16, chat=False).save_pretrained(folders[-1])
+    for _ in range(3):
+        fresh_cache.clear()
+        loads = [_in_thread(lambda f=f: load_model(str(f), device="cpu", dtype="bfloat16")) for f in folders]
+        assert all(x.result(60).dtype == torch.bfloat16 for x in loads)
+        assert PreTrainedModel.tie_weights is tie and torch.get_default_dtype() == dtype
+        assert next(make_model(16, seed=0).parameters()).device.type == "cpu"

@@ -2,9 +2,10 @@
 
 Each visitor's run is a `teach.Stepper` (the engine's generator and KV caches), kept between clicks in a
 `SessionStore` bounded by count, bytes and idle time (the gr.State holds only its key), so "Next round" costs
-one round and a class opening the tab at once cannot exhaust memory. Beside it: the exactness panel (the output follows p, not q) and a measured
-chart of the target's forward time for 1..gamma+1 tokens. Names as in the papers: p target, q draft,
-gamma block size, n accepted count, r the uniform draw. All model and visitor text is escaped.
+one round and a class opening the tab at once cannot exhaust memory. Beside it: the exactness panel (the output
+follows p, not q) and a measured chart of the target's forward time for 1..gamma+1 tokens. Names as in the
+papers: p target, q draft, gamma block size, n accepted count, r the uniform draw. All model and visitor text
+is escaped.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@
 | SPECVIZ_ALLOWED_MODELS       | (any)   | comma-separated hub ids visitors may load; "builtin" = built-in only |
 | SPECVIZ_MODEL_DIRS           | (none)  | comma-separated folders whose sub-folders visitors may load    |
 | SPECVIZ_MAX_LOADED_MODELS    | 4       | models kept in memory (least recently used evicted)            |
+| SPECVIZ_SESSION_IDLE_S       | 300     | a step-through session unused this long is freed               |
+| SPECVIZ_MAX_SESSIONS         | 100     | step-through sessions kept at once (least recently used freed) |
+| SPECVIZ_SESSION_MEMORY_MB    | 1024    | KV-cache memory all step-through sessions may hold together    |
 
 A value that is not a whole number, or is below 1, stops the app at start-up with a sentence naming the
 variable: a typo in a security setting must not silently fall back to a default.
@@ -85,6 +88,10 @@ class Limits:
     max_loaded_models: int = 4
     allowed_models: tuple[str, ...] | None = None  # None: any hub id; the built-in pair is always allowed
     model_dirs: tuple[str, ...] | None = None  # None: visitors may not load local folders
+    # Step-through sessions hold KV caches between clicks: a class opening the tab at once must not exhaust memory
+    session_idle_s: int = 300
+    max_sessions: int = 100
+    session_memory_mb: int = 1024
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -99,6 +106,9 @@ class Limits:
             max_loaded_models=env_int("SPECVIZ_MAX_LOADED_MODELS", 4),
             allowed_models=_list("SPECVIZ_ALLOWED_MODELS"),
             model_dirs=_list("SPECVIZ_MODEL_DIRS"),
+            session_idle_s=env_int("SPECVIZ_SESSION_IDLE_S", 300),
+            max_sessions=env_int("SPECVIZ_MAX_SESSIONS", 100),
+            session_memory_mb=env_int("SPECVIZ_SESSION_MEMORY_MB", 1024),
         )
 
     # --- models ---------------------------------------------------------------------------------

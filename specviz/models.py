@@ -1,6 +1,10 @@
 """Loading models: hub id or local folder or the built-in pair; device, dtype, quantisation; a bounded cache.
 
-Every failure a caller can cause becomes one SpecvizError sentence. Hub look-ups fail fast when offline.
+Every failure a caller can cause becomes one SpecvizError sentence. Hub look-ups fail fast when offline: one
+short probe of the hub decides whether to read the local cache only (nothing here changes the environment).
+The cache loads each model once, without holding its lock while loading, so a slow load never blocks requests
+for models already loaded; other models' configs, tokenizers and checks proceed meanwhile, but transformers
+builds one model at a time (`_BUILD_LOCK`). p is the target, q the draft.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,18 +25,25 @@ from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizErr
 from .kernels import use_small_batch_gemm
 from .limits import env_int
 
-os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "5")  # a dead network should fail in seconds, not a minute
-os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
 HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
 HUB_PROBE_TTL_S = 60.0  # remember the answer a minute, so a UI does not probe on every load
 
 QUANTIZE = (None, "4bit", "8bit")
+# transformers' from_pretrained swaps process-wide state while it builds a model (the default dtype, a meta-device
+# mode, patched init and tie functions) and restores it after: two at once can leave the patches in place. So
+# models are built one at a time; the cache's own lock is never held meanwhile (see ModelCache).
+_BUILD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
 class LoadedModel:
-    """A causal LM ready for the engine. `vocab_map` is set for drafts with a trimmed vocabulary."""
+    """A causal LM ready for the engine. `vocab_map` is set for drafts with a trimmed vocabulary.
+
+    `input_map` feeds target token ids to such a draft: entry i is the draft row of target id i (0 where the
+    draft lacks it), and its last entry is 0, so an id past the map, clamped to the map's end, is row 0 too.
+    It is built once at load and never changed, so requests sharing a cached draft never see it move.
+    """
 
     model: torch.nn.Module
     tokenizer: object
@@ -40,12 +53,17 @@ class LoadedModel:
     quantize: str | None = None
     memory_bytes: int = 0
     vocab_map: torch.Tensor | None = None  # (N,) draft row -> target token id
-    input_map: torch.Tensor | None = field(default=None, repr=False)  # (V,) target token id -> draft row
+    input_map: torch.Tensor | None = field(default=None, repr=False)  # (max id + 2,) target token id -> draft row
     blocked_rows: torch.Tensor | None = field(default=None, repr=False)  # draft rows it must never propose
 
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def input_rows(self) -> int:
+        """Token ids the model can read: rows of its input embedding."""
+        return int(self.model.get_input_embeddings().weight.shape[0])
 
     @property
     def n_params(self) -> int:
@@ -63,6 +81,15 @@ class LoadedModel:
         if vm < V:
             return torch.nn.functional.pad(logits, (0, V - vm), value=-torch.inf)
         return logits
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes its KV cache grows by per token: K and V, per layer, per key-value head (an upper bound)."""
+        c = self.model.config.get_text_config()
+        heads = int(c.num_attention_heads)
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+        return 2 * int(c.num_hidden_layers) * kv_heads * head_dim * self.dtype.itemsize
 
 
 def default_device() -> torch.device:
@@ -186,20 +213,31 @@ def _quant_config(quantize: str | None, device: torch.device):
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def _load_vocab_map(source: str, device: torch.device, target_vocab: int | None) -> tuple:
+def _load_vocab_map(name: str, source: str, device: torch.device, rows: int) -> tuple:
+    """(vocab_map, input_map, blocked_rows) from a trimmed draft's specviz_vocab.json; Nones without one."""
     f = Path(source) / "specviz_vocab.json"
     if not f.is_file():
         return None, None, None
-    spec = json.loads(f.read_text())
-    ids = torch.tensor(spec["target_ids"], dtype=torch.long)
-    size = max(int(ids.max()) + 1, target_vocab or 0)
-    inp = torch.zeros(size, dtype=torch.long)  # unknown target ids are fed to the draft as row 0
-    inp[ids] = torch.arange(len(ids))
+    try:
+        spec = json.loads(f.read_text())
+        ids = torch.tensor(spec["target_ids"], dtype=torch.long)
+        blocked = torch.tensor(spec.get("never_propose") or [], dtype=torch.long)
+    except (ValueError, KeyError, TypeError, RuntimeError):
+        raise SpecvizError(
+            f"The draft {name} has an unreadable specviz_vocab.json (it needs a target_ids list)."
+        ) from None
+    if ids.ndim != 1 or ids.numel() != rows or (ids.numel() and int(ids.min()) < 0):
+        raise SpecvizError(
+            f"The draft {name}'s specviz_vocab.json must list one target id (0 or more) for each of its {rows} "
+            f"output rows; it lists {ids.numel()}."
+        )
+    if blocked.numel() and not (0 <= int(blocked.min()) and int(blocked.max()) < rows):
+        raise SpecvizError(f"The draft {name}'s specviz_vocab.json blocks rows it does not have.")
+    inp = torch.zeros(int(ids.max()) + 2 if ids.numel() else 1, dtype=torch.long)  # target id -> draft row
+    inp[ids] = torch.arange(len(ids))  # ids it lacks, and (clamped) ids past the end: row 0
     # "never_propose": rows trained as a catch-all for target tokens outside the trimmed vocabulary (the
     # built-in draft's row 0); proposing one would only ever be rejected, so q gives them probability 0
-    blocked = spec.get("never_propose") or []
-    blocked = torch.tensor(blocked, dtype=torch.long, device=device) if blocked else None
-    return ids.to(device), inp.to(device), blocked
+    return ids.to(device), inp.to(device), (blocked.to(device) if blocked.numel() else None)
 
 
 def _causal_classes() -> frozenset[str]:
@@ -260,14 +298,15 @@ def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | N
         tokenizer = AutoTokenizer.from_pretrained(
             source, trust_remote_code=trust_remote_code, local_files_only=cache_only
         )
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=dtype,
-            quantization_config=_quant_config(quantize, device),
-            device_map={"": str(device)} if quantize else None,
-            trust_remote_code=trust_remote_code,
-            local_files_only=cache_only,
-        )
+        with _BUILD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(
+                source,
+                dtype=dtype,
+                quantization_config=_quant_config(quantize, device),
+                device_map={"": str(device)} if quantize else None,
+                trust_remote_code=trust_remote_code,
+                local_files_only=cache_only,
+            )
     except SpecvizError:
         raise
     except torch.OutOfMemoryError:
@@ -288,23 +327,75 @@ def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | N
 
 
 class ModelCache:
-    """Loaded models by (name, device, dtype, quantize), least recently used evicted past `capacity`."""
+    """Loaded models by (name, device, dtype, quantize), least recently used evicted past `capacity`.
+
+    One load per key: a second caller asking for a model that is loading waits for that load. The lock guards
+    the two dicts only and is never held while loading, so callers whose models are loaded never wait for
+    someone else's load (loads of other models wait only for transformers' model building, `_BUILD_LOCK`). With a timeout the load runs in its own thread and outlives
+    the caller who gave up: it lands in the cache for the next caller.
+    """
 
     def __init__(self, capacity: int = 4):
         self.capacity = capacity
         self._items: OrderedDict[tuple, LoadedModel] = OrderedDict()
+        self._loading: dict[tuple, Future] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: tuple, make) -> LoadedModel:
-        with self._lock:  # one load at a time: two visitors asking for one model load it once
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-            lm = make()  # raises without touching the cache: a failed load never poisons it
-            self._items[key] = lm
+    def get(self, key: tuple, make, timeout_s: float | None = None, what: str = "The model"):
+        """The cached value for `key`, else `make()`'s (once, however many callers ask at the same time).
+
+        timeout_s: how long this caller waits for a load; past it, one SpecvizError naming `what`.
+        """
+        future = self._future(key, make, background=timeout_s is not None)
+        try:
+            return future.result(timeout=timeout_s)
+        except FutureTimeout:
+            raise SpecvizError(
+                f"{what} is still loading and this request reached the server's time limit; "
+                "the load goes on, so try again in a minute."
+            ) from None
+
+    def start(self, key: tuple, make) -> None:
+        """Start loading `key` in the background unless it is loaded or loading (a later `get` waits for it)."""
+        self._future(key, make, background=True)
+
+    def _future(self, key: tuple, make, background: bool) -> Future:
+        with self._lock:
+            future = self._loading.get(key)
+            if future is None:
+                future, owner = Future(), True
+                if key in self._items:
+                    self._items.move_to_end(key)
+                    future.set_result(self._items[key])
+                    return future
+                self._loading[key] = future
+            else:
+                owner = False
+        if owner and background:
+            threading.Thread(target=self._load, args=(key, make, future), name="specviz-load", daemon=True).start()
+        elif owner:
+            self._load(key, make, future)
+        return future
+
+    def _load(self, key: tuple, make, future: Future) -> None:
+        try:
+            value = make()
+        except BaseException as err:  # a failed load never poisons the cache: the next caller tries again
+            with self._lock:
+                self._loading.pop(key, None)
+            future.set_exception(err)
+            return
+        with self._lock:
+            self._loading.pop(key, None)
+            self._items[key] = value
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
-            return lm
+        future.set_result(value)
+
+    def loading(self) -> int:
+        """Loads in flight."""
+        with self._lock:
+            return len(self._loading)
 
     def clear(self) -> None:
         with self._lock:
@@ -317,17 +408,8 @@ class ModelCache:
 CACHE = ModelCache(env_int("SPECVIZ_MAX_LOADED_MODELS", 4))
 
 
-def load_model(
-    name: str | LoadedModel,
-    *,
-    device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None,
-    quantize: str | None = None,
-    trust_remote_code: bool = False,
-) -> LoadedModel:
-    """Load (or fetch from the cache) one causal LM by hub id, folder or built-in name."""
-    if isinstance(name, LoadedModel):
-        return name
+def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, object, str]:
+    """(cache key, loader, "The model <name>") for one model; every argument is checked before anything is read."""
     if not isinstance(name, str) or not name.strip():
         raise SpecvizError("A model must be named by a Hugging Face id or a folder.")
     name = name.strip()
@@ -337,10 +419,47 @@ def load_model(
 
     def make() -> LoadedModel:
         model, tokenizer, source, memory = _load(name, dev, dt, quantize, trust_remote_code)
-        vocab_map, input_map, blocked = _load_vocab_map(source, dev, None)
+        rows = int(model.get_output_embeddings().weight.shape[0])
+        vocab_map, input_map, blocked = _load_vocab_map(name, source, dev, rows)
         return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked)
 
-    return CACHE.get((name, str(dev), str(dt), quantize, trust_remote_code), make)
+    return (name, str(dev), str(dt), quantize, trust_remote_code), make, f"The model {name}"
+
+
+def load_model(
+    name: str | LoadedModel,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    quantize: str | None = None,
+    trust_remote_code: bool = False,
+    timeout_s: float | None = None,
+) -> LoadedModel:
+    """Load (or fetch from the cache) one causal LM by hub id, folder or built-in name.
+
+    timeout_s: the most seconds to wait for a load (None: as long as it takes); past it, one SpecvizError,
+    while the load goes on in the background and the next call gets the model once it is ready.
+    """
+    if isinstance(name, LoadedModel):
+        return name
+    key, make, what = _request(name, device, dtype, quantize, trust_remote_code)
+    return CACHE.get(key, make, timeout_s, what)
+
+
+def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:
+    """Why the draft q cannot serve the target p, in one sentence; None when it can.
+
+    A trimmed draft must propose only ids the target has; any other draft must be able to read every id the
+    target's tokenizer can write (ids it lacks would index past its embedding).
+    """
+    if q.vocab_map is not None and q.vocab_map.numel() and int(q.vocab_map.max()) >= p.vocab_size:
+        top = int(q.vocab_map.max())
+        why = f"its trimmed vocabulary includes token id {top:,} and the target has only {p.vocab_size:,} token ids"
+    elif q.vocab_map is None and q.input_rows < len(p.tokenizer):
+        why = f"it can read only {q.input_rows:,} token ids and the target writes {len(p.tokenizer):,}"
+    else:
+        return None
+    return f"The draft {q.name} cannot serve the target {p.name}: {why}."
 
 
 def load_pair(
@@ -351,16 +470,31 @@ def load_pair(
     dtype: str | torch.dtype | None = None,
     quantize: str | None = None,
     trust_remote_code: bool = False,
+    timeout_s: float | None = None,
 ) -> tuple[LoadedModel, LoadedModel]:
-    """The target p and the draft q; None means the built-in pair. Quantisation applies to the target only."""
+    """The target p and the draft q; None means the built-in pair. Quantisation applies to the target only.
+
+    A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
+    pair gives the same sentence. timeout_s caps the wait for both loads together (see `load_model`).
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    draft = draft or BUILTIN_DRAFT
+    q_device = device or (target.device if isinstance(target, LoadedModel) else None)  # None: as p's, the default
+    if timeout_s is not None and not isinstance(draft, LoadedModel):  # both load at once, even if we give up
+        CACHE.start(*_request(draft, q_device, dtype, None, trust_remote_code)[:2])
     p = load_model(
-        target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize, trust_remote_code=trust_remote_code
+        target or BUILTIN_TARGET,
+        device=device,
+        dtype=dtype,
+        quantize=quantize,
+        trust_remote_code=trust_remote_code,
+        timeout_s=timeout_s,
     )
-    q = load_model(draft or BUILTIN_DRAFT, device=device or p.device, dtype=dtype, trust_remote_code=trust_remote_code)
-    if q.input_map is not None and q.input_map.numel() < p.vocab_size:  # target ids past the map -> row 0
-        grown = torch.zeros(p.vocab_size, dtype=torch.long, device=q.input_map.device)
-        grown[: q.input_map.numel()] = q.input_map
-        q.input_map = grown
+    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+    q = load_model(draft, device=q_device or p.device, dtype=dtype, trust_remote_code=trust_remote_code, timeout_s=left)
+    gap = vocab_gap(p, q)
+    if gap:
+        raise SpecvizError(gap)
     return p, q
 
 

@@ -22,6 +22,9 @@ ENV = [
     "SPECVIZ_MAX_LOADED_MODELS",
     "SPECVIZ_ALLOWED_MODELS",
     "SPECVIZ_MODEL_DIRS",
+    "SPECVIZ_SESSION_IDLE_S",
+    "SPECVIZ_MAX_SESSIONS",
+    "SPECVIZ_SESSION_MEMORY_MB",
 ]
 
 
@@ -48,8 +51,10 @@ def test_from_env_reads_every_variable(clean_env):
         clean_env.setenv(k, v)
     clean_env.setenv("SPECVIZ_ALLOWED_MODELS", " a/b , c/d,, ")
     clean_env.setenv("SPECVIZ_MODEL_DIRS", "/srv/m1,/srv/m2")
+    for k, v in zip(ENV[10:], ["60", "12", "256"]):
+        clean_env.setenv(k, v)
     lim = Limits.from_env()
-    assert lim == Limits(32, 100, 6, 3, 20, 2, 10, 2, ("a/b", "c/d"), ("/srv/m1", "/srv/m2"))
+    assert lim == Limits(32, 100, 6, 3, 20, 2, 10, 2, ("a/b", "c/d"), ("/srv/m1", "/srv/m2"), 60, 12, 256)
 
 
 def test_gamma_cap_never_exceeds_the_engine_maximum(clean_env):

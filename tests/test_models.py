@@ -4,7 +4,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -212,16 +214,79 @@ def test_a_failed_load_does_not_poison_the_cache(tmp_path, fresh_cache):
     assert isinstance(lm, LoadedModel) and lm.vocab_size == 16 and len(fresh_cache) == 1
 
 
-def test_trimmed_draft_maps_every_target_id(tiny_pair, tmp_path, fresh_cache):
-    """A draft keeping target ids 0..39: target ids past its map are fed to it as row 0, not clamped."""
+def _trimmed(folder: Path, keep: list[int], rows: int | None = None, **extra) -> str:
+    """A draft whose output layer keeps the target ids `keep` (specviz_vocab.json), with the target's tokenizer."""
+    make_model(rows or len(keep), seed=0).save_pretrained(folder)
+    make_tokenizer(64, chat=True).save_pretrained(folder)
+    (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": keep, **extra}))
+    return str(folder)
+
+
+def test_trimmed_draft_maps_every_target_id_and_pairing_changes_nothing(tiny_pair, tmp_path, fresh_cache):
+    """A draft keeping target ids 0..39: ids it lacks, and ids past its map, are fed to it as row 0; pairing it
+    with a target does not touch the cached draft (other requests may be using it)."""
     keep = list(range(40))
-    make_model(len(keep), seed=0).save_pretrained(tmp_path / "trim")
-    make_tokenizer(64, chat=True).save_pretrained(tmp_path / "trim")
-    (tmp_path / "trim" / "specviz_vocab.json").write_text(json.dumps({"target_ids": keep}))
+    q0 = load_model(_trimmed(tmp_path / "trim", keep), device="cpu")
+    input_map = q0.input_map
     p, q = load_pair(tiny_pair[0], str(tmp_path / "trim"), device="cpu")
+    assert q is q0 and q.input_map is input_map  # not grown, not replaced
     assert q.vocab_map.tolist() == keep
-    assert q.input_map.numel() == p.vocab_size == 64
-    assert q.input_map[:40].tolist() == keep and q.input_map[40:].eq(0).all()
+    fed = q.input_map[torch.arange(p.vocab_size).clamp(max=q.input_map.numel() - 1)]  # as the engine feeds it
+    assert fed[:40].tolist() == keep and fed[40:].eq(0).all()
+
+
+def test_a_draft_that_cannot_serve_the_target_is_one_sentence_from_load_pair(tiny_pair, tmp_path, fresh_cache):
+    gap = _trimmed(tmp_path / "gap", list(range(30)) + list(range(60, 70)))  # ids 64..69: the target has 64
+    msg = str(pytest.raises(SpecvizError, load_pair, tiny_pair[0], gap, device="cpu").value)
+    why = "its trimmed vocabulary includes token id 69 and the target has only 64 token ids"
+    assert msg == f"The draft {gap} cannot serve the target {tiny_pair[0]}: {why}."
+    small = tmp_path / "small"  # an untrimmed draft with a smaller vocabulary: cannot read ids 40..63
+    make_model(40, seed=0).save_pretrained(small)
+    make_tokenizer(40, chat=True).save_pretrained(small)
+    with pytest.raises(SpecvizError, match="it can read only 40 token ids and the target writes 64"):
+        load_pair(tiny_pair[0], str(small), device="cpu")
+    assert models.vocab_gap(*load_pair(*tiny_pair, device="cpu")) is None
+
+
+@pytest.mark.parametrize(
+    "vocab, match",
+    [
+        ("{not json", "unreadable specviz_vocab.json"),
+        ('{"ids": [1, 2]}', "unreadable specviz_vocab.json"),
+        (json.dumps({"target_ids": list(range(50))}), "one target id .* for each of its 40 output rows; it lists 50"),
+        (json.dumps({"target_ids": [-1, *range(1, 40)]}), "one target id"),
+        (json.dumps({"target_ids": list(range(40)), "never_propose": [40]}), "blocks rows it does not have"),
+    ],
+)
+def test_a_malformed_vocabulary_file_is_one_sentence(tmp_path, fresh_cache, vocab, match):
+    folder = Path(_trimmed(tmp_path / "bad", list(range(40))))
+    (folder / "specviz_vocab.json").write_text(vocab)
+    fails(match, str(folder), device="cpu")
+    assert len(fresh_cache) == 0
+
+
+def test_kv_bytes_per_token_bounds_the_real_cache(loaded_pair):
+    """What the step-through's memory bound counts, against the bytes a real run's KV caches hold."""
+    import gc
+
+    from transformers import DynamicCache
+
+    from specviz.config import SpecConfig
+    from specviz.engine import speculative_decode
+
+    p, q = loaded_pair
+    before = {id(o) for o in gc.get_objects() if isinstance(o, DynamicCache)}
+    run = speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(4, 16, 0))
+    events = [next(run) for _ in range(3)]  # Start and two rounds: the caches are alive inside the generator
+    tokens = 4 + sum(len(e.tokens) for e in events[1:]) + 4 + 1  # at most gamma + 1 past the tokens kept
+    held = 0
+    for obj in gc.get_objects():
+        if isinstance(obj, DynamicCache) and id(obj) not in before:
+            for layer in obj.layers:
+                held += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values) if t is not None)
+    run.close()
+    assert 0 < held <= (p.kv_bytes_per_token + q.kv_bytes_per_token) * tokens
+    assert p.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, 2 layers, 2 kv heads of 32/4 = 8, float32
 
 
 def test_corrupt_weights_are_one_sentence_and_not_cached(tmp_path, fresh_cache):
@@ -246,11 +311,7 @@ def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh
     from specviz.events import Round
 
     def trimmed(name: str, **extra) -> LoadedModel:
-        folder = tmp_path / name
-        make_model(40, seed=0).save_pretrained(folder)
-        make_tokenizer(64, chat=True).save_pretrained(folder)
-        (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(40)), **extra}))
-        return load_pair(tiny_pair[0], str(folder), device="cpu")
+        return load_pair(tiny_pair[0], _trimmed(tmp_path / name, list(range(40)), **extra), device="cpu")
 
     def proposals(p, q, temperature: float) -> tuple[list[int], list]:
         events = list(speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(4, 24, 3, SamplingConfig(temperature))))
@@ -266,3 +327,111 @@ def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh
         assert drafted and not set(favourite) & set(drafted), (favourite, drafted)
     ar = list(autoregressive_decode(p, [1, 7, 9, 11], SpecConfig(4, 24, 3, SamplingConfig(0.0))))
     assert proposals(p, q, 0.0)[1][-1].token_ids == ar[-1].token_ids  # greedy output is still the target's
+
+
+# --- loading under concurrency -------------------------------------------------------------------
+
+
+class SlowLoad:
+    """A loader that blocks until released, counting how often it ran."""
+
+    def __init__(self, value="model", fail: Exception | None = None):
+        self.value, self.fail, self.calls = value, fail, 0
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def __call__(self):
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(10), "never released"
+        if self.fail is not None:
+            raise self.fail
+        return self.value
+
+
+def _in_thread(fn) -> Future:
+    out = Future()
+    threading.Thread(target=lambda: _settle(out, fn), daemon=True).start()
+    return out
+
+
+def _settle(out: Future, fn) -> None:
+    try:
+        out.set_result(fn())
+    except BaseException as err:
+        out.set_exception(err)
+
+
+def test_a_slow_load_blocks_neither_loaded_models_nor_other_loads():
+    cache = ModelCache(capacity=4)
+    cache.get("loaded", lambda: "L")
+    slow = SlowLoad("S")
+    first = _in_thread(lambda: cache.get("slow", slow))
+    assert slow.started.wait(5)
+    t0 = time.perf_counter()
+    assert cache.get("loaded", lambda: "never") == "L"  # no wait for the slow load
+    assert cache.get("other", lambda: "O") == "O"  # another model loads meanwhile
+    assert time.perf_counter() - t0 < 0.5 and not first.done()
+    second = _in_thread(lambda: cache.get("slow", lambda: "a second load"))  # the same model: waits for it
+    time.sleep(0.2)
+    assert not second.done() and cache.loading() == 1
+    slow.release.set()
+    assert first.result(5) == second.result(5) == "S" and slow.calls == 1
+    assert cache.loading() == 0 and cache.get("slow", lambda: "never") == "S"
+
+
+def test_a_load_past_the_wait_limit_is_a_sentence_and_the_next_caller_gets_the_model():
+    cache = ModelCache(capacity=4)
+    slow = SlowLoad("S")
+    t0 = time.perf_counter()
+    with pytest.raises(SpecvizError, match="The model big is still loading .* try again in a minute"):
+        cache.get("big", slow, timeout_s=0.3, what="The model big")
+    assert 0.25 < time.perf_counter() - t0 < 2 and cache.loading() == 1  # the load goes on
+    with pytest.raises(SpecvizError, match="still loading"):
+        cache.get("big", lambda: "a second load", timeout_s=0.1, what="The model big")
+    slow.release.set()
+    assert cache.get("big", lambda: "a second load", timeout_s=5) == "S" and slow.calls == 1
+
+
+def test_a_failed_load_reaches_every_waiter_and_the_next_caller_tries_again():
+    cache = ModelCache(capacity=4)
+    slow = SlowLoad(fail=SpecvizError("The model x could not be loaded."))
+    waiters = [_in_thread(lambda: cache.get("x", slow, timeout_s=5)) for _ in range(3)]
+    assert slow.started.wait(5)
+    time.sleep(0.1)
+    slow.release.set()
+    for w in waiters:
+        with pytest.raises(SpecvizError, match="could not be loaded"):
+            w.result(5)
+    assert slow.calls == 1 and len(cache) == 0 and cache.loading() == 0
+    assert cache.get("x", lambda: "fixed") == "fixed"
+
+
+def test_importing_specviz_changes_no_environment_variable():
+    code = (
+        "import os, json; before = dict(os.environ)\n"
+        "import specviz, specviz.models, specviz.ui\n"
+        "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GRADIO_"))}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {}
+
+
+def test_models_loading_side_by_side_leave_no_transformers_patch_behind(tmp_path, fresh_cache):
+    """transformers' from_pretrained patches process-wide state while it builds; loads in parallel must not leave
+    it patched (a model built afterwards would have meta tensors, or the wrong default dtype)."""
+    from transformers import PreTrainedModel
+
+    tie, dtype = PreTrainedModel.tie_weights, torch.get_default_dtype()
+    folders = []
+    for i in range(4):
+        folders.append(tmp_path / f"m{i}")
+        make_model(16, seed=i).save_pretrained(folders[-1])
+        make_tokenizer(16, chat=False).save_pretrained(folders[-1])
+    for _ in range(3):
+        fresh_cache.clear()
+        loads = [_in_thread(lambda f=f: load_model(str(f), device="cpu", dtype="bfloat16")) for f in folders]
+        assert all(x.result(60).dtype == torch.bfloat16 for x in loads)
+        assert PreTrainedModel.tie_weights is tie and torch.get_default_dtype() == dtype
+        assert next(make_model(16, seed=0).parameters()).device.type == "cpu"

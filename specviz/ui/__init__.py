@@ -7,8 +7,6 @@ The default pair starts loading in a background thread when the demo is built; t
 from __future__ import annotations
 
 import html
-import importlib
-import logging
 import socket
 import threading
 from pathlib import Path
@@ -17,8 +15,6 @@ import gradio as gr
 
 from ..config import ASSETS
 from .common import UIContext, default_context, message
-
-log = logging.getLogger("specviz")
 
 ABOUT = """
 ### What is speculative decoding?
@@ -91,26 +87,17 @@ def _short(name: str) -> str:
     return path.name if name.startswith(("/", ".", "~")) else name
 
 
-def _tab(title: str, module: str, builder: str, ctx: UIContext) -> None:
-    """Another engineer's tab, or a 'coming soon' note while it is not written yet."""
-    try:
-        build = getattr(importlib.import_module(f"specviz.ui.{module}"), builder)
-    except ModuleNotFoundError as err:
-        if err.name != f"specviz.ui.{module}":
-            raise
-        gr.Markdown(f"*The {title} view is coming soon.*")
-        return
-    except (ImportError, AttributeError) as err:  # half-written by its engineer: keep the rest of the app up
-        log.warning("The %s tab could not be built: %s", title, err)
-        gr.Markdown(f"*The {title} view is coming soon.*")
-        return
-    build(ctx)
-
-
 def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
-    """The whole app; queue with the deployment's concurrency limit. Launch with `launch_kwargs()`."""
+    """The whole app; queue with the deployment's concurrency limit. Launch with `launch_kwargs()`.
+
+    The tabs are imported here, not guarded: a broken install fails at start-up with its ImportError.
+    """
+    from .learn import build_learn_tab
+    from .pair import build_pair_tab
     from .present import build_present_controls
     from .race import build_race_tab
+    from .replay import build_replay_tab
+    from .step import build_step_tab
 
     ctx = ctx or default_context()
     loader = Preloader(ctx)
@@ -123,13 +110,13 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
             with gr.Tab("Race"):
                 build_race_tab(ctx)
             with gr.Tab("Step through"):
-                _tab("Step through", "step", "build_step_tab", ctx)
+                build_step_tab(ctx)
             with gr.Tab("Pair check"):
-                _tab("Pair check", "pair", "build_pair_tab", ctx)
+                build_pair_tab(ctx)
             with gr.Tab("Learn"):
-                _tab("Learn", "learn", "build_learn_tab", ctx)
+                build_learn_tab(ctx)
             with gr.Tab("Replay"):
-                _tab("Replay", "replay", "build_replay_tab", ctx)
+                build_replay_tab(ctx)
             with gr.Tab("About"):
                 gr.Markdown(ABOUT)
         timer = gr.Timer(1.0)

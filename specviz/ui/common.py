@@ -56,14 +56,18 @@ class UIContext:
     default_draft: str | None = field(default_factory=lambda: _env("SPECVIZ_DRAFT"))
 
     def pair(self, target: str | None = None, draft: str | None = None) -> tuple[LoadedModel, LoadedModel]:
-        """The pair a visitor asked for (None or "" means the default), checked against the deployment's limits."""
+        """The pair a visitor asked for (None or "" means the default), checked against the deployment's limits.
+
+        A load that takes longer than one request may ends this request with a sentence; it goes on loading, and
+        the next visitor asking for the model gets it once it is ready. Models already loaded never wait for it.
+        """
         t = self.limits.check_model(target or "") or self.default_target or BUILTIN_TARGET
         d = self.limits.check_model(draft or "") or self.default_draft or BUILTIN_DRAFT
-        return load_pair(t, d, device=self.device)
+        return load_pair(t, d, device=self.device, timeout_s=self.limits.request_timeout_s)
 
     def target(self, name: str | None = None) -> LoadedModel:
         t = self.limits.check_model(name or "") or self.default_target or BUILTIN_TARGET
-        return load_model(t, device=self.device)
+        return load_model(t, device=self.device, timeout_s=self.limits.request_timeout_s)
 
 
 @functools.cache

@@ -1,9 +1,11 @@
 """The "Step through" tab: speculative decoding one draft/verify round at a time, for teaching.
 
-Each session holds its own `teach.Stepper` (the engine's generator and KV caches) in a gr.State, so
-"Next round" costs one round. Beside it: the exactness panel (the output follows p, not q) and a measured
-chart of the target's forward time for 1..gamma+1 tokens. Names as in the papers: p target, q draft,
-gamma block size, n accepted count, r the uniform draw. All model and visitor text is escaped.
+Each visitor's run is a `teach.Stepper` (the engine's generator and KV caches), kept between clicks in a
+`SessionStore` bounded by count, bytes and idle time (the gr.State holds only its key), so "Next round" costs
+one round and a class opening the tab at once cannot exhaust memory. Beside it: the exactness panel (the output
+follows p, not q) and a measured chart of the target's forward time for 1..gamma+1 tokens. Names as in the
+papers: p target, q draft, gamma block size, n accepted count, r the uniform draw. All model and visitor text
+is escaped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, s
 from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
 from .common import UIContext, error_html, gpu
 from .replay import download_buttons, downloads, step_recording
+from .sessions import SessionStore
 from .step_html import (
     CSS,
     EXACT_HELP,
@@ -79,13 +82,36 @@ class Session:
 
     def __init__(self, stepper: Stepper, pieces: Pieces):
         self.stepper, self.pieces, self.lock = stepper, pieces, threading.Lock()
+        self.closed = False
 
     def name(self, token_id: int) -> str:
         """A token as visible text: spaces as ␣, newlines as ⏎."""
         return label(self.pieces.text(token_id))
 
-    def __deepcopy__(self, memo) -> Session:  # gr.State copies values; generators cannot be copied
-        return self
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+    def close(self) -> None:
+        """Free the KV caches (the store calls this when the session is freed)."""
+        with self.lock:
+            self.closed = True
+            self.stepper.close()
+
+
+def session_bytes(p, q, n_prompt: int, settings: StepSettings) -> int:
+    """The most KV-cache memory one run holds: both models' caches at the run's full length."""
+    tokens = n_prompt + settings.max_new_tokens + settings.gamma + 1
+    return (p.kv_bytes_per_token + q.kv_bytes_per_token) * tokens
+
+
+def _seconds(s: int) -> str:
+    return f"{s // 60} minute{'s' if s >= 120 else ''}" if s % 60 == 0 else f"{s} seconds"
+
+
+def sessions(ctx: UIContext) -> SessionStore:
+    lim = ctx.limits
+    return SessionStore(lim.session_idle_s, lim.max_sessions, lim.session_memory_mb * 2**20)
 
 
 def build_step_tab(ctx: UIContext) -> None:
@@ -112,7 +138,13 @@ def build_step_tab(ctx: UIContext) -> None:
             cands = gr.Plot(show_label=False, visible=False)
         with gr.Column(scale=2, min_width=320):
             _html(value=EXPLAIN)
-    session = gr.State(None, time_to_live=3600)
+    store = sessions(ctx)
+    freed_note = (
+        f"Your earlier run was freed (no click for {_seconds(ctx.limits.session_idle_s)}, or the server needed "
+        "the room for other visitors), so this run starts over."
+    )
+    # the key of this visitor's run in `store`, never the run itself; a tab closed for an hour frees it
+    session = gr.State(None, delete_callback=store.pop)
     step_dl = download_buttons()  # a finished session as a JSON recording and an HTML page
 
     gr.Markdown("## Is it really lossless? And why is it faster?")
@@ -131,23 +163,41 @@ def build_step_tab(ctx: UIContext) -> None:
             time_say = _html()
             time_plot = gr.Plot(show_label=False, visible=False)
 
+    def start(prompt, settings: StepSettings) -> tuple[str, Session]:
+        p, q = ctx.pair()
+        ids = _prompt_ids(ctx, p, prompt)
+        s = Session(Stepper(p, q, ids, settings), Pieces(p.tokenizer))
+        try:
+            return store.add(s, session_bytes(p, q, len(ids), settings)), s
+        except SpecvizError:
+            s.close()
+            raise
+
     @gpu
-    def on_step(prompt, gamma, temperature, seed, lossy, w, s: Session | None):
+    def on_step(prompt, gamma, temperature, seed, lossy, w, key: str | None):
         try:
             settings = _settings(ctx, prompt, gamma, temperature, seed, lossy, w)
-            note = ""
-            if s is None or s.stepper.settings != settings:
-                note = "" if s is None else "The settings changed, so the run started over."
-                p, q = ctx.pair()
-                s = Session(Stepper(p, q, _prompt_ids(ctx, p, prompt), settings), Pieces(p.tokenizer))
-            if not s.lock.acquire(blocking=False):
-                raise SpecvizError("Still working on the previous round; wait a moment.")
-            try:
-                rd = s.stepper.advance()
-            finally:
-                s.lock.release()
+            s, note = store.get(key), ""
+            if s is not None and s.stepper.settings != settings:
+                store.pop(key)
+                s, key, note = None, None, "The settings changed, so the run started over."
+            for _ in range(2):  # a second pass only if the run was freed between `get` and taking its lock
+                if s is None or s.closed:  # never started, or freed (idle, or to make room for others)
+                    note = freed_note if key is not None else note
+                    key, s = None, None
+                    key, s = start(prompt, settings)
+                if not s.lock.acquire(blocking=False):
+                    raise SpecvizError("Still working on the previous round; wait a moment.")
+                try:
+                    if not s.closed:
+                        rd = s.stepper.advance()
+                        break
+                finally:
+                    s.lock.release()
+            else:  # freed twice in a row: the store is full of busier visitors
+                raise SpecvizError("The step-through is too busy to keep your run right now; try again in a minute.")
             if rd is None:
-                return s, say_html(s.stepper, s.pieces, None), gr.skip(), gr.skip(), gr.skip()
+                return key, say_html(s.stepper, s.pieces, None), gr.skip(), gr.skip(), gr.skip()
             fig = candidates_figure(rd, s.name, settings.temperature == 0)
             greedy = settings.temperature == 0
             if settings.relaxed_w < 1:
@@ -155,11 +205,12 @@ def build_step_tab(ctx: UIContext) -> None:
                 note = f"{note} {lossy_note}".strip()
             say = say_html(s.stepper, s.pieces, rd, note)
             text_now = text_html(s.pieces, s.stepper.rounds, greedy)
-            return s, say, text_now, draws_html(rd, s.name, greedy, settings.relaxed_w), gr.Plot(fig, visible=True)
+            return key, say, text_now, draws_html(rd, s.name, greedy, settings.relaxed_w), gr.Plot(fig, visible=True)
         except Exception as err:
-            return s, _fail(err), gr.skip(), gr.skip(), gr.skip()
+            return key, _fail(err), gr.skip(), gr.skip(), gr.skip()
 
-    def on_reset():
+    def on_reset(key: str | None):
+        store.pop(key)
         return None, START, "", "", gr.Plot(None, visible=False)
 
     @gpu
@@ -197,9 +248,12 @@ def build_step_tab(ctx: UIContext) -> None:
         on_step, [prompt, gamma, temperature, seed, lossy, w, session], outs, api_name="step", concurrency_id="models"
     )
     step_ev.then(
-        lambda s: downloads(step_recording(ctx, s), "step"), [session], list(step_dl), api_visibility="private"
+        lambda key: downloads(step_recording(ctx, store.get(key)), "step"),
+        [session],
+        list(step_dl),
+        api_visibility="private",
     )
-    reset.click(on_reset, None, outs, api_name="reset", queue=False)
+    reset.click(on_reset, session, outs, api_name="reset", queue=False)
     reset.click(lambda: downloads(None, ""), None, list(step_dl), api_visibility="private", queue=False)
     lossy.change(lambda on: gr.Slider(visible=on is True, value=0.5 if on else 1.0), lossy, w, queue=False)
     check.click(

@@ -1,0 +1,43 @@
+"""The short soak: scripts/soak.py with 4 visitors for a minute against the app (a child process) on the tiny pair.
+
+The full run (8 visitors, 30 minutes, the built-in pair) is in the README's "Deploying publicly" section.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def soak(tiny_pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("soak")
+    target, draft = tiny_pair
+    cmd = [sys.executable, str(ROOT / "scripts" / "soak.py"), "--visitors", "4", "--minutes", "1"]
+    # A minute is mostly warm-up for the process's memory (allocator arenas of new threads fill up), so the
+    # growth bound here is looser than the full run's 10%; a leak of a request's objects would still show.
+    cmd += ["--target", target, "--draft", draft, "--out", str(out), "--no-png", "--max-rss-growth", "0.25"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    report = json.loads((out / "soak.json").read_text()) if (out / "soak.json").is_file() else {}
+    return run, report, out
+
+
+def test_a_minute_of_mixed_visitors_has_no_traceback_no_error_and_no_cross_talk(soak):
+    run, report, out = soak
+    assert run.returncode == 0, run.stderr[-2000:] + json.dumps(report.get("problems"))
+    assert report["tracebacks"] == 0 and report["cross_talk"] == 0 and not report["problems"]
+    assert report["outcomes"].get("error", 0) == 0
+
+
+def test_every_kind_of_request_was_sent_valid_and_invalid_and_some_were_cancelled(soak):
+    _, report, _ = soak
+    assert set(report["by_kind"]) == {"race", "sweep", "step", "check", "exactness"}
+    assert report["outcomes"]["finished"] >= 20 and report["outcomes"]["refused"] >= 5
+    assert report["outcomes"].get("cancelled", 0) >= 1
+    assert report["queue_wait_s"]["p50"] is not None and report["first_token_s"]["p95"] is not None

@@ -250,6 +250,25 @@ def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Seque
     return out
 
 
+def parse_configs(text: str) -> list[Config]:
+    """--configs "model:1,model:auto,lookup:auto,lookup+model:2:heuristic": drafter:gamma[:policy] each."""
+    out = []
+    for item in (x.strip() for x in str(text).split(",") if x.strip()):
+        parts = item.split(":")
+        if len(parts) not in (2, 3):
+            raise SpecvizError(f"--configs items look like model:3 or lookup:auto or model:6:confidence, not {item!r}.")
+        gamma = "auto" if parts[1] == "auto" else parts[1]
+        try:
+            gamma = gamma if gamma == "auto" else int(gamma)
+        except ValueError:
+            raise SpecvizError(f"--configs: {parts[1]!r} is not a gamma (a whole number or auto).") from None
+        policy = "auto" if gamma == "auto" else (parts[2] if len(parts) == 3 else "constant")
+        out.append(Config(parts[0], gamma, policy))
+    for c in out:
+        c.spec_config(8, 0, SamplingConfig())  # one sentence for an unknown drafter or policy, before loading
+    return out
+
+
 def _shared_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool) -> tuple[dict, dict]:
     """The methods run once per prompt: ar and transformers' peers."""
     notes = {}
@@ -585,7 +604,7 @@ def main(args) -> dict:
     temperatures = parse_grid(args.temperatures, float, "temperatures")
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    configs = grid(gammas, drafters, policies)
+    configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies)
     p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
     runs = measure(
         p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,

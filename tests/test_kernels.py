@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import specviz.kernels as kernels
 from specviz.kernels import MAX_ROWS, use_small_batch_gemm
+
+
+@pytest.fixture(autouse=True)
+def forced_on(monkeypatch):
+    """The product tests need the path on, whatever this CPU prefers (the choice itself is tested below)."""
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "1")
 
 
 def _pair(bias: bool, dtype=torch.float32):
@@ -53,8 +60,21 @@ def test_left_alone_for_other_dtypes_subclasses_and_when_turned_off(monkeypatch)
 
 
 def test_models_loaded_by_specviz_use_it(tiny_pair):
-    from specviz.models import load_model
+    from specviz.models import CACHE, load_model
 
+    CACHE.clear()  # loaded now, with the path forced on
     m = load_model(tiny_pair[0], device="cpu")
     lin = [mod for mod in m.model.modules() if type(mod) is torch.nn.Linear]
     assert lin and all("_linear" in getattr(mod.forward, "__name__", "") for mod in lin)
+    CACHE.clear()
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_uses_the_path_only_where_it_is_faster_here(monkeypatch, faster):
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "auto")
+    monkeypatch.setattr(kernels, "_FASTER", {})
+    # staged timings: the transposed product takes a quarter (or four times) the time of F.linear
+    monkeypatch.setattr(kernels, "_time_both", lambda layer, x: (1.0, 0.25 if faster else 4.0))
+    _, layer = _pair(False)
+    assert (use_small_batch_gemm(torch.nn.Sequential(layer)) == 1) is faster
+    assert kernels._FASTER[(96, 48)] is faster  # decided once per weight shape, then remembered

@@ -57,6 +57,12 @@ class DraftContext:
         """The confidence policy's threshold on the draft's top probability (0: none)."""
         return self.policy.threshold
 
+    def prefers(self, a: str, b: str) -> bool:
+        """Whether the policy expects at least as many tokens per second from source a as from b (True when it
+        has no estimates: then the cheaper drafter, a, goes first)."""
+        rate = getattr(self.policy, "best_rate", None)
+        return rate is None or rate(a) >= rate(b)
+
     def k_for(self, source: str) -> tuple[int, str]:
         """The most tokens `source` may propose now, and why that many (the policy, or the budget)."""
         k = self.policy.k(source)
@@ -210,12 +216,19 @@ class LookupDrafter(Drafter):
 
 
 class LookupModelDrafter(Drafter):
-    """Lookup where the text has a match, the draft model otherwise."""
+    """Lookup where the text has a match, the draft model otherwise.
+
+    Under the auto policy a match is used only when the policy expects more tokens per second from it than
+    from the model (lookup's guesses are free but, on open questions, rarely right); one match in
+    `EXPLORE_EVERY` is used anyway, so the estimate of lookup keeps learning when the text turns quotable.
+    """
 
     name = "lookup+model"
+    EXPLORE_EVERY = 8
 
     def __init__(self, draft: LoadedModel, V: int, **lookup):
         self.lookup, self.model = LookupDrafter(**lookup), ModelDrafter(draft, V)
+        self.matches = 0
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.model.begin(prompt_ids)
@@ -227,7 +240,9 @@ class LookupModelDrafter(Drafter):
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
         found = self.lookup.propose(seq, ctx)
         if found.tokens.numel():
-            return found
+            self.matches += 1
+            if self.matches % self.EXPLORE_EVERY == 0 or ctx.prefers(self.lookup.name, self.model.name):
+                return found
         return self.model.propose(seq, ctx)
 
 

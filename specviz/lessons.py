@@ -331,7 +331,52 @@ SAME = Lesson(
 )
 
 
-LESSONS: tuple[Lesson, ...] = (GAMMA, TEMPERATURE, DOMAIN, VERIFY, SAME)
+# --- 6. a free drafter: prompt lookup on a summarising prompt ------------------------------------------------
+
+
+def _lookup_measure(p, q, b: Budget) -> dict:
+    from .engine import autoregressive_decode, speculative_decode
+
+    prompt = _prompt("grounded")  # summarise a pasted text: the answer reuses the text's own words
+    ids = _ids(p, prompt)
+    ar = _numbers(list(autoregressive_decode(p, ids, SpecConfig(max_new_tokens=b.tokens))))
+    out = {"prompt": prompt, "plain": ar}
+    for name in ("model", "lookup"):
+        cfg = SpecConfig(gamma="auto", max_new_tokens=b.tokens, drafter=name)
+        events = list(speculative_decode(p, q if name == "model" else None, ids, cfg))
+        out[name] = _numbers(events)
+        out[name]["tokens_per_call"] = out[name]["new_tokens"] / max(out[name]["target_calls"], 1)
+        out[name]["speedup"] = out[name]["tokens_per_s"] / max(ar["tokens_per_s"], 1e-9)
+    return out
+
+
+def _lookup_explain(m: dict) -> str:
+    model, lookup = m["model"], m["lookup"]
+    return (
+        f"Asked to summarise a pasted text, the draft model ran at {model['speedup']:.2f}× plain speed and prompt "
+        f"lookup at {lookup['speedup']:.2f}× ({lookup['tokens_per_call']:.2f} tokens per target pass against "
+        f"{model['tokens_per_call']:.2f}). Lookup's guesses cost nothing to make: it copies the words that followed "
+        f"the last few words of the text wherever they appeared before, and {lookup['alpha']:.0%} of the copies it "
+        "offered were kept. A summary repeats its source's phrases, so free guesses go a long way; on an open "
+        "question there is little to copy, and the draft model is the better guesser."
+    )
+
+
+LOOKUP = Lesson(
+    key="lookup",
+    title="6. Guesses for free",
+    question=(
+        "Prompt lookup needs no draft model: it guesses by copying what followed the same words earlier in the "
+        "prompt. On a 'summarise this text' prompt, compared with the trained draft model, it will be…"
+    ),
+    choices=("faster", "about as fast (within 5%)", "slower"),
+    measure=_lookup_measure,
+    verdict=lambda m: _three_way(m["lookup"]["speedup"] / max(m["model"]["speedup"], 1e-9), 0.95, 1.05),
+    explain=_lookup_explain,
+)
+
+
+LESSONS: tuple[Lesson, ...] = (GAMMA, TEMPERATURE, DOMAIN, VERIFY, SAME, LOOKUP)
 
 
 def lesson(key: str) -> Lesson:

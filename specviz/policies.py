@@ -95,9 +95,14 @@ class Auto(GammaPolicy):
         self.last[source] = best
         return best
 
+    def best_rate(self, source: str) -> float:
+        """Expected tokens per second of `source` at its best k (lookup+model asks which drafter to use)."""
+        return max(self.rate(source, k) for k in range(1, self.gamma + 1))
+
     def update(self, source: str, proposed: int, n: int, draft_s: float, verify_s: float) -> None:
         if proposed == 0:
             return
+        self.alphas(source)  # its estimates exist from here on
         r, a = self.reached[source], self.kept[source]
         for j in range(self.gamma):
             r[j] *= AUTO_DECAY

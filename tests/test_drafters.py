@@ -304,3 +304,32 @@ def test_done_stats_carry_alpha_from_one_definition(loaded_pair):
     s = r.stats
     assert s["alpha"] == pytest.approx(s["accepted"] / (s["accepted"] + s["resampled"]))
     assert isinstance(list(generate_events(p, q, "hi"))[-1], Done)
+
+
+def test_under_auto_lookup_and_model_compete_for_each_round():
+    """lookup+model with auto: a match goes to lookup only while lookup is expected to pay more than the model,
+    and one match in EXPLORE_EVERY still goes to lookup, so its estimate keeps learning."""
+    from specviz.config import SamplingConfig
+    from specviz.drafters import DraftContext, LookupModelDrafter
+
+    policy = Auto(4, [0.04] * 5, 0.004)
+    for _ in range(30):  # lookup's guesses are never kept, the model's always are
+        policy.update("lookup", 2, 0, 0.0, 0.04)
+        policy.update("model", 4, 4, 0.016, 0.04)
+    ctx = DraftContext(SamplingConfig(), torch.Generator(), 64, torch.device("cpu"), policy, budget=50)
+    assert not ctx.prefers("lookup", "model") and ctx.prefers("model", "lookup")
+
+    class Counted(LookupModelDrafter):
+        def __init__(self):  # no draft model: record which drafter a round would go to
+            from specviz.drafters import LookupDrafter
+
+            self.lookup, self.model, self.matches, self.used = LookupDrafter(), None, 0, []
+
+    d = Counted()
+    d.model = type("Model", (), {"name": "model", "propose": lambda self, seq, c: d.used.append("model")})()
+    seq = [5, 6, 7, 5, 6]  # (5, 6) matches: lookup always has something to propose here
+    for _ in range(16):
+        out = d.propose(seq, ctx)
+        if out is not None:
+            d.used.append("lookup")
+    assert d.used.count("lookup") == 16 // LookupModelDrafter.EXPLORE_EVERY and d.used.count("model") == 14

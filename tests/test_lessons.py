@@ -22,9 +22,9 @@ def test_each_lesson_runs_end_to_end_and_explains_its_numbers(ls, loaded_pair):
     assert right.startswith("✓") and wrong.startswith("✗") and ls.choices[out.answer] in wrong
 
 
-def test_a_sixth_lesson_is_one_entry():
+def test_six_lessons_each_one_entry():
     keys = [ls.key for ls in lessons.LESSONS]
-    assert len(keys) == len(set(keys)) == 5
+    assert len(keys) == len(set(keys)) == 6 and lessons.lesson("lookup").title.startswith("6.")
     with pytest.raises(lessons.SpecvizError, match="no lesson"):
         lessons.lesson("prompt-lookup")
 

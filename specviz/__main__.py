@@ -25,11 +25,19 @@ def _gamma(text: str):
 
 
 def _sampling_args(ap: argparse.ArgumentParser) -> None:
-    from .config import DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES
+    from .config import DEFAULT_DRAFTER, DEFAULT_GAMMA_SETTING, DRAFTERS, GAMMA_POLICIES
 
-    ap.add_argument("--drafter", choices=DRAFTERS, default="model", help="where guesses come from (default: model)")
     ap.add_argument(
-        "--gamma", type=_gamma, default=DEFAULT_GAMMA, help="tokens proposed per round (1-16), or auto (default 3)"
+        "--drafter",
+        choices=DRAFTERS,
+        default=DEFAULT_DRAFTER,
+        help=f"where guesses come from (default {DEFAULT_DRAFTER})",
+    )
+    ap.add_argument(
+        "--gamma",
+        type=_gamma,
+        default=DEFAULT_GAMMA_SETTING,
+        help="tokens proposed per round (1-16), or auto (default)",
     )
     ap.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="constant", help="how gamma changes per round")
     ap.add_argument("--confidence", type=float, default=0.4, help="the confidence policy's threshold")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import BUILTIN_TARGET, SamplingConfig, SpecConfig, SpecvizError
+from .config import BUILTIN_TARGET, DEFAULT_DRAFTER, DEFAULT_GAMMA_SETTING, SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
 from .models import LoadedModel, load_model, load_pair
@@ -134,8 +134,8 @@ _DEFAULTS = dict(
     target=None,
     draft=None,
     mode="spec",
-    drafter=_CFG.drafter,
-    gamma=_CFG.gamma,
+    drafter=DEFAULT_DRAFTER,
+    gamma=DEFAULT_GAMMA_SETTING,
     gamma_policy=_CFG.gamma_policy,
     confidence=_CFG.confidence,
     prompt_lookup_num_tokens=_CFG.prompt_lookup_num_tokens,

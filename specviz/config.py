@@ -71,7 +71,12 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-DEFAULT_GAMMA = 3  # the one default: the built-in pair's speedup is flat over gamma 1-3 and falls after
+DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); the built-in pair is best at 1-3
+# What a user gets without choosing, in the API, the CLI and the page: the configuration that the benchmark
+# found best overall for the built-in pair on a 2-core CPU (BENCHMARKS.md, 23 Nov 2026): free lookup guesses
+# where the text has them, the draft model otherwise, as many per round as the auto policy expects to pay
+DEFAULT_DRAFTER = "lookup+model"
+DEFAULT_GAMMA_SETTING = "auto"
 DRAFTERS = ("model", "lookup", "lookup+model")
 GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
 AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps

@@ -12,7 +12,7 @@ import time
 import gradio as gr
 
 from .. import plots, render
-from ..config import ASSETS, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
+from ..config import ASSETS, AUTO_GAMMA_MAX, DEFAULT_DRAFTER, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
 from ..theory import alpha
@@ -148,7 +148,7 @@ class RaceView:
 
 
 def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                drafter="model", policy="constant", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
+                drafter=DEFAULT_DRAFTER, policy="auto", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
     """Yield the page's outputs while the lanes race (text every ~0.1 s, plots every ~0.5 s)."""
     view, start = RaceView(prompt if isinstance(prompt, str) else ""), time.monotonic()
     try:
@@ -199,10 +199,10 @@ def build_race_tab(ctx: UIContext) -> None:
             sweep = gr.Button("Sweep gamma", variant="secondary")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():
-        drafter = gr.Dropdown(list(DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
-        policy = gr.Dropdown(list(GAMMA_POLICIES), value="constant", label="gamma policy", scale=1)
+        drafter = gr.Dropdown(list(DRAFTERS), value=DEFAULT_DRAFTER, label="guesses from (drafter)", scale=1)
+        policy = gr.Dropdown(list(GAMMA_POLICIES), value="auto", label="gamma policy", scale=1)
         gamma = gr.Slider(
-            1, lim.max_gamma, value=min(DEFAULT_GAMMA, lim.max_gamma), step=1, scale=2,
+            1, lim.max_gamma, value=min(AUTO_GAMMA_MAX, lim.max_gamma), step=1, scale=2,
             label="gamma: guesses per round (the most per round under confidence and auto)",
         )  # fmt: skip
         temperature = gr.Slider(
@@ -257,8 +257,8 @@ def build_race_tab(ctx: UIContext) -> None:
     race_done, sweep_done = gr.State(None), gr.State(None)  # the last finished race's view / sweep's result
 
     @gpu
-    def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter="model",
-                policy="constant", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
+    def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter=DEFAULT_DRAFTER,
+                policy="auto", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
         yield from with_result(race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
                                            drafter, policy, drafter2, policy2))  # fmt: skip
 

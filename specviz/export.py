@@ -95,15 +95,7 @@ class LaneView:
         n, rate = self.rate()
         if self.side == "ar":
             return render.stats_html([(str(n), "tokens"), (f"{rate:.1f}", "tokens/s"), (str(n), "target calls")])
-        rounds = [e for e in self.events if isinstance(e, Round)]
-        drafted, accepted = sum(len(r.drafted) for r in rounds), sum(r.n for r in rounds)
-        items = [
-            (str(n), "tokens"),
-            (f"{rate:.1f}", "tokens/s"),
-            (str(len(rounds)), "target calls"),
-            (f"{accepted / drafted:.0%}" if drafted else "—", "guesses accepted"),
-            (f"{n / len(rounds):.2f}" if rounds else "—", "tokens per target call"),
-        ]
+        items = render.spec_stat_items([e for e in self.events if isinstance(e, Round)], n, rate)
         if self.relaxed_w < 1 and not self.greedy:  # a lossy run's numbers never appear without the label
             items.append(("not exact", f"relaxed verification, w = {self.relaxed_w:.2f}"))
         if plain is not None:

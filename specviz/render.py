@@ -12,6 +12,7 @@ import html
 import math
 
 from .events import Done, Round, Step
+from .theory import alpha
 
 NEWLINE = "⏎"
 TAB = "⇥"
@@ -62,8 +63,8 @@ def _span(cls: str, body: str, title: str, special: bool = False, text: str = ""
     extra = (" tok-special" if special else "") + (f" src-{source}" if source == "lookup" else "")
     name = ""
     if cls in STATES and text:  # the state in the accessible name, not only in the colour
-        how = ", from prompt lookup" if source == "lookup" else ""
-        name = f' role="img" aria-label="{html.escape(f"{STATES[cls]}{how}: {text}", quote=True)}"'
+        how = " (a free guess from prompt lookup)" if source == "lookup" else ""
+        name = f' role="img" aria-label="{html.escape(f"{STATES[cls]}: {text}{how}", quote=True)}"'
     return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}"{name}>{body}</span>'
 
 
@@ -182,6 +183,20 @@ def pane_html(side: str, body: str, clock_s: float, done: Done | None, waiting: 
 def prompt_html(prompt: str) -> str:
     """The visitor's prompt, echoed as text (escaped: a <script> prompt shows as text)."""
     return f'<div class="sv-prompt"><b>Prompt</b> <span class="sv-prompt-text">{html.escape(prompt)}</span></div>'
+
+
+def spec_stat_items(rounds: list[Round], n: int, rate: float) -> list[tuple[str, str]]:
+    """The numbers under a speculative pane (the race, a replay, an exported page): one definition."""
+    drafted, accepted = sum(len(r.drafted) for r in rounds), sum(r.n for r in rounds)
+    a = alpha(accepted, sum(r.kind == "resampled" for r in rounds))
+    return [
+        (str(n), "tokens"),
+        (f"{rate:.1f}", "tokens/s"),
+        (str(len(rounds)), "target calls"),
+        (f"{accepted / drafted:.0%}" if drafted else "—", "guesses accepted"),
+        (f"{a:.0%}" if drafted else "—", "α: kept of those checked"),
+        (f"{n / len(rounds):.2f}" if rounds else "—", "tokens per target call"),
+    ]
 
 
 def stats_html(items: list[tuple[str, str]]) -> str:

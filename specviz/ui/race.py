@@ -15,7 +15,6 @@ from .. import plots, render
 from ..config import ASSETS, AUTO_GAMMA_MAX, DEFAULT_DRAFTER, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
-from ..theory import alpha
 from .common import UIContext, error_html, gpu
 from .inputs import NO_LANE, lane_drafter, note, prepare, run_config
 
@@ -80,19 +79,9 @@ class RaceView:
             return ""
         n_sp, rate_sp = self._rate(side)
         rounds = [e for e in self.events[side] if isinstance(e, Round)]
-        drafted, accepted = sum(len(r.drafted) for r in rounds), sum(r.n for r in rounds)
-        a = alpha(accepted, sum(r.kind == "resampled" for r in rounds))
         speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp and rate_ar else "—"
         return render.stats_html(
-            [
-                (str(n_sp), "tokens"),
-                (f"{rate_sp:.1f}", "tokens/s"),
-                (str(len(rounds)), "target calls"),
-                (f"{accepted / drafted:.0%}" if drafted else "—", "guesses accepted"),
-                (f"{a:.0%}" if drafted else "—", "α: kept of those checked"),
-                (f"{n_sp / len(rounds):.2f}" if rounds else "—", "tokens per target call"),
-                (speedup, "speedup (tokens/s vs plain)"),
-            ]
+            render.spec_stat_items(rounds, n_sp, rate_sp) + [(speedup, "speedup (tokens/s vs plain)")]
         )
 
     def stats(self) -> tuple[str, str, str]:

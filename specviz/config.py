@@ -106,8 +106,8 @@ class SpecConfig:
 
     def __post_init__(self) -> None:
         gamma, policy = self.gamma, self.gamma_policy
-        if isinstance(gamma, str) and gamma.strip().lower() == "auto":
-            gamma, policy = AUTO_GAMMA_MAX, "auto"
+        if isinstance(gamma, str) and gamma.strip().lower() == "auto":  # let a policy choose; with none named, auto
+            gamma, policy = AUTO_GAMMA_MAX, "auto" if policy == "constant" else policy
         elif isinstance(gamma, str):
             raise SpecvizError(f"gamma must be a whole number from 1 to {GAMMA_MAX} or 'auto', not {gamma!r}.")
         g = _integer("gamma", gamma)

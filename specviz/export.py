@@ -124,7 +124,8 @@ def figures(rec: Recording, views: dict[str, LaneView]) -> list:
     spec_name = next((n for n, v in views.items() if v.side == "spec"), None)
     spec = views[spec_name].events if spec_name else []
     rounds = plots.rounds_frame(spec)
-    gamma = next((e.gamma for e in spec if isinstance(e, Start)), int(rec.settings.get("gamma") or 1))
+    setting = rec.settings.get("gamma")
+    gamma = next((e.gamma for e in spec if isinstance(e, Start)), setting if isinstance(setting, int) else 1)
     figs = [plots.race_figure(ar, spec)] if ar else []
     figs += [plots.acceptance_figure(rounds), plots.tokens_per_round_figure(rounds, max(gamma, 1))]
     if ar:

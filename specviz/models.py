@@ -271,9 +271,13 @@ def _first_line(e: BaseException) -> str:
     return (lines[0] if lines else type(e).__name__)[:200].rstrip(" .:")
 
 
+_IMPORT_LOCK = threading.Lock()  # transformers' lazy module is not thread-safe: two loads importing at once fail
+
+
 def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | None, trust_remote_code: bool):
-    from safetensors import SafetensorError  # a corrupt or truncated weights file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    with _IMPORT_LOCK:
+        from safetensors import SafetensorError  # a corrupt or truncated weights file
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_source(name)
     local_dir = Path(source).is_dir()

@@ -8,7 +8,9 @@
   probability is read at temperature 1).
 - `auto`: each round, the k <= gamma that maximises expected tokens per second, from running estimates of
   the acceptance at each draft position (per drafter source: lookup guesses and model guesses differ) and the
-  measured cost of a draft step and of a verify of k + 1 tokens on this machine (`costs.py`).
+  cost of a draft step and of a verify of k + 1 tokens measured on this machine once per loaded model
+  (`costs.py`). The costs are not re-read from each round's timings, so the choices depend only on the run's
+  own acceptances: a seeded sampled run repeats exactly within a process (a new process measures again).
 
 A policy is told each round's outcome with `update`; it never sees the text.
 """
@@ -22,7 +24,6 @@ from .theory import expected_tokens_by_position
 
 AUTO_DECAY = 0.95  # older rounds count less: acceptance changes along an answer (a list, then prose)
 AUTO_PRIOR = 2.0  # pseudo-rounds of each position's estimate at the source's overall alpha
-EMA = 0.2  # weight of a new cost measurement
 
 
 class GammaPolicy:
@@ -73,7 +74,7 @@ class Auto(GammaPolicy):
         """verify_s[i]: seconds of one target call over i + 1 tokens (i = 0 .. gamma); draft_step_s: one draft call."""
         super().__init__(gamma)
         self.verify_s = list(verify_s[: gamma + 1])
-        self.step_s = {"model": draft_step_s}  # a lookup costs ~0 until measured
+        self.step_s = {"model": draft_step_s}  # a lookup costs nothing worth counting (a dict look-up)
         self.reached: dict[str, list[float]] = {}
         self.kept: dict[str, list[float]] = {}
         self.last: dict[str, int] = {}
@@ -110,10 +111,6 @@ class Auto(GammaPolicy):
         for j in range(min(n + 1, proposed)):
             r[j] += 1.0
             a[j] += j < n
-        old, step = self.step_s.get(source), draft_s / proposed
-        self.step_s[source] = step if old is None else (1 - EMA) * old + EMA * step
-        if proposed < len(self.verify_s):
-            self.verify_s[proposed] = (1 - EMA) * self.verify_s[proposed] + EMA * verify_s
 
 
 def make_policy(name: str, gamma: int, threshold: float, verify_s: Sequence[float] = (), draft_step_s: float = 0.0):

@@ -42,7 +42,15 @@ def test_stepping_round_by_round_gives_the_engines_text(loaded_pair, temperature
     assert st.done is not None and st.advance() is None  # stays finished
     assert len(rounds) > 3 and st.rounds == rounds
     ref = generate(
-        "the cat sat", target=p, draft=q, raw=True, gamma=3, temperature=temperature, seed=5, max_new_tokens=40
+        "the cat sat",
+        target=p,
+        draft=q,
+        raw=True,
+        gamma=3,
+        temperature=temperature,
+        seed=5,
+        max_new_tokens=40,
+        drafter="model",  # the step-through shows the draft model's guesses
     )
     assert tuple(st.output_ids) == ref.token_ids == st.done.token_ids
 

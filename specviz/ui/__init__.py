@@ -7,14 +7,17 @@ The default pair starts loading in a background thread when the demo is built; t
 from __future__ import annotations
 
 import html
+import logging
 import socket
 import threading
 from pathlib import Path
 
 import gradio as gr
 
-from ..config import ASSETS
+from ..config import ASSETS, SpecvizError
 from .common import UIContext, default_context, message
+
+log = logging.getLogger("specviz")
 
 ABOUT = """
 ### What is speculative decoding?
@@ -70,6 +73,8 @@ class Preloader:
         try:
             p, q = self.ctx.pair()
         except Exception as err:  # shown in the status line; a run will try again and say why
+            if not isinstance(err, SpecvizError):  # not the visitor's doing: the operator needs the traceback
+                log.exception("The default models could not be loaded")
             self.state, self.text = "error", f"The default models could not be loaded: {message(err)}"
             return
         self.state = "ready"

@@ -103,7 +103,8 @@ def gamma_timeline_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
         fig.add_trace(go.Scatter(x=f["round"], y=f["planned"], mode="markers", name=f"{label}: most allowed",
                                  marker={"symbol": "line-ew-open", "size": 12, "color": "#333"}, legendgroup=label))  # fmt: skip
     fig = _layout(fig, "Gamma per round: guesses proposed, and why a round stopped", "round", "guesses")
-    fig.update_layout(barmode="group")
+    fig.update_layout(barmode="group", legend={"orientation": "h", "yanchor": "top", "y": -0.25, "xanchor": "left",
+                      "x": 0}, margin={"b": 90}, height=HEIGHT + 60)  # fmt: skip
     fig.update_yaxes(rangemode="tozero", dtick=1)
     return fig
 

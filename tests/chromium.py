@@ -26,3 +26,13 @@ def require_chromium() -> None:
         pytest.skip(
             f"{CHROMIUM} is missing (apt-get install chromium); in CI this test fails instead", allow_module_level=True
         )
+
+
+def launched():
+    """A chromium browser for a test module, closed after it: `yield from launched()` in a module fixture."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()

@@ -9,11 +9,11 @@ import re
 from urllib.parse import urlparse
 
 import pytest
-from chromium import ARGS, CHROMIUM, require_chromium
+from chromium import launched, require_chromium
 
 require_chromium()
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
@@ -37,10 +37,7 @@ def app_url(tiny_pair):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
+    yield from launched()
 
 
 def _page(browser, width=1400, height=1000):

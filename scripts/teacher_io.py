@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import math
 import zlib
@@ -87,6 +88,12 @@ def append_jsonl(path: str | Path, rows: list[dict]) -> None:
     else:
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)
+
+
+def reply_key(row: dict) -> str:
+    """One reply's identity, (prompt, temperature, ids), as a short hash: matches a reply to its top-k line."""
+    raw = json.dumps([row["prompt"], float(row.get("temperature", 1.0)), list(row["ids"])])
+    return hashlib.sha1(raw.encode("utf-8")).hexdigest()
 
 
 def encode_topk(top_ids: torch.Tensor, top_p: torch.Tensor) -> dict:

@@ -15,6 +15,11 @@ Why it looks the way it does (measured on a 2-core CPU, float32, one cached toke
     the blocks start random;
   * the loss is next-token cross-entropy on the reply tokens only (the prompt is context). On sampled
     replies this is an unbiased estimate of the cross-entropy to p itself, so argmax q -> argmax p.
+    With --topk (the target's top-k probabilities at each reply position, from make_teacher_data.py or
+    label_teacher.py) a share --soft-weight of it is the cross-entropy to p's top k itself (renormalised):
+    the same target with far less noise, the cheapest known improvement over hard labels for a distilled draft;
+  * --init starts from an earlier draft folder (its blocks, norm and the embedding rows of the tokens both
+    vocabularies share), so more data continues a draft instead of starting over.
 
 Usage (the shipped draft; see assets/draft/MODEL_CARD.md for the exact command):
     nice -n 15 python scripts/train_draft.py --data /path/teacher.jsonl.gz --out runs/draft --minutes 90
@@ -47,9 +52,13 @@ SPECIAL_IDS = (0, 1, 2)  # <|endoftext|> (also the row for unknown tokens), <|im
 @dataclass
 class TrainConfig:
     data: list[str] = field(default_factory=list)  # teacher JSONL(.gz) files: {"prompt","temperature","ids"}
+    topk: list[str] = field(default_factory=list)  # top-k soft-label files (teacher_io format) for those replies
+    soft_weight: float = 0.5  # share of the loss that is cross-entropy to the top-k (where a reply has it)
+    init: str = ""  # a draft folder to start from instead of the target's first blocks
     out: str = "runs/draft"  # work folder: state.pt, log.jsonl, latest/, final/
     target: str = ""  # target folder; "" = the built-in target (converted on first use)
     heldout: str = str(HELDOUT)  # prompts never trained on (exact text match, case-insensitive)
+    heldout_dir: str = str(HELDOUT.parent)  # and every prompt set here (exact, or sharing a run of 8 words)
     # --- shape: None = the target's value (needed to copy the target's blocks) ---
     layers: int = 2  # each block costs ~1 ms/token on 2 CPU cores at width 576; 2 is what fits c <= 0.1
     hidden: int | None = None
@@ -127,9 +136,14 @@ def build_vocab(rows: list[dict], prompts: dict[str, list[int]], cfg: TrainConfi
 
 
 def split_rows(rows: list[dict], heldout: list[str], cfg: TrainConfig) -> tuple[list[dict], list[dict], int]:
-    """Drop held-out prompts; put a fixed share of distinct prompts aside for validation."""
+    """Drop held-out prompts (those listed, and any that `build_prompts.HeldOut` blocks for the prompt sets in
+    cfg.heldout_dir); put a fixed share of distinct prompts aside for validation."""
+    from build_prompts import HeldOut
+
+    sets = HeldOut.from_dir(cfg.heldout_dir) if cfg.heldout_dir else HeldOut([])
     banned = {norm_prompt(p) for p in heldout}
-    kept = [r for r in rows if norm_prompt(r["prompt"]) not in banned]
+    blocked = {p: norm_prompt(p) in banned or sets.blocks(p) for p in {r["prompt"] for r in rows}}
+    kept = [r for r in rows if not blocked[r["prompt"]]]
     distinct = sorted({r["prompt"] for r in kept})
     random.Random(cfg.seed).shuffle(distinct)
     val_prompts = set(distinct[: max(1, int(len(distinct) * cfg.val_frac))]) if cfg.val_frac > 0 else set()
@@ -138,26 +152,59 @@ def split_rows(rows: list[dict], heldout: list[str], cfg: TrainConfig) -> tuple[
     return train, val, len(rows) - len(kept)
 
 
-def encode(rows: list[dict], prompts: dict[str, list[int]], lookup: torch.Tensor, max_len: int) -> list[tuple]:
-    """Each row -> (draft rows (T,), index of the first reply token). Unknown tokens become row 0."""
+def read_soft(paths: list[str]) -> dict[str, dict]:
+    """Top-k records by reply (teacher_io.reply_key)."""
+    from teacher_io import read_jsonl, reply_key
+
+    return {reply_key(r): r for p in paths for r in read_jsonl(p)}
+
+
+def encode(rows: list[dict], prompts: dict[str, list[int]], lookup: torch.Tensor, max_len: int,
+           soft: dict[str, dict] | None = None) -> list[tuple]:  # fmt: skip
+    """Each row -> (draft rows (T,), index of the first reply token, temperature, soft labels or None).
+    Unknown tokens become row 0; soft labels are (rows (R, K), probabilities (R, K)) over the kept reply."""
+    from teacher_io import decode_topk, reply_key
+
     out = []
     for r in rows:
         p = prompts[r["prompt"]]
         seq = torch.tensor((p + r["ids"])[:max_len], dtype=torch.long)
-        if seq.numel() > len(p):
-            out.append((lookup[seq], len(p), r.get("temperature", 1.0)))
+        if seq.numel() <= len(p):
+            continue
+        labels = None
+        if soft and (rec := soft.get(reply_key(r))) is not None:
+            ids, probs = decode_topk(rec)
+            R = seq.numel() - len(p)
+            labels = (lookup[ids[:R]], probs[:R])
+        out.append((lookup[seq], len(p), r.get("temperature", 1.0), labels))
     return out
 
 
-def make_batch(items: list[tuple], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded (B, T) inputs and a (B, T) mask of positions whose NEXT token is a reply token."""
-    T = max(x.numel() for x, _, _ in items)
+def make_batch(items: list[tuple], device) -> tuple[torch.Tensor, torch.Tensor, tuple | None]:
+    """Right-padded (B, T) inputs, a (B, T) mask of positions whose NEXT token is a reply token, and the soft
+    labels of those positions in mask order: (rows (M, K), probabilities (M, K), has (M,)) or None."""
+    T = max(x.numel() for x, *_ in items)
     ids = torch.zeros(len(items), T, dtype=torch.long)
     mask = torch.zeros(len(items), T, dtype=torch.bool)
-    for b, (x, start, _) in enumerate(items):
+    for b, (x, start, *_) in enumerate(items):
         ids[b, : x.numel()] = x
         mask[b, start - 1 : x.numel() - 1] = True  # position t predicts token t+1
-    return ids.to(device), mask.to(device)
+    soft = None
+    if any(it[3] is not None for it in items):
+        K = next(it[3][0].shape[1] for it in items if it[3] is not None)
+        rows, probs, has = [], [], []
+        for x, start, _, labels in items:
+            R = x.numel() - start
+            if labels is None:
+                rows.append(torch.zeros(R, K, dtype=torch.long))
+                probs.append(torch.zeros(R, K))
+                has.append(torch.zeros(R, dtype=torch.bool))
+            else:
+                rows.append(labels[0])
+                probs.append(labels[1])
+                has.append(torch.ones(R, dtype=torch.bool))
+        soft = tuple(torch.cat(t).to(device) for t in (rows, probs, has))
+    return ids.to(device), mask.to(device), soft
 
 
 # --- model ----------------------------------------------------------------------------------------
@@ -214,6 +261,25 @@ def build_draft(target, target_ids: list[int], cfg: TrainConfig):
     return draft
 
 
+@torch.no_grad()
+def start_from(draft, target_ids: list[int], folder: Path) -> None:
+    """Copy an earlier draft into `draft`: every block and the norm, and the embedding rows of the target tokens
+    both vocabularies have (the other rows keep the target's init). Shapes must match."""
+    from transformers import AutoModelForCausalLM
+
+    old = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    old_ids = json.loads((folder / "specviz_vocab.json").read_text())["target_ids"]
+    state = {k: v for k, v in old.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
+    missing = draft.load_state_dict(state, strict=False).missing_keys
+    if [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]:
+        raise ValueError(f"{folder} does not have this draft's shape")
+    where = {t: i for i, t in enumerate(old_ids)}
+    new_rows = [i for i, t in enumerate(target_ids) if t in where]
+    E = draft.model.embed_tokens.weight
+    E[torch.tensor(new_rows)] = old.model.embed_tokens.weight[torch.tensor([where[target_ids[i]] for i in new_rows])]
+    draft.tie_weights()
+
+
 def save_draft(draft, target_ids: list[int], target_dir: Path, out: Path, cfg: TrainConfig, meta: dict) -> None:
     """Write the draft folder the engine loads; atomically (staged beside it, then renamed)."""
     import copy
@@ -244,12 +310,25 @@ def lr_at(progress: float, step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cos)
 
 
-def reply_loss(draft, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cross-entropy over reply positions only; the output layer runs on those positions alone."""
+def reply_loss(draft, ids: torch.Tensor, mask: torch.Tensor, soft: tuple | None = None,
+               soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Cross-entropy over reply positions only; the output layer runs on those positions alone.
+
+    Where `soft` labels exist, a share `soft_weight` of a position's loss is the cross-entropy to the target's
+    top-k (renormalised), the rest the cross-entropy to the token the target produced. Accuracy is against
+    that token.
+    """
     h = draft.model(input_ids=ids).last_hidden_state  # (B, T, H)
     targets = ids[:, 1:][mask[:, :-1]]  # (M,) the next token at each masked position
-    logits = draft.lm_head(h[:, :-1][mask[:, :-1]])  # (M, N)
-    return F.cross_entropy(logits.float(), targets), (logits.argmax(-1) == targets).float().mean()
+    logits = draft.lm_head(h[:, :-1][mask[:, :-1]]).float()  # (M, N)
+    logp = logits.log_softmax(-1)
+    loss = -logp.gather(1, targets[:, None])[:, 0]  # (M,)
+    if soft is not None and soft_weight > 0:
+        rows, probs, has = soft
+        probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-9)
+        soft_ce = -(probs * logp.gather(1, rows)).sum(-1)  # (M,)
+        loss = torch.where(has, (1 - soft_weight) * loss + soft_weight * soft_ce, loss)
+    return loss.mean(), (logits.argmax(-1) == targets).float().mean()
 
 
 @torch.no_grad()
@@ -261,7 +340,7 @@ def evaluate(draft, val: list[tuple], device, batch_size: int) -> dict:
     for name, items in (("val", val), ("val_greedy", [v for v in val if v[2] == 0.0])):
         tot_loss = tot_hit = n = 0.0
         for i in range(0, len(items), batch_size):
-            ids, mask = make_batch(items[i : i + batch_size], device)
+            ids, mask, _ = make_batch(items[i : i + batch_size], device)
             loss, acc = reply_loss(draft, ids, mask)
             m = int(mask[:, :-1].sum())
             tot_loss, tot_hit, n = tot_loss + loss.item() * m, tot_hit + acc.item() * m, n + m
@@ -295,18 +374,23 @@ def train(cfg: TrainConfig, log=print) -> Path:
         target_ids = build_vocab(train_rows, prompts, cfg)
     lookup = torch.zeros(max(len(tokenizer), max(target_ids) + 1), dtype=torch.long)  # target id -> row
     lookup[torch.tensor(target_ids)] = torch.arange(len(target_ids))
-    train_items = encode(train_rows, prompts, lookup, cfg.max_len)
+    soft = read_soft(cfg.topk) if cfg.topk else None
+    train_items = encode(train_rows, prompts, lookup, cfg.max_len, soft)
     val_items = encode(val_rows, prompts, lookup, cfg.max_len)
-    n_tok = sum(x.numel() - s for x, s, _ in train_items)
+    n_tok = sum(x.numel() - s for x, s, *_ in train_items)
+    n_soft = sum(1 for it in train_items if it[3] is not None)
     log(
-        f"data: {len(train_items)} train replies ({n_tok} reply tokens), {len(val_items)} val, "
-        f"{n_banned} held-out dropped; vocab {len(target_ids)} rows"
+        f"data: {len(train_items)} train replies ({n_tok} reply tokens; {n_soft} with soft labels), "
+        f"{len(val_items)} val, {n_banned} held-out dropped; vocab {len(target_ids)} rows"
     )
 
     # 2. model + optimiser (fresh from the target, or resumed)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
     draft = build_draft(target, target_ids, cfg)
     del target
+    if cfg.init and state is None:
+        start_from(draft, target_ids, Path(cfg.init))
+        log(f"started from {cfg.init}")
     decay = [p for n, p in draft.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in draft.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -349,11 +433,11 @@ def train(cfg: TrainConfig, log=print) -> Path:
             order = list(range(len(train_items)))
             rng.shuffle(order)
         batch = [train_items[order.pop()] for _ in range(cfg.batch_size)]
-        ids, mask = make_batch(batch, device)
+        ids, mask, soft_batch = make_batch(batch, device)
         lr = lr_at(progress, step, cfg)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss, acc = reply_loss(draft, ids, mask)
+        loss, acc = reply_loss(draft, ids, mask, soft_batch, cfg.soft_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), cfg.grad_clip)
@@ -387,6 +471,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         flag = "--" + f.name.replace("_", "-")
         if f.name == "data":
             ap.add_argument(flag, nargs="+", required=True, help="teacher JSONL(.gz) files")
+        elif f.name == "topk":
+            ap.add_argument(flag, nargs="+", default=[], help="top-k soft-label files for those replies")
         elif f.type == "bool":
             ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif "int | None" in str(f.type):

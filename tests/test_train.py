@@ -225,3 +225,95 @@ def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_
             assert r["ids"] == ids[:, 0].tolist()
             hf = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, pad_token_id=2)
             assert r["ids"] == hf[0, len(prompt) :].tolist()[: len(r["ids"])]
+
+
+def test_label_teacher_gives_the_targets_topk_and_features_and_resumes(tmp_path, target_dir):
+    import label_teacher
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    rows = fake_teacher(tmp_path / "teacher.jsonl.gz", tok)
+    argv = ["--data", str(tmp_path / "teacher.jsonl.gz"), "--out", str(tmp_path / "lab"), "--target", str(target_dir),
+            "--topk", "4", "--features", "--threads", "1", "--batch-tokens", "64"]  # fmt: skip
+    assert label_teacher.main(argv) == 0
+    top_file = tmp_path / "lab" / f"{label_teacher.label_name(tmp_path / 'teacher.jsonl.gz')}.topk.jsonl.gz"
+    recs = {teacher_io.reply_key(r): r for r in teacher_io.read_jsonl(top_file)}
+    assert set(recs) == {teacher_io.reply_key(r) for r in rows}  # every distinct reply once (duplicates once)
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    row = rows[5]
+    p = train_draft.prompt_ids(tok, row["prompt"])
+    with torch.no_grad():
+        probs = target(torch.tensor([p + row["ids"]])).logits[0, len(p) - 1 : -1].softmax(-1)  # (R, V)
+    ids, pk = teacher_io.decode_topk(recs[teacher_io.reply_key(row)])
+    assert ids.shape == (len(row["ids"]), 4)
+    assert torch.equal(ids[:, 0], probs.argmax(-1))
+    assert torch.allclose(pk, probs.gather(1, ids), rtol=0.03, atol=1e-6)
+
+    shards = sorted((tmp_path / "lab" / "features").glob("shard-*.pt"))
+    feats = {k: (s, f) for sh in shards for d in [torch.load(sh)] for k, s, f in zip(d["keys"], d["ids"], d["feats"])}
+    seq, f = feats[teacher_io.reply_key(row)]
+    assert seq == p + row["ids"] and f.shape == (len(seq), target.config.hidden_size) and f.dtype == torch.bfloat16
+    logits = target.lm_head(f.float())  # the features are the final (normed) hidden states: logits = E f
+    assert torch.equal(logits[len(p) - 1 : -1].argmax(-1), probs.argmax(-1))
+
+    # a second run finds everything labelled and adds nothing
+    assert label_teacher.main(argv) == 0
+    assert len(list(teacher_io.read_jsonl(top_file))) == len(recs)
+    assert len(list((tmp_path / "lab" / "features").glob("shard-*.pt"))) == len(shards)
+
+
+def test_soft_labels_and_starting_from_an_earlier_draft(tmp_path, target_dir):
+    import label_teacher
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    fake_teacher(tmp_path / "t.jsonl.gz", tok)
+    label_teacher.main(["--data", str(tmp_path / "t.jsonl.gz"), "--out", str(tmp_path / "lab"), "--target",
+                        str(target_dir), "--topk", "4", "--threads", "1"])  # fmt: skip
+    topk = next((tmp_path / "lab").glob("*.topk.jsonl.gz"))
+    base = ["--data", str(tmp_path / "t.jsonl.gz"), "--target", str(target_dir), "--heldout", "", "--layers", "1",
+            "--batch-size", "4", "--minutes", "0", "--lr", "3e-3", "--warmup-steps", "2", "--val-frac", "0",
+            "--min-count", "1", "--threads", "1"]  # fmt: skip
+    first = train_draft.train(train_draft.parse_args(base + ["--out", str(tmp_path / "a"), "--steps", "10"]),
+                              log=lambda *a: None)  # fmt: skip
+
+    lines = []
+    cfg = train_draft.parse_args(base + ["--out", str(tmp_path / "b"), "--steps", "30", "--topk", str(topk),
+                                         "--soft-weight", "0.7", "--init", str(first)])  # fmt: skip
+    train_draft.train(cfg, log=lines.append)
+    assert any("12 with soft labels" in x for x in lines) and any("started from" in x for x in lines)
+    log_a, log_b = ([json.loads(x) for x in (tmp_path / r / "log.jsonl").read_text().splitlines()] for r in "ab")
+    first_a, first_b = (next(r for r in log if r.get("step") == 1 and "acc" in r) for log in (log_a, log_b))
+    assert first_b["acc"] > first_a["acc"]  # it starts where the first draft stopped, not from the target's init
+    losses = [r["loss"] for r in log_b if "loss" in r]
+    assert losses[-1] < losses[0]
+
+    # start_from copies the blocks and the rows of shared tokens; a token the old draft lacked keeps its init
+    old = AutoModelForCausalLM.from_pretrained(first, dtype=torch.float32)
+    old_ids = json.loads((first / "specviz_vocab.json").read_text())["target_ids"]
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    new_ids = old_ids[:-1] + [len(tok) - 1] if len(tok) - 1 not in old_ids else old_ids
+    new_ids = sorted(set(new_ids) - set(train_draft.SPECIAL_IDS))
+    new_ids = list(train_draft.SPECIAL_IDS) + new_ids
+    cfg1 = train_draft.TrainConfig(layers=1)
+    draft = train_draft.build_draft(target, new_ids, cfg1)
+    train_draft.start_from(draft, new_ids, first)
+    E_old, E_new = old.model.embed_tokens.weight, draft.model.embed_tokens.weight
+    for i, t in enumerate(new_ids):
+        if t in old_ids:
+            assert torch.allclose(E_new[i], E_old[old_ids.index(t)].float(), atol=1e-2)
+    assert torch.equal(draft.lm_head.weight, draft.model.embed_tokens.weight)
+    for k, v in old.model.layers[0].state_dict().items():
+        assert torch.allclose(draft.model.layers[0].state_dict()[k], v.float())
+
+
+def test_split_rows_drops_prompts_that_share_a_passage_with_a_prompt_set(tmp_path):
+    sets = tmp_path / "sets"
+    sets.mkdir()
+    (sets / "grounded.txt").write_text("Summarise: the quick brown fox jumps over the lazy dog near the river bank\n")
+    rows = [{"prompt": "Rewrite: the quick brown fox jumps over the lazy dog near a tree", "ids": [5]},
+            {"prompt": "Tell me about foxes", "ids": [5]}]  # fmt: skip
+    cfg = train_draft.TrainConfig(heldout_dir=str(sets), val_frac=0)
+    train, val, dropped = train_draft.split_rows(rows, [], cfg)
+    assert dropped == 1 and [r["prompt"] for r in train] == ["Tell me about foxes"] and val == []

@@ -6,10 +6,19 @@ decoding the draft always predicts from a prefix the target wrote, so this IS th
 A target token that has no row in the trimmed draft vocabulary counts as a miss.
 
 c: the median time of one single-token cached forward (plain transformers, DynamicCache, float32) of q,
-divided by the same for p. Expected speedup per round of gamma drafted tokens, if a verify costs one target
+divided by the same for p.
+
+--head FOLDER measures a feature-level head (specviz/head.py) instead: its first guess teacher-forced on the
+target's true features, and c from one head step after a cached prefix.
+
+--decode-gamma K (default 3) also decodes each held-out prompt greedily with specviz's engine at a constant
+gamma K and reports the chained acceptance by position: alpha_1 (the first guess), alpha_2 (the second,
+given the first was right), ... (theory.position_alphas over the rounds that reached each position). For a
+head that is where its later guesses read its own predicted features. Expected speedup per round of gamma drafted tokens, if a verify costs one target
 step (Leviathan et al. 2023, eq. 1 / theorem 3.8): (1 - alpha**(gamma+1)) / ((1 - alpha) * (gamma*c + 1)).
 
     nice -n 15 python scripts/eval_draft.py --draft assets/draft
+    nice -n 15 python scripts/eval_draft.py --head assets/head
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 from train_draft import HELDOUT, prompt_ids, read_heldout, target_folder  # noqa: E402
 
 
@@ -99,6 +109,55 @@ def ms_per_token(model, prompt: list[int], steps: int = 50, warmup: int = 5) -> 
     return statistics.median(times[warmup:])
 
 
+@torch.inference_mode()
+def head_acceptance(head, target, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
+    """Teacher-forced first-guess acceptance of a head: pairs (token j+1, the target's true feature j)."""
+    hits = total = oov = 0
+    per_prompt = []
+    in_rows = set(head.target_ids.tolist())
+    for prompt, reply in zip(prompts, replies):
+        p = prompt_ids(tokenizer, prompt)
+        seq = torch.tensor(p + reply)
+        f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
+        f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]  # (T-1, H): predicts seq[j+2]
+        guess = head.target_ids[head.logits(f_hat[len(p) - 2 : -1]).argmax(-1)]  # (R,)
+        truth = torch.tensor(reply)
+        h = int((guess == truth).sum())
+        hits, total = hits + h, total + len(reply)
+        oov += sum(t not in in_rows for t in reply)
+        per_prompt.append({"prompt": prompt, "alpha": h / len(reply), "tokens": len(reply)})
+    return {"alpha": hits / total, "tokens": total, "oov_rate": oov / total, "per_prompt": per_prompt}
+
+
+def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
+    """Greedy speculative decoding of each prompt with specviz's engine at a constant gamma: the chained
+    acceptance by position, the overall alpha and tokens per target call."""
+    from specviz import load_model, load_pair
+    from specviz.api import encode_prompt
+    from specviz.config import SpecConfig
+    from specviz.engine import speculative_decode
+    from specviz.events import Done, Round
+    from specviz.theory import position_alphas
+
+    if head:
+        p, q = load_model(str(target_dir), device="cpu"), None
+        cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, drafter="head", head=head)
+    else:
+        p, q = load_pair(str(target_dir), draft, device="cpu")
+        cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
+    rounds, drafted, accepted, calls, new = [], 0, 0, 0, 0
+    for prompt in prompts:
+        for ev in speculative_decode(p, q, encode_prompt(p, prompt), cfg):
+            if isinstance(ev, Round):
+                rounds.append(ev)
+            elif isinstance(ev, Done):
+                drafted, accepted = drafted + ev.stats["drafted"], accepted + ev.stats["accepted"]
+                calls, new = calls + ev.stats["target_calls"], new + len(ev.token_ids)
+    pairs = [(len(r.drafted), r.n) for r in rounds if r.drafted]
+    return {"gamma": gamma, "position_alphas": position_alphas(pairs), "alpha": accepted / max(drafted, 1),
+            "tokens_per_call": new / max(calls, 1)}  # fmt: skip
+
+
 def speedup(alpha: float, c: float, gamma: int) -> float:
     if alpha >= 1.0:
         return (gamma + 1) / (gamma * c + 1)
@@ -110,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draft", default=str(ROOT / "assets" / "draft"))
+    ap.add_argument("--head", default="", help="measure this head folder instead of the draft")
+    ap.add_argument("--decode-gamma", type=int, default=3, help="0 skips the decoding measurement")
+    ap.add_argument("--decode-tokens", type=int, default=64, help="tokens per prompt in the decoding measurement")
     ap.add_argument("--target", default="", help="target folder; default: the built-in target")
     ap.add_argument("--prompts", default=str(HELDOUT))
     ap.add_argument("--cache", default=str(ROOT / "runs" / "heldout_target.json"), help="target replies cache")
@@ -124,16 +186,27 @@ def main(argv: list[str] | None = None) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    draft, target_ids = load_draft(args.draft)
     prompts = read_heldout(args.prompts)
     replies = target_replies(target, tokenizer, prompts, Path(args.cache), args.max_new_tokens, args.batch_size)
-    res = acceptance(draft, target_ids, tokenizer, prompts, replies)
-    print(f"alpha (greedy acceptance) = {res['alpha']:.3f} over {res['tokens']} tokens of {len(prompts)} "
-          f"held-out prompts; target tokens outside the draft vocabulary: {res['oov_rate']:.3%}")  # fmt: skip
+    if args.head:
+        from specviz.costs import head_calibration
+        from specviz.head import load_head
+        from specviz.models import LoadedModel
+
+        head = load_head(args.head, LoadedModel(target, tokenizer, "target", torch.device("cpu"), torch.float32))
+        res = head_acceptance(head, target, tokenizer, prompts, replies)
+    else:
+        draft, target_ids = load_draft(args.draft)
+        res = acceptance(draft, target_ids, tokenizer, prompts, replies)
+    print(f"alpha (greedy acceptance, first guess, teacher-forced) = {res['alpha']:.3f} over {res['tokens']} tokens "
+          f"of {len(prompts)} held-out prompts; target tokens outside the guesser's vocabulary: {res['oov_rate']:.3%}")  # fmt: skip
     if args.timing_steps:
         p = prompt_ids(tokenizer, prompts[0])
-        lookup = {t: i for i, t in enumerate(target_ids.tolist())}
-        ms_q = ms_per_token(draft, [lookup.get(t, 0) for t in p], args.timing_steps)
+        if args.head:
+            ms_q = 1000 * min(head_calibration(head, reps=args.timing_steps)[0])
+        else:
+            lookup = {t: i for i, t in enumerate(target_ids.tolist())}
+            ms_q = ms_per_token(draft, [lookup.get(t, 0) for t in p], args.timing_steps)
         ms_p = ms_per_token(target, p, args.timing_steps)
         c = ms_q / ms_p
         res.update(ms_draft=ms_q, ms_target=ms_p, c=c)
@@ -141,6 +214,11 @@ def main(argv: list[str] | None = None) -> dict:
         best = max(res["speedup"], key=res["speedup"].get)
         print(f"draft {ms_q:.2f} ms/token, target {ms_p:.2f} ms/token, c = {c:.3f}; expected speedup "
               f"(verify = one target step) {res['speedup'][best]:.2f}x at gamma={best}")  # fmt: skip
+    if args.decode_gamma:
+        res["decode"] = decode_alphas(target_dir, args.draft, args.head, prompts, args.decode_gamma, args.decode_tokens)
+        d = res["decode"]
+        print(f"greedy decoding at gamma {d['gamma']}: alpha {d['alpha']:.3f}, chained by position "
+              + ", ".join(f"{a:.3f}" for a in d["position_alphas"]) + f"; {d['tokens_per_call']:.2f} tokens per target call")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res

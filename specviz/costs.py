@@ -51,6 +51,32 @@ def forward_times(
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its times; freed with the model
 
 
+@torch.inference_mode()
+def head_calibration(head, reps: int = 5):
+    """([seconds of one head step after a 32-pair prefill], seconds spent now), once per loaded head."""
+    from .head import HeadCache
+
+    known = _MEMO.get(head)
+    if known is not None:
+        return known, 0.0
+    t0 = time.perf_counter()
+    dev, H = head.embed.device, head.cfg["hidden"]
+    cache, feats = HeadCache(), torch.zeros(1, 33, H, device=dev, dtype=head.embed.dtype)
+    toks = head.target_ids[:33].view(1, -1)
+    head(toks[:, :32], feats[:, :32], torch.arange(1, 33, device=dev), cache)
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        f = head(toks[:, 32:], feats[:, 32:], torch.tensor([33], device=dev), cache)
+        head.logits(f).argmax(-1)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        cache.crop(32)
+    _MEMO[head] = [statistics.median(times[1:])]
+    return _MEMO[head], time.perf_counter() - t0
+
+
 def calibration(lm: LoadedModel, prompt_ids: list[int], max_tokens: int, vocab_size: int | None = None):
     """forward_times for 1 .. max_tokens tokens (2 repetitions), measured once per loaded model and reused.
 

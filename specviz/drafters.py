@@ -9,7 +9,10 @@ from, and is told after each verify how many were accepted (n) and which token t
   occurrence are proposed. It is deterministic, so q is a point mass: token x is accepted with probability
   min(1, p(x) / 1) = p(x), and a rejection resamples from norm(max(0, p - onehot(x))), which is p with x
   removed and renormalised. That is exact, with no change to the verification rule.
-- `LookupModelDrafter` ("lookup+model"): lookup where the text has a match, the model otherwise.
+- `HeadDrafter` ("head"): a feature-level head (EAGLE, head.py) that guesses from the target's own last
+  hidden states; it asks the engine for them (`wants_hidden`).
+- `LookupModelDrafter` ("lookup+model", "lookup+head"): lookup where the text has a match, the model (or
+  the head) otherwise.
 
 How many tokens a drafter may propose in a round is the gamma policy's call (`policies.py`); a drafter asks
 it per source (`ctx.k_for(source)`), so "auto" can keep separate estimates for free and paid guesses.
@@ -83,14 +86,30 @@ def _empty(ctx: DraftContext, planned: int, stop: str) -> Proposal:
     return Proposal(torch.empty(0, dtype=torch.long, device=ctx.device), None, (), planned, stop)
 
 
+def _draw(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor | None:
+    """The next guess (1,) from a draft's (V,) logits row, or None when the draft's top probability is under the
+    confidence threshold (read at T = 1 when decoding greedily)."""
+    s = ctx.sampling
+    if ctx.threshold > 0:
+        top = float(to_probs(logits, s if not s.greedy else SamplingConfig(1.0)).max())
+        if top < ctx.threshold:
+            return None
+    if s.greedy:
+        return greedy(logits).view(1)
+    return torch.multinomial(to_probs(logits, s), 1, generator=ctx.generator)
+
+
 class Drafter:
     """The seam. `begin` once per run, then `propose` / `update` once per round."""
 
     name = "drafter"
-    wants_hidden = False  # True: `update` receives the target's last hidden states of the verified positions
+    wants_hidden = False  # True: `begin` and `update` receive the target's last hidden states
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        """The prompt, before the first round (a model drafter encodes it here)."""
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        """The prompt, before the first round (a model drafter encodes it here).
+
+        hidden (P - 1, H): the target's last hidden states at every prompt position but the last (only if
+        wants_hidden; the last one comes with the first verify)."""
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
         raise NotImplementedError
@@ -122,7 +141,7 @@ class ModelDrafter(Drafter):
         self.confirmed = 0  # tokens of the text its cache holds
         self.spec: list[int] = []  # proposals it fed after those, in order
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         self.run.prefill(torch.tensor(prompt_ids, device=self.lm.device))
         self.confirmed = max(len(prompt_ids) - 1, 0)
 
@@ -155,16 +174,11 @@ class ModelDrafter(Drafter):
                 x = self.run.next_greedy(x)
             else:
                 logits = self.run.feed(x, last_only=True)[-1].to(ctx.device)  # (V,)
-                if ctx.threshold > 0:
-                    top = float(to_probs(logits, s if not s.greedy else SamplingConfig(1.0)).max())
-                    if top < ctx.threshold:
-                        self.spec = [int(t) for t in tokens]  # every proposal so far was fed
-                        stop = STOP_CONFIDENCE
-                        break
-                if s.greedy:
-                    x = greedy(logits).view(1)
-                else:
-                    x = torch.multinomial(to_probs(logits, s), 1, generator=ctx.generator)
+                x = _draw(logits, ctx)
+                if x is None:
+                    self.spec = [int(t) for t in tokens]  # every proposal so far was fed
+                    stop = STOP_CONFIDENCE
+                    break
                 logits_rows.append(logits)
             tokens.append(x.to(ctx.device))
         else:
@@ -215,23 +229,100 @@ class LookupDrafter(Drafter):
         return Proposal(t, q, (self.name,) * len(found), k, stop)
 
 
+class HeadDrafter(Drafter):
+    """Guesses from a feature-level head (head.py) over the target's own last hidden states.
+
+    The head's cache holds pairs (token x_{j+1}, true feature f_j) for j < `fed`; `pending` holds the true
+    features the engine sent since (positions fed, fed + 1, ...). A proposal feeds them in one call (its last
+    output guesses the first token), then one call per further guess on the head's own predicted feature;
+    `update` drops those guessed pairs again and queues the n + 1 new true features.
+    """
+
+    name = "head"
+    wants_hidden = True
+
+    def __init__(self, head, V: int):
+        from .head import HeadCache
+
+        self.head, self.V = head, V
+        self.cache = HeadCache()
+        self.fed = 0  # pairs in the cache built from true features
+        self.pending: torch.Tensor | None = None  # (m, H) true features of positions fed .. fed + m - 1
+        self.n_calls = 0
+
+    @property
+    def calls(self) -> int:
+        return self.n_calls
+
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        self.cache.crop(0)
+        self.fed, self.n_calls = 0, 0
+        self.pending = hidden
+
+    def update(self, n: int, correction: int, hidden: torch.Tensor | None = None) -> None:
+        self.cache.crop(self.fed)  # the guessed pairs were built on predicted features
+        if hidden is not None:
+            self.pending = hidden if self.pending is None else torch.cat([self.pending, hidden])
+
+    def _step(self, tokens: list[int], feats: torch.Tensor, start: int) -> torch.Tensor:
+        """Feed pairs (tokens[i], feats[i]) at positions start + 1 + i; return the predicted features (L, H)."""
+        dev = self.head.embed.device
+        pos = torch.arange(start + 1, start + 1 + len(tokens), device=dev)
+        self.n_calls += 1
+        return self.head(torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos,
+                         self.cache)[0]  # fmt: skip
+
+    def _logits(self, f: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        """(H,) predicted feature -> (V,) logits in the target's vocabulary (-inf outside the head's rows)."""
+        rows = self.head.logits(f).float().to(ctx.device)
+        return rows.new_full((self.V,), -torch.inf).index_copy_(0, self.head.target_ids.to(ctx.device), rows)
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        k, why = ctx.k_for(self.name)
+        m = 0 if self.pending is None else int(self.pending.shape[0])
+        if k == 0 or self.fed + m == 0:  # nothing to read yet: a one-token prompt's first round
+            return _empty(ctx, k, why)
+        if m == 0 or self.fed + m != len(seq) - 1:  # the engine sends n + 1 features after every verify
+            raise RuntimeError(f"head drafter out of step: {self.fed} + {m} features for {len(seq)} tokens")
+        f = self._step(seq[self.fed + 1 :], self.pending, self.fed)[-1]  # (H,) the feature after seq[-1]
+        self.fed, self.pending = self.fed + m, None
+        tokens, rows, stop = [], [], why
+        for i in range(k):
+            logits = self._logits(f, ctx)
+            x = _draw(logits, ctx)
+            if x is None:
+                stop = STOP_CONFIDENCE
+                break
+            tokens.append(x.to(ctx.device))
+            rows.append(logits)
+            if i + 1 < k:  # the next guess reads this one with the head's own predicted feature
+                f = self._step([int(x)], f[None], len(seq) - 1 + i)[-1]
+        t = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=ctx.device)
+        q = to_probs(torch.stack(rows), ctx.sampling) if rows and ctx.need_q else None  # (k, V)
+        return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(rows))
+
+
 class LookupModelDrafter(Drafter):
-    """Lookup where the text has a match, the draft model otherwise.
+    """Lookup where the text has a match, the draft model (or head) otherwise.
 
     Under the auto policy a match is used only when the policy expects more tokens per second from it than
     from the model (lookup's guesses are free but, on open questions, rarely right); one match in
     `EXPLORE_EVERY` is used anyway, so the estimate of lookup keeps learning when the text turns quotable.
     """
 
-    name = "lookup+model"
     EXPLORE_EVERY = 8
 
-    def __init__(self, draft: LoadedModel, V: int, **lookup):
-        self.lookup, self.model = LookupDrafter(**lookup), ModelDrafter(draft, V)
+    def __init__(self, inner: Drafter, **lookup):
+        self.lookup, self.model = LookupDrafter(**lookup), inner
+        self.name = f"lookup+{inner.name}"
+        self.wants_hidden = inner.wants_hidden
         self.matches = 0
 
-    def begin(self, prompt_ids: list[int]) -> None:
-        self.model.begin(prompt_ids)
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        self.model.begin(prompt_ids, hidden)
+
+    def update(self, n: int, correction: int, hidden: torch.Tensor | None = None) -> None:
+        self.model.update(n, correction, hidden)  # the head needs every true feature, whoever guessed
 
     @property
     def calls(self) -> int:
@@ -246,14 +337,18 @@ class LookupModelDrafter(Drafter):
         return self.model.propose(seq, ctx)
 
 
-def make_drafter(name: str, draft: LoadedModel | None, V: int, **lookup) -> Drafter:
-    """The drafter called `name` ("model", "lookup" or "lookup+model")."""
+def make_drafter(name: str, draft: LoadedModel | None, V: int, head=None, **lookup) -> Drafter:
+    """The drafter called `name` (one of DRAFTERS); `head` is the loaded DraftHead for the head drafters."""
     if name not in DRAFTERS:
         raise SpecvizError(f"Unknown drafter {name!r}; use one of {', '.join(DRAFTERS)}.")
-    if name != "lookup" and draft is None:
-        raise SpecvizError(f"The {name} drafter needs a draft model.")
-    if name == "model":
-        return ModelDrafter(draft, V)
     if name == "lookup":
         return LookupDrafter(**lookup)
-    return LookupModelDrafter(draft, V, **lookup)
+    if name.endswith("head"):
+        if head is None:
+            raise SpecvizError(f"The {name} drafter needs a draft head for this target; give one with head=FOLDER.")
+        inner: Drafter = HeadDrafter(head, V)
+    else:
+        if draft is None:
+            raise SpecvizError(f"The {name} drafter needs a draft model.")
+        inner = ModelDrafter(draft, V)
+    return LookupModelDrafter(inner, **lookup) if name.startswith("lookup+") else inner

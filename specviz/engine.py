@@ -15,9 +15,10 @@ from collections.abc import Iterator
 import torch
 
 from .config import SamplingConfig, SpecConfig, SpecvizError
-from .costs import calibration
+from .costs import calibration, head_calibration
 from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter
 from .events import Candidates, Done, Event, Round, Start, Step
+from .head import head_for
 from .models import CachedModel, LoadedModel
 from .policies import make_policy
 from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
@@ -150,14 +151,18 @@ def make_run(
     V = target.vocab_size
     lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
                   max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
-    drafter = drafter or make_drafter(cfg.drafter, draft, V, **lookup)
-    verify_s, step_s, spent = [], 0.0, 0.0
+    head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
+    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, **lookup)
+    verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
     if cfg.gamma_policy == "auto":
         verify_s, spent = calibration(target, prompt_ids, cfg.gamma + 1)
-        if draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
+        if head is not None:  # one head step, for its cost
+            (step_s,), spent_q = head_calibration(head)
+            spent, paid = spent + spent_q, "head"
+        elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
             (step_s,), spent_q = calibration(draft, prompt_ids, 1, vocab_size=V)
             spent += spent_q
-    return drafter, make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s, step_s), spent
+    return drafter, make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s, step_s, paid), spent
 
 
 def _detail(prop: Proposal, p_logits: torch.Tensor, s: SamplingConfig, k: int) -> tuple[Candidates, ...]:
@@ -192,8 +197,8 @@ def speculative_decode(
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
     p_run = CachedModel(target, V)
-    p_run.prefill(torch.tensor(prompt_ids, device=dev))
-    drafter.begin(list(prompt_ids))
+    prompt_h = p_run.prefill(torch.tensor(prompt_ids, device=dev), hidden=drafter.wants_hidden)
+    drafter.begin(list(prompt_ids), prompt_h)
     prefill_s = clock.lap()
     yield Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
                 prefill_s=prefill_s, drafter=drafter.name, gamma_policy=policy.name,

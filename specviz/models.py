@@ -517,11 +517,14 @@ class CachedModel:
         self.length = 0
         self.calls = 0
 
-    def prefill(self, prompt: torch.Tensor) -> None:
-        """Cache every prompt token but the last (which the first decoding call feeds); not a decoding call."""
+    def prefill(self, prompt: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+        """Cache every prompt token but the last (which the first decoding call feeds); not a decoding call.
+        With `hidden`, return the last hidden states of those positions (P - 1, H)."""
         if prompt.numel() > 1:
-            self._forward(prompt[:-1], last_only=True)
+            h = self._forward(prompt[:-1], last_only=not hidden, hidden=hidden)[1]
             self.calls -= 1
+            return h
+        return None
 
     def feed(self, ids: torch.Tensor, last_only: bool = False, hidden: bool = False):
         """ids (L,) -> logits (L or 1, V); the cache grows by L. With `hidden`, also the last hidden states (L, H)."""

@@ -70,11 +70,12 @@ class Auto(GammaPolicy):
 
     name = "auto"
 
-    def __init__(self, gamma: int, verify_s: Sequence[float], draft_step_s: float):
-        """verify_s[i]: seconds of one target call over i + 1 tokens (i = 0 .. gamma); draft_step_s: one draft call."""
+    def __init__(self, gamma: int, verify_s: Sequence[float], draft_step_s: float, paid: str = "model"):
+        """verify_s[i]: seconds of one target call over i + 1 tokens (i = 0 .. gamma); draft_step_s: one call of
+        the paid source `paid` ("model" or "head")."""
         super().__init__(gamma)
         self.verify_s = list(verify_s[: gamma + 1])
-        self.step_s = {"model": draft_step_s}  # a lookup costs nothing worth counting (a dict look-up)
+        self.step_s = {paid: draft_step_s}  # a lookup costs nothing worth counting (a dict look-up)
         self.reached: dict[str, list[float]] = {}
         self.kept: dict[str, list[float]] = {}
         self.last: dict[str, int] = {}
@@ -113,11 +114,12 @@ class Auto(GammaPolicy):
             a[j] += j < n
 
 
-def make_policy(name: str, gamma: int, threshold: float, verify_s: Sequence[float] = (), draft_step_s: float = 0.0):
+def make_policy(name: str, gamma: int, threshold: float, verify_s: Sequence[float] = (), draft_step_s: float = 0.0,
+                paid: str = "model"):  # fmt: skip
     if name == "heuristic":
         return Heuristic(gamma)
     if name == "confidence":
         return Confidence(gamma, threshold)
     if name == "auto":
-        return Auto(gamma, verify_s, draft_step_s)
+        return Auto(gamma, verify_s, draft_step_s, paid)
     return GammaPolicy(gamma)

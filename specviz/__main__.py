@@ -43,6 +43,7 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--confidence", type=float, default=0.4, help="the confidence policy's threshold")
     ap.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="lookup: most tokens per match")
     ap.add_argument("--max-matching-ngram-size", type=int, default=3, help="lookup: longest suffix tried first")
+    ap.add_argument("--head", default="", help="head / lookup+head: the head folder (default: the built-in target's)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--top-p", type=float, default=1.0)
@@ -51,7 +52,7 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .config import DRAFTERS
+    from .config import CHECK_DRAFTERS
 
     ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -70,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="can these two models be paired, and is it worth it?")
     _model_args(c)
     c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
-    c.add_argument("--drafter", choices=DRAFTERS, default="model", help="where guesses come from")
+    c.add_argument("--drafter", choices=CHECK_DRAFTERS, default="model", help="where guesses come from")
 
     r = sub.add_parser("replay", help="read a recording (no model needed): summarise it, export it as HTML")
     r.add_argument("recording", help="a JSON recording (from --record or the app's download button)")
@@ -83,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
         "--prompts", default="everyday", help="a built-in set (everyday, code, summarise, grounded) or a file"
     )
     b.add_argument("--gammas", default="1,2,3,4,6,8", help="numbers and/or auto, e.g. 1,2,3,auto")
-    b.add_argument("--drafters", default="model", help="comma-separated: model, lookup, lookup+model")
+    b.add_argument("--drafters", default="model", help="comma-separated: model, lookup, lookup+model, head, lookup+head")
     b.add_argument("--policies", default="constant", help="for numeric gammas: constant, heuristic, confidence")
     b.add_argument(
         "--configs", help="instead of the grid: drafter:gamma[:policy] items, e.g. model:1,model:auto,lookup:auto"
@@ -112,6 +113,7 @@ def _generate(a) -> dict:
         confidence=a.confidence,
         prompt_lookup_num_tokens=a.prompt_lookup_num_tokens,
         max_matching_ngram_size=a.max_matching_ngram_size,
+        head=a.head,
         temperature=a.temperature,
         top_k=a.top_k,
         top_p=a.top_p,

@@ -79,6 +79,7 @@ DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
 DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head")
 MODEL_DRAFTERS = ("model", "lookup+model")  # the drafters that run a draft model (the others need none loaded)
+CHECK_DRAFTERS = ("model", "lookup", "lookup+model")  # what the pair check measures (a head is not a pair)
 GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
 AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps
 CONFIDENCE_THRESHOLD = 0.4  # transformers' default assistant_confidence_threshold

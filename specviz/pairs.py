@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
+from .config import CHECK_DRAFTERS, GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
 from .models import CachedModel, LoadedModel, load_pair
 from .theory import alpha, cost_ratio, expected_speedup, expected_speedup_measured, speedup_table, wilson_interval  # noqa: F401  (expected_speedup: re-exported)
@@ -396,6 +396,8 @@ def check_pair(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, drafter=drafter)  # validates them up front
+    if drafter not in CHECK_DRAFTERS:
+        raise SpecvizError(f"The pair check measures the {', '.join(CHECK_DRAFTERS)} drafters, not {drafter!r}.")
     if prompts is None:
         prompts = SAMPLE_PROMPTS
     if isinstance(prompts, str):

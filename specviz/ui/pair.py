@@ -10,7 +10,7 @@ import html
 
 import gradio as gr
 
-from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, DRAFTERS, PRESETS, SpecvizError
+from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, CHECK_DRAFTERS, PRESETS, SpecvizError
 from ..pairs import CHECK_GAMMA, PairReport, check_pair
 from ..teach_plots import speedup_figure
 from .common import UIContext, error_html, gpu
@@ -113,7 +113,7 @@ def build_pair_tab(ctx: UIContext) -> None:
     with gr.Row():
         preset = gr.Dropdown([p.label for p in PRESETS] + [CUSTOM], value=first.label, label="Pair", scale=3)
         max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
-        drafter = gr.Dropdown(list(DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
+        drafter = gr.Dropdown(list(CHECK_DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
     with gr.Row():
         target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1)
         draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
@@ -131,8 +131,8 @@ def build_pair_tab(ctx: UIContext) -> None:
     def on_check(target, draft, max_new_tokens, drafter="model"):
         try:
             n, _ = ctx.limits.check_run(max_new_tokens, 1)
-            if drafter not in DRAFTERS:
-                raise SpecvizError(f"drafter must be one of {', '.join(DRAFTERS)}, not {drafter!r}.")
+            if drafter not in CHECK_DRAFTERS:
+                raise SpecvizError(f"drafter must be one of {', '.join(CHECK_DRAFTERS)}, not {drafter!r}.")
             p, q = ctx.pair(target, draft)
             r = check_pair(p, q, max_new_tokens=n, timeout_s=ctx.limits.request_timeout_s, drafter=drafter)
         except Exception as err:

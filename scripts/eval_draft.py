@@ -217,8 +217,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.decode_gamma:
         res["decode"] = decode_alphas(target_dir, args.draft, args.head, prompts, args.decode_gamma, args.decode_tokens)
         d = res["decode"]
-        print(f"greedy decoding at gamma {d['gamma']}: alpha {d['alpha']:.3f}, chained by position "
-              + ", ".join(f"{a:.3f}" for a in d["position_alphas"]) + f"; {d['tokens_per_call']:.2f} tokens per target call")
+        print(
+            f"greedy decoding at gamma {d['gamma']}: alpha {d['alpha']:.3f}, chained by position "
+            + ", ".join(f"{a:.3f}" for a in d["position_alphas"])
+            + f"; {d['tokens_per_call']:.2f} tokens per target call"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return res

@@ -60,7 +60,7 @@ def label_batch(model, batch: list[tuple], k: int, device) -> tuple[list[torch.T
     h = model.model(input_ids=ids.to(device)).last_hidden_state  # (B, T, H); causal: padding never looks back
     W = model.get_output_embeddings().weight
     feats, tops = [], []
-    for b, (key, row, s) in enumerate(batch):
+    for b, (_, row, s) in enumerate(batch):
         f = h[b, : len(s)]
         feats.append(f.to("cpu", torch.bfloat16))
         start = len(s) - len(row["ids"])  # position start-1 predicts ids[0]

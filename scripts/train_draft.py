@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "assets" / "prompts" / "heldout.txt"

@@ -144,7 +144,10 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = TrainConfig(heldout_dir=args.heldout_dir, val_frac=args.val_frac, seed=args.seed)
     train_rows, val_rows, dropped = split_rows(rows, read_heldout(args.heldout) if args.heldout else [], cfg)
     by_key = lambda rs: {reply_key(r): r for r in rs}  # noqa: E731
-    train, val = load_sequences(Path(args.features), by_key(train_rows)), load_sequences(Path(args.features), by_key(val_rows))
+    train, val = (
+        load_sequences(Path(args.features), by_key(train_rows)),
+        load_sequences(Path(args.features), by_key(val_rows)),
+    )
     target_ids = json.loads(Path(args.vocab).read_text())["target_ids"]
     target = AutoModelForCausalLM.from_pretrained(target_folder(args.target), dtype=torch.float32)
     lookup = torch.full((target.get_output_embeddings().weight.shape[0],), -1, dtype=torch.long)
@@ -199,7 +202,9 @@ def main(argv: list[str] | None = None) -> Path:
         if step < args.warmup_steps:
             lr = args.lr * (step + 1) / args.warmup_steps
         else:
-            lr = args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+            lr = args.lr * (
+                args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+            )
         for g in opt.param_groups:
             g["lr"] = lr
         loss, acc = head_loss(head, b, args.noise, args.token_weight)
@@ -210,7 +215,14 @@ def main(argv: list[str] | None = None) -> Path:
         step += 1
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if step % 20 == 0 or step == 1:
-            rec = {"step": step, "min": round(elapsed / 60, 2), "lr": lr, "loss": loss.item(), "ema": ema, "acc": acc.item()}
+            rec = {
+                "step": step,
+                "min": round(elapsed / 60, 2),
+                "lr": lr,
+                "loss": loss.item(),
+                "ema": ema,
+                "acc": acc.item(),
+            }
             print(json.dumps(rec), flush=True)
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -84,7 +84,9 @@ def parser() -> argparse.ArgumentParser:
         "--prompts", default="everyday", help="a built-in set (everyday, code, summarise, grounded) or a file"
     )
     b.add_argument("--gammas", default="1,2,3,4,6,8", help="numbers and/or auto, e.g. 1,2,3,auto")
-    b.add_argument("--drafters", default="model", help="comma-separated: model, lookup, lookup+model, head, lookup+head")
+    b.add_argument(
+        "--drafters", default="model", help="comma-separated: model, lookup, lookup+model, head, lookup+head"
+    )
     b.add_argument("--policies", default="constant", help="for numeric gammas: constant, heuristic, confidence")
     b.add_argument(
         "--configs", help="instead of the grid: drafter:gamma[:policy] items, e.g. model:1,model:auto,lookup:auto"

@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import (BUILTIN_TARGET, DEFAULT_DRAFTER, DEFAULT_GAMMA_SETTING, MODEL_DRAFTERS, SamplingConfig, SpecConfig,
-                     SpecvizError)  # fmt: skip
+from .config import (
+    BUILTIN_TARGET,
+    DEFAULT_DRAFTER,
+    DEFAULT_GAMMA_SETTING,
+    MODEL_DRAFTERS,
+    SamplingConfig,
+    SpecConfig,
+    SpecvizError,  # fmt: skip
+)
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
 from .models import LoadedModel, load_model, load_pair

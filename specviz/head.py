@@ -136,8 +136,11 @@ class DraftHead(nn.Module):
         theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", 10000.0)
         cfg = {"hidden": H, "heads": heads, "kv_heads": c.num_key_value_heads, "intermediate": c.intermediate_size,
                "eps": c.rms_norm_eps, "rope_theta": float(theta), "target_ids": list(map(int, target_ids))}  # fmt: skip
-        head = cls(cfg, target_model.get_input_embeddings().weight.detach(),
-                   target_model.get_output_embeddings().weight.detach())
+        head = cls(
+            cfg,
+            target_model.get_input_embeddings().weight.detach(),
+            target_model.get_output_embeddings().weight.detach(),
+        )
         last = target_model.model.layers[-1]
         with torch.no_grad():
             head.fc.weight.zero_()
@@ -195,7 +198,9 @@ def head_for(target, folder: str | Path = "") -> DraftHead:
 
     if not folder:
         if target.name != BUILTIN_TARGET or not is_head(BUILTIN_HEAD_DIR):
-            raise SpecvizError("There is no draft head for this target; give one with head=FOLDER, or pick another drafter.")
+            raise SpecvizError(
+                "There is no draft head for this target; give one with head=FOLDER, or pick another drafter."
+            )
         folder = BUILTIN_HEAD_DIR
     key = str(Path(folder).expanduser().resolve())
     with _LOCK:

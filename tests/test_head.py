@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz import Round, SpecConfig, SpecvizError, generate, load_pair
 from specviz.drafters import HeadDrafter, make_drafter
 from specviz.engine import speculative_decode
 from specviz.head import DraftHead, head_for, load_head
@@ -75,7 +75,11 @@ def test_greedy_output_equals_plain_greedy(loaded_pair, trained_head, drafter, p
         sp = generate(prompt, target=p, draft=None, drafter=drafter, head=str(trained_head), gamma=gamma,
                       gamma_policy=policy, confidence=0.1, max_new_tokens=40)  # fmt: skip
         assert sp.token_ids == ar.token_ids, (prompt, drafter, policy, gamma)
-        drafted, accepted, rejected = drafted + sp.stats["drafted"], accepted + sp.stats["accepted"], rejected + sp.stats["resampled"]
+        drafted, accepted, rejected = (
+            drafted + sp.stats["drafted"],
+            accepted + sp.stats["accepted"],
+            rejected + sp.stats["resampled"],
+        )
     assert drafted > 0 and 0 < accepted < drafted and rejected > 0  # guesses were kept and turned down
 
 
@@ -163,7 +167,8 @@ def test_missing_or_wrong_heads_are_one_sentence(loaded_pair, tmp_path):
 
 
 def test_the_built_in_head_is_found_for_the_built_in_target_only(loaded_pair, monkeypatch, tmp_path):
-    from specviz import config, head as head_mod
+    from specviz import config
+    from specviz import head as head_mod
 
     p, _ = loaded_pair
     DraftHead.from_target(p.model, list(range(p.vocab_size))).save(tmp_path / "builtin-head")

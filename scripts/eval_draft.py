@@ -137,7 +137,7 @@ def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], g
     from specviz.config import SpecConfig
     from specviz.engine import speculative_decode
     from specviz.events import Done, Round
-    from specviz.theory import position_alphas
+    from specviz.theory import alpha, position_alphas
 
     if head:
         p, q = load_model(str(target_dir), device="cpu"), None
@@ -145,16 +145,18 @@ def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], g
     else:
         p, q = load_pair(str(target_dir), draft, device="cpu")
         cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
-    rounds, drafted, accepted, calls, new = [], 0, 0, 0, 0
+    rounds, drafted, accepted, resampled, calls, new = [], 0, 0, 0, 0, 0
     for prompt in prompts:
         for ev in speculative_decode(p, q, encode_prompt(p, prompt), cfg):
             if isinstance(ev, Round):
                 rounds.append(ev)
             elif isinstance(ev, Done):
                 drafted, accepted = drafted + ev.stats["drafted"], accepted + ev.stats["accepted"]
+                resampled += ev.stats["resampled"]
                 calls, new = calls + ev.stats["target_calls"], new + len(ev.token_ids)
     pairs = [(len(r.drafted), r.n) for r in rounds if r.drafted]
-    return {"gamma": gamma, "position_alphas": position_alphas(pairs), "alpha": accepted / max(drafted, 1),
+    return {"gamma": gamma, "position_alphas": position_alphas(pairs), "alpha": alpha(accepted, resampled),
+            "accepted_per_drafted": accepted / max(drafted, 1),
             "tokens_per_call": new / max(calls, 1)}  # fmt: skip
 
 

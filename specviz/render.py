@@ -49,6 +49,7 @@ class Pieces:
 SOURCES = {
     "model": "proposed by the draft model q",
     "lookup": "proposed by prompt lookup: copied from what followed the same words earlier (a free guess)",
+    "head": "proposed by the draft head: one small block reading the target's own last hidden state",
 }
 STATES = {  # what a screen reader says before a speculative token's text (its accessible name)
     "tok-accepted": "accepted",

@@ -88,13 +88,19 @@ class DraftHead(nn.Module):
         self.register_buffer("out", out, persistent=False)  # the target's output rows (Vt, H), shared
         ids = torch.tensor(cfg["target_ids"], dtype=torch.long, device=embed.device)
         self.register_buffer("target_ids", ids, persistent=False)  # row i of the output is target token ids[i]
+        self._rows: torch.Tensor | None = None  # `rows`, once gathered
         inv = 1.0 / (self.theta ** (torch.arange(0, self.d, 2, dtype=torch.float32) / self.d))
         self.register_buffer("inv_freq", inv, persistent=False)
 
     @property
     def rows(self) -> torch.Tensor:
-        """(N, H) the target's output rows the head may guess."""
-        return self.out[self.target_ids]
+        """(N, H) the target's output rows the head may guess (gathered once when not training: a 10k-row gather
+        per guess would cost as much as the head's block)."""
+        if self.training:
+            return self.out[self.target_ids]
+        if self._rows is None:
+            self._rows = self.out[self.target_ids]
+        return self._rows
 
     def forward(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
                 cache: HeadCache | None = None) -> torch.Tensor:  # fmt: skip

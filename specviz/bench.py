@@ -637,7 +637,7 @@ def main(args) -> dict:
               f"transformers {facts['transformers']}")  # fmt: skip
         print(format_table(table))
         peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
-        for t, r in peers.iterrows():
+        for t, r in peers.dropna(how="all").iterrows():  # none with --no-hf
             print(f"  T={t:g}: transformers assisted (defaults) {r['hf_assist_vs_ar']:.2f}x plain, "
                   f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain")  # fmt: skip
         for _, r in table[table["note"] != ""].iterrows():

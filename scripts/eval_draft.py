@@ -73,23 +73,31 @@ def target_replies(target, tokenizer, prompts: list[str], cache: Path, max_new_t
 
 
 @torch.inference_mode()
-def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
-    """Teacher-forced greedy acceptance of the draft on (prompt, target reply) pairs."""
-    lookup = torch.zeros(max(len(tokenizer), int(target_ids.max()) + 1), dtype=torch.long)
-    lookup[target_ids] = torch.arange(len(target_ids))
+def score(guess, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
+    """Teacher-forced greedy acceptance on (prompt, target reply) pairs: guess(seq (T,), prompt length) gives the
+    first guess at every reply position as target ids (R,); a reply token outside `target_ids` is a miss."""
+    rows = set(target_ids.tolist())
     hits = total = oov = 0
     per_prompt = []
     for prompt, reply in zip(prompts, replies):
         p = prompt_ids(tokenizer, prompt)
-        seq = torch.tensor(p + reply)  # (T,) target ids
-        logits = draft(lookup[seq][None]).logits[0]  # (T, N)
-        guess = target_ids[logits[len(p) - 1 : -1].argmax(-1)]  # (R,) draft argmax as target ids
-        truth = torch.tensor(reply)
-        h = int((guess == truth).sum())
+        h = int((guess(torch.tensor(p + reply), len(p)) == torch.tensor(reply)).sum())
         hits, total = hits + h, total + len(reply)
-        oov += int((lookup[truth] == 0).sum()) - int((truth == target_ids[0]).sum())
+        oov += sum(t not in rows for t in reply)
         per_prompt.append({"prompt": prompt, "alpha": h / len(reply), "tokens": len(reply)})
     return {"alpha": hits / total, "tokens": total, "oov_rate": oov / total, "per_prompt": per_prompt}
+
+
+def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
+    """Teacher-forced greedy acceptance of a draft model (its own rows: target_ids)."""
+    lookup = torch.zeros(max(len(tokenizer), int(target_ids.max()) + 1), dtype=torch.long)
+    lookup[target_ids] = torch.arange(len(target_ids))
+
+    def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
+        logits = draft(lookup[seq][None]).logits[0]  # (T, N)
+        return target_ids[logits[plen - 1 : -1].argmax(-1)]  # (R,) draft argmax as target ids
+
+    return score(guess, target_ids, tokenizer, prompts, replies)
 
 
 @torch.inference_mode()
@@ -112,21 +120,13 @@ def ms_per_token(model, prompt: list[int], steps: int = 50, warmup: int = 5) -> 
 @torch.inference_mode()
 def head_acceptance(head, target, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
     """Teacher-forced first-guess acceptance of a head: pairs (token j+1, the target's true feature j)."""
-    hits = total = oov = 0
-    per_prompt = []
-    in_rows = set(head.target_ids.tolist())
-    for prompt, reply in zip(prompts, replies):
-        p = prompt_ids(tokenizer, prompt)
-        seq = torch.tensor(p + reply)
+
+    def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
         f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
         f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]  # (T-1, H): predicts seq[j+2]
-        guess = head.target_ids[head.logits(f_hat[len(p) - 2 : -1]).argmax(-1)]  # (R,)
-        truth = torch.tensor(reply)
-        h = int((guess == truth).sum())
-        hits, total = hits + h, total + len(reply)
-        oov += sum(t not in in_rows for t in reply)
-        per_prompt.append({"prompt": prompt, "alpha": h / len(reply), "tokens": len(reply)})
-    return {"alpha": hits / total, "tokens": total, "oov_rate": oov / total, "per_prompt": per_prompt}
+        return head.target_ids[head.logits(f_hat[plen - 2 : -1]).argmax(-1)]  # (R,)
+
+    return score(guess, head.target_ids, tokenizer, prompts, replies)
 
 
 def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:

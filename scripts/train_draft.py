@@ -302,7 +302,14 @@ def save_draft(draft, target_ids: list[int], target_dir: Path, out: Path, cfg: T
 # --- training -------------------------------------------------------------------------------------
 
 
-def lr_at(progress: float, step: int, cfg: TrainConfig) -> float:
+def progress_at(step: int, elapsed: float, steps: int, minutes: float) -> float:
+    """How far a run is, 0..1: by step count or wall-clock minutes, whichever is further (0 = no limit)."""
+    return max(step / steps if steps else 0.0, elapsed / (60 * minutes) if minutes else 0.0)
+
+
+def lr_at(progress: float, step: int, cfg) -> float:
+    """Linear warm-up over cfg.warmup_steps, then cosine from cfg.lr down to cfg.lr * cfg.min_lr_frac (cfg: a
+    TrainConfig, or train_head.py's arguments, which have the same three fields)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
@@ -425,7 +432,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     ema = None
     while True:
         elapsed = time.time() - t0
-        progress = max(step / cfg.steps if cfg.steps else 0.0, elapsed / (60 * cfg.minutes) if cfg.minutes else 0.0)
+        progress = progress_at(step, elapsed, cfg.steps, cfg.minutes)
         if progress >= 1.0:
             break
         if len(order) < cfg.batch_size:

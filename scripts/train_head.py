@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import sys
@@ -37,7 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from teacher_io import read_jsonl, reply_key  # noqa: E402
-from train_draft import HELDOUT, TrainConfig, read_heldout, split_rows, target_folder  # noqa: E402
+from train_draft import (  # noqa: E402
+    HELDOUT,
+    TrainConfig,
+    lr_at,
+    progress_at,
+    read_heldout,
+    split_rows,
+    target_folder,
+)
 
 from specviz.head import DraftHead  # noqa: E402
 
@@ -192,19 +199,14 @@ def main(argv: list[str] | None = None) -> Path:
     t0, last_ckpt, ema = time.time() - elapsed, elapsed, None
     while True:
         elapsed = time.time() - t0
-        progress = max(step / args.steps if args.steps else 0.0, elapsed / (60 * args.minutes) if args.minutes else 0.0)
+        progress = progress_at(step, elapsed, args.steps, args.minutes)
         if progress >= 1.0:
             break
         if len(order) < args.batch_size:
             order = list(range(len(train)))
             rng.shuffle(order)
         b = make_batch([train[order.pop()] for _ in range(args.batch_size)], lookup, device)
-        if step < args.warmup_steps:
-            lr = args.lr * (step + 1) / args.warmup_steps
-        else:
-            lr = args.lr * (
-                args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-            )
+        lr = lr_at(progress, step, args)
         for g in opt.param_groups:
             g["lr"] = lr
         loss, acc = head_loss(head, b, args.noise, args.token_weight)

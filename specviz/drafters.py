@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import DRAFTERS, SamplingConfig, SpecvizError
-from .models import CachedModel, LoadedModel
+from .models import CachedModel, LoadedModel, scatter_rows
 from .policies import GammaPolicy
 from .sampling import greedy, to_probs
 
@@ -275,7 +275,7 @@ class HeadDrafter(Drafter):
     def _logits(self, f: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
         """(H,) predicted feature -> (V,) logits in the target's vocabulary (-inf outside the head's rows)."""
         rows = self.head.logits(f).float().to(ctx.device)
-        return rows.new_full((self.V,), -torch.inf).index_copy_(0, self.head.target_ids.to(ctx.device), rows)
+        return scatter_rows(rows[None], self.head.target_ids.to(ctx.device), self.V)[0]
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
         k, why = ctx.k_for(self.name)

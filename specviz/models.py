@@ -36,6 +36,11 @@ _BUILD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def scatter_rows(logits: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
+    """(L, N) logits over a subset of the target's tokens (row i is target token ids[i]) -> (L, V), -inf elsewhere."""
+    return logits.new_full((logits.shape[0], V), -torch.inf).index_copy_(1, ids, logits)
+
+
 @dataclass
 class LoadedModel:
     """A causal LM ready for the engine. `vocab_map` is set for drafts with a trimmed vocabulary.
@@ -73,8 +78,7 @@ class LoadedModel:
         """(L, Vm) logits in this model's vocabulary -> (L, V) in the target's: a trimmed vocabulary is scattered
         (-inf elsewhere), a smaller one padded with -inf, padding rows past V cut. The one vocabulary mapping."""
         if self.vocab_map is not None:
-            full = logits.new_full((logits.shape[0], V), -torch.inf)
-            return full.index_copy_(1, self.vocab_map, logits)
+            return scatter_rows(logits, self.vocab_map, V)
         vm = logits.shape[-1]
         if vm > V:
             return logits[:, :V]

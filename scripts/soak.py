@@ -39,6 +39,9 @@ import psutil
 from gradio_client import Client
 from gradio_client.utils import Status
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from specviz import memory  # noqa: E402 (the repository's own package, from a checkout)
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = re.compile(r'<span class="tok (tok-[a-z]+)[^"]*" title="[^"]*">(.*?)</span>', re.S)
 ROUND = re.compile(r"Round (\d+)\.")
@@ -332,13 +335,18 @@ def wait_ready(url: str, seconds: float = 600) -> None:
     c.predict(PROMPTS[0], 2, 1.0, 0, 300, 1, api_name="/exactness")
 
 
-def sample_rss(pid: int, until: threading.Event, every_s: float, samples: list) -> None:
+def sample_rss(pid: int, log_path: Path, until: threading.Event, every_s: float, samples: list, blocks: list) -> None:
+    """RSS every `every_s` seconds into `samples`, and the server's latest count of Python blocks (its memory
+    line, specviz/memory.py) into `blocks`, both as (seconds, value)."""
     proc, t0 = psutil.Process(pid), time.monotonic()
     while not until.is_set():
         try:
             samples.append((time.monotonic() - t0, proc.memory_info().rss / 2**20))
         except psutil.Error:
             return
+        lines = memory.LINE.findall(log_path.read_text(errors="replace"))
+        if lines:
+            blocks.append((time.monotonic() - t0, int(lines[-1][1])))
         until.wait(every_s)
 
 
@@ -353,7 +361,7 @@ def percentiles(xs: list[float]) -> dict[str, float | None]:
 
 
 def rss_growth(samples: list, warmup_s: float) -> tuple[float | None, float | None, float]:
-    """(RSS at the end of the warm-up, at the end, growth): medians of a few samples at each end."""
+    """(value at the end of the warm-up, at the end, growth): medians of a few samples at each end."""
     after = [mb for t, mb in samples if t >= warmup_s]
     if len(after) < 2:
         return None, None, 0.0
@@ -362,13 +370,21 @@ def rss_growth(samples: list, warmup_s: float) -> tuple[float | None, float | No
     return start, end, (end - start) / start
 
 
-def plot_rss(samples: list, warmup_s: float, out: Path) -> str:
+def plot_rss(samples: list, blocks: list, warmup_s: float, out: Path) -> str:
     import plotly.graph_objects as go
 
-    fig = go.Figure(go.Scatter(x=[t / 60 for t, _ in samples], y=[mb for _, mb in samples], mode="lines"))
+    fig = go.Figure(go.Scatter(x=[t / 60 for t, _ in samples], y=[mb for _, mb in samples], mode="lines", name="RSS"))
+    if blocks:  # the server's own count: flat while RSS climbs means the allocator, not a Python leak
+        xs, ys = [t / 60 for t, _ in blocks], [b / 1e6 for _, b in blocks]
+        fig.add_scatter(x=xs, y=ys, mode="lines", name="Python blocks (millions)", yaxis="y2", line_dash="dot")
     fig.add_vline(x=warmup_s / 60, line_dash="dash", annotation_text="end of warm-up")
     fig.update_layout(
-        title="specviz soak: server RSS", xaxis_title="minutes", yaxis_title="RSS (MiB)", template="plotly_white"
+        title="specviz soak: server RSS and Python's allocated blocks",
+        xaxis_title="minutes",
+        yaxis={"title": "RSS (MiB)", "rangemode": "tozero"},
+        yaxis2={"title": "Python blocks (millions)", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        legend={"orientation": "h", "y": -0.2},
+        template="plotly_white",
     )
     fig.write_html(out / "rss.html", include_plotlyjs=True)
     try:
@@ -398,10 +414,13 @@ def main(argv: list[str] | None = None) -> int:
 
     proc, url = start_server(a, out / "server.log")
     samples: list = []
+    blocks: list = []
     stop = threading.Event()
     try:
         wait_ready(url)
-        threading.Thread(target=sample_rss, args=(proc.pid, stop, max(1.0, a.minutes * 60 / 200), samples)).start()
+        every_s = max(1.0, a.minutes * 60 / 200)
+        args = (proc.pid, out / "server.log", stop, every_s, samples, blocks)
+        threading.Thread(target=sample_rss, args=args).start()
         tally = Tally()
         until = time.monotonic() + 60 * a.minutes
         timeout_s = 3 * int(os.environ.get("SPECVIZ_REQUEST_TIMEOUT_S", SERVER_ENV["SPECVIZ_REQUEST_TIMEOUT_S"])) + 60
@@ -424,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (out / "server.log").read_text(errors="replace")
     tracebacks = log.count("Traceback (most recent call last)")
     start_mb, end_mb, growth = rss_growth(samples, warmup_s)
+    start_blocks, end_blocks, blocks_growth = rss_growth(blocks, warmup_s)
     totals: dict[str, int] = {}
     for by in tally.outcomes.values():
         for k, v in by.items():
@@ -445,14 +465,20 @@ def main(argv: list[str] | None = None) -> int:
             "max": round(max((mb for _, mb in samples), default=0), 1),
             "growth": round(growth, 4),
         },
+        "python_blocks": {  # flat while RSS grows: the allocator, not a Python leak
+            "after_warmup": start_blocks and int(start_blocks),
+            "end": end_blocks and int(end_blocks),
+            "growth": round(blocks_growth, 4),
+        },
         "tracebacks": tracebacks,
         "cross_talk": len(crosstalk),
         "problems": tally.problems[:50],
     }
     if a.png and samples:
-        report["rss_plot"] = plot_rss(samples, warmup_s, out)
+        report["rss_plot"] = plot_rss(samples, blocks, warmup_s, out)
     (out / "soak.json").write_text(json.dumps(report, indent=2))
     (out / "rss.csv").write_text("seconds,rss_mb\n" + "".join(f"{t:.1f},{mb:.1f}\n" for t, mb in samples))
+    (out / "blocks.csv").write_text("seconds,python_blocks\n" + "".join(f"{t:.1f},{b}\n" for t, b in blocks))
     print(json.dumps(report, indent=2))
     failed = []
     if tracebacks:

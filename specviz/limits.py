@@ -15,6 +15,8 @@
 | SPECVIZ_SESSION_IDLE_S       | 300     | a step-through session unused this long is freed               |
 | SPECVIZ_MAX_SESSIONS         | 100     | step-through sessions kept at once (least recently used freed) |
 | SPECVIZ_SESSION_MEMORY_MB    | 1024    | KV-cache memory all step-through sessions may hold together    |
+| SPECVIZ_MALLOC_ARENAS        | 2       | glibc malloc arenas for the server's threads (app.py; memory.py) |
+| SPECVIZ_TRIM_S               | 60      | seconds between heap trims and the server's memory log line     |
 
 A value that is not a whole number, or is below 1, stops the app at start-up with a sentence naming the
 variable: a typo in a security setting must not silently fall back to a default.

@@ -140,6 +140,9 @@ class Acceptance:
     low: float = 0.0  # 95% interval (Wilson) of a from the number of judged guesses
     high: float = 1.0
     by_kind: tuple[KindAcceptance, ...] = ()
+    draft_s: float = 0.0  # seconds the drafter took over all rounds (its catching up included)
+    decode_s: float = 0.0  # seconds of the decode loops, prefills excluded
+    block_sizes: tuple[int, ...] = ()  # rounds that proposed k = 0, 1, ... tokens
 
 
 def measure_acceptance(
@@ -162,6 +165,8 @@ def measure_acceptance(
 
     cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
     accepted = tested = drafted = rounds = new = 0
+    draft_s = decode_s = 0.0
+    sizes = [0] * (CHECK_GAMMA + 1)
     for ids in prompt_ids:
         for ev in speculative_decode(target, draft, ids, cfg):
             if deadline is not None and time.monotonic() > deadline:
@@ -174,10 +179,15 @@ def measure_acceptance(
                 tested += ev.n + (1 if ev.n < g else 0)  # the rejected one was judged; those after it were not
                 drafted += g
                 rounds += 1
+                draft_s += ev.draft_s
+                sizes += [0] * (g + 1 - len(sizes))
+                sizes[g] += 1
             elif isinstance(ev, Done):
                 new += len(ev.token_ids)
+                decode_s += ev.stats["wall_s"] - ev.stats["prefill_s"]
     low, high = wilson_interval(accepted, tested)
-    return Acceptance(alpha(accepted, tested - accepted), accepted, tested, drafted, rounds, new, low, high)
+    a = alpha(accepted, tested - accepted)
+    return Acceptance(a, accepted, tested, drafted, rounds, new, low, high, (), draft_s, decode_s, tuple(sizes))
 
 
 def acceptance_by_kind(
@@ -198,9 +208,26 @@ def acceptance_by_kind(
     }
     low, high = wilson_interval(tot["accepted"], tot["tested"])
     a = alpha(tot["accepted"], tot["tested"] - tot["accepted"])
+    sizes = tuple(map(sum, zip(*(x.block_sizes for x in parts.values()))))
+    times = [sum(x.draft_s for x in parts.values()), sum(x.decode_s for x in parts.values())]
     return Acceptance(
-        a, tot["accepted"], tot["tested"], tot["drafted"], tot["rounds"], tot["new_tokens"], low, high, kinds
-    )
+        a, tot["accepted"], tot["tested"], tot["drafted"], tot["rounds"], tot["new_tokens"], low, high, kinds,
+        *times, sizes,
+    )  # fmt: skip
+
+
+@torch.inference_mode()
+def measure_plain_step(target: LoadedModel, prompt_ids: list[int], tokens: int = 16) -> float:
+    """Seconds per token of plain greedy decoding after the prefill: the engine's own loop, what the benchmark's
+    plain run pays per token (its forward call and the work around it)."""
+    from .engine import autoregressive_decode
+    from .events import Done
+
+    cfg = SpecConfig(max_new_tokens=tokens, sampling=SamplingConfig(0.0))
+    for ev in autoregressive_decode(target, prompt_ids, cfg):
+        if isinstance(ev, Done):
+            return (ev.stats["wall_s"] - ev.stats["prefill_s"]) / len(ev.token_ids)
+    raise AssertionError("autoregressive_decode ends with Done")
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -234,6 +261,11 @@ class PairReport:
     max_new_tokens: int = 0
     speedups: tuple[float, ...] = field(default=())  # the textbook speedup (a verify costs one step), gamma 1..16
     verify_costs: tuple[float, ...] = field(default=())  # one target call over k + 1 tokens, in single steps, k = 1..8
+    # Measured in the decode loops, in target forward steps: drafting one proposal (c as the loop pays it), the
+    # loop's own work per round beyond the draft and the verify call, and one plain decoding step.
+    draft_cost: float | None = None
+    round_overhead: float | None = None
+    plain_cost: float | None = None
     speedups_measured: tuple[float, ...] = field(default=())  # with those measured costs, gamma 1..8: the prediction
     best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
@@ -284,8 +316,10 @@ class PairReport:
                 f"in {acc.rounds} rounds)",
                 f"            95% interval {acc.low:.2f}-{acc.high:.2f}; by kind: "
                 + ", ".join(f"{k.kind} {k.a:.2f} ({k.low:.2f}-{k.high:.2f})" for k in acc.by_kind),
-                "expected speedup by gamma: tokens per round (1 - a^(g+1)) / (1 - a) over (g c + v_g), where v_g is",
-                "the measured cost of one target call over g + 1 tokens, in single steps (the textbook formula has v = 1)",
+                "expected speedup by gamma: tokens per round (1 - a^(g+1)) / (1 - a) times a plain step's cost P, over",
+                "(g c' + v_g + o), all measured here in target forward steps: v_g one target call over g + 1 tokens,",
+                f"c' = {self.draft_cost:.3f} drafting one proposal, o = {self.round_overhead:.3f} the loop's own work per "
+                f"round, P = {self.plain_cost:.3f} (the textbook formula has c' = c, v = 1, o = 0, P = 1)",
             ]
             top = max(self.speedups_measured)
             for g, (s, v) in enumerate(zip(self.speedups_measured, self.verify_costs), start=1):
@@ -435,10 +469,17 @@ def check_pair(
         q_s = 0.0
     c = cost_ratio(q_s, 1, p_s)
     times = forward_times(p, first, max(MEASURED_GAMMAS) + 1, reps=3)  # one call over 1 .. 9 tokens
-    verify = tuple(times[g] / times[0] for g in MEASURED_GAMMAS)  # (v_1 .. v_8): a call over g + 1 tokens, in steps
+    step = times[0]
+    verify = tuple(times[g] / step for g in MEASURED_GAMMAS)  # (v_1 .. v_8): a call over g + 1 tokens, in steps
+    plain = measure_plain_step(p, first) / step
     acc = acceptance_by_kind(p, q, ids, cfg.max_new_tokens, deadline, drafter)
+    draft_cost = acc.draft_s / acc.drafted / step if acc.drafted else c
+    forward_s = sum(n * times[k] for k, n in enumerate(acc.block_sizes))  # the verify calls the loop made
+    overhead = max(0.0, acc.decode_s - acc.draft_s - forward_s) / max(acc.rounds, 1) / step
     speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
-    measured = tuple(expected_speedup_measured([acc.a] * g, c, v) for g, v in zip(MEASURED_GAMMAS, verify))
+    measured = tuple(
+        expected_speedup_measured([acc.a] * g, draft_cost, v, overhead, plain) for g, v in zip(MEASURED_GAMMAS, verify)
+    )
     best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
     best = measured[best_gamma - 1]
     verdict, reasons = _worth(acc.a, c, best_gamma, best)
@@ -454,6 +495,9 @@ def check_pair(
         max_new_tokens=cfg.max_new_tokens,
         speedups=speedups,
         verify_costs=verify,
+        draft_cost=draft_cost,
+        round_overhead=overhead,
+        plain_cost=plain,
         speedups_measured=measured,
         best_gamma=best_gamma,
         best_speedup=best,

@@ -9,7 +9,8 @@ cost of one draft step relative to one target step, gamma the proposals of a rou
   1 + sum over i of prod over j <= i of alpha_j. Where acceptance rises or falls along a round, the equal-alpha
   formula is wrong by the difference.
 - `expected_speedup(alpha, gamma, c)`: Theorem 3.8, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); it assumes
-  a verify of gamma + 1 tokens costs one target step. `expected_speedup_measured` uses measured verify costs.
+  a verify of gamma + 1 tokens costs one target step. `expected_speedup_measured` uses measured costs: the
+  verify call, the decode loop's own work per round, and a plain decoding step's.
 Every page, the sweep, the pair check and the benchmark read these; nothing else computes them.
 """
 
@@ -114,13 +115,21 @@ def expected_speedup(a: float, gamma: int, c: float) -> float:
     return expected_tokens(a, gamma) / (_gamma(gamma) * c + 1.0)
 
 
-def expected_speedup_measured(alphas: Sequence[float], c: float, verify_cost: float) -> float:
-    """Speedup with measured costs: tokens per round / (gamma c + v), v = one verify of gamma + 1 tokens in
-    target steps (1.0 reproduces `expected_speedup` when every alpha is equal)."""
+def expected_speedup_measured(
+    alphas: Sequence[float], c: float, verify_cost: float, overhead: float = 0.0, plain_cost: float = 1.0
+) -> float:
+    """Speedup with measured costs, all in target forward steps (one call over one token = 1):
+
+        tokens per round * plain_cost / (gamma c + v + overhead)
+
+    c: drafting one proposal; v: one verify call over gamma + 1 tokens; overhead: the decode loop's own work per
+    round (accept/reject, roll back, bookkeeping); plain_cost: one plain decoding step, its forward and its own
+    work. v = 1, overhead 0 and plain_cost 1 give `expected_speedup` when every alpha is equal."""
     g = len(alphas)
-    if g == 0:
-        return 1.0 / verify_cost if verify_cost > 0 else float("nan")
-    return expected_tokens_by_position(alphas) / (g * c + verify_cost)
+    denom = g * c + verify_cost + overhead
+    if denom <= 0:
+        return float("nan")
+    return expected_tokens_by_position(alphas) * plain_cost / denom
 
 
 def speedup_table(a: float, c: float, gammas: Iterable[int] = range(1, GAMMA_MAX + 1)) -> tuple[float, ...]:

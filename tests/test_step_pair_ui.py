@@ -100,6 +100,10 @@ def test_pair_check_of_the_tiny_pair(client, tiny_pair):
     html, plot, numbers = client.predict(tiny_pair[0], tiny_pair[1], 8, api_name="/check")
     assert "sv-badge" in html and ("Compatible" in html or "not worth it" in html)
     assert numbers["tokenizer"]["compatible"] is True and len(numbers["speedups"]) == 16
+    # the page names the costs its prediction used, the same numbers the API returns
+    assert "The prediction uses costs measured on this machine" in html
+    assert f"a plain decoding step {numbers['plain_cost']:.2f}" in html
+    assert f"the decode loop's own work {numbers['round_overhead']:.2f} a round" in html
 
 
 def test_unreachable_hub_model_gives_a_clear_sentence(client, tiny_pair):

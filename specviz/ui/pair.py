@@ -92,9 +92,11 @@ def report_html(r: PairReport) -> str:
     if r.speedups_measured:
         v = r.verify_costs[r.best_gamma - 1]
         nums += (
-            f'<p class="sv-warn">The prediction uses the verify cost measured here: one target call over '
-            f"{r.best_gamma + 1} tokens costs {v:.2f} single-token steps on this machine (the textbook formula "
-            f"assumes 1, which gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma).</p>"
+            f'<p class="sv-warn">The prediction uses costs measured on this machine, in single-token target '
+            f"steps: a target call over {r.best_gamma + 1} tokens {v:.2f}, drafting one guess {r.draft_cost:.2f}, "
+            f"the decode loop's own work {r.round_overhead:.2f} a round, and a plain decoding step "
+            f"{r.plain_cost:.2f}. The textbook formula (a verify costs one step, nothing else costs anything) "
+            f"gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma.</p>"
         )
     warn = ""
     if r.warnings:

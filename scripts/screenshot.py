@@ -1,7 +1,7 @@
 """The README's picture: the app with the default pair racing, in Debian's chromium.
 
     .venv/bin/python scripts/screenshot.py assets/screenshot.png [--prompt TEXT] [--sweep] [--tab NAME]
-        [--drafter lookup+model] [--policy auto] [--lane3 lookup --policy3 auto]
+        [--drafter lookup+model] [--policy auto] [--lane3 lookup --policy3 auto] [--tab "Pair check" --check]
 
 The default pair is the built-in one unless SPECVIZ_TARGET / SPECVIZ_DRAFT say otherwise.
 """
@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--prompt", default="", help="default: the page's own first example")
     ap.add_argument("--sweep", action="store_true", help="run the gamma sweep before the race")
     ap.add_argument("--tab", default="", help="take the picture of this tab instead (after the race)")
+    ap.add_argument("--check", action="store_true", help="with --tab 'Pair check': run the check of the default pair")
     ap.add_argument("--width", type=int, default=1400)
     ap.add_argument("--drafter", default="", help="the speculative lane's drafter (model, lookup, lookup+model)")
     ap.add_argument("--policy", default="", help="its gamma policy (constant, heuristic, confidence, auto)")
@@ -75,6 +76,10 @@ def main() -> None:
             if args.tab:
                 page.get_by_role("tab", name=args.tab).click()
                 page.wait_for_timeout(1000)
+            if args.check:
+                page.get_by_role("button", name="Check pair").click()
+                expect(page.locator(".sv-verdict")).to_be_visible(timeout=SLOW_MS)
+                page.wait_for_timeout(2000)  # the chart draws after the verdict
             page.screenshot(path=args.out, full_page=True)
             browser.close()
     finally:

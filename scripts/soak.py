@@ -382,7 +382,14 @@ def plot_rss(samples: list, blocks: list, warmup_s: float, out: Path) -> str:
         title="specviz soak: server RSS and Python's allocated blocks",
         xaxis_title="minutes",
         yaxis={"title": "RSS (MiB)", "rangemode": "tozero"},
-        yaxis2={"title": "Python blocks (millions)", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        yaxis2={
+            "title": "Python blocks (millions)",
+            "overlaying": "y",
+            "side": "right",
+            "rangemode": "tozero",
+            "tickformat": ".1f",
+            "showgrid": False,
+        },
         legend={"orientation": "h", "y": -0.2},
         template="plotly_white",
     )

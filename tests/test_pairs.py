@@ -275,3 +275,23 @@ def test_the_predicted_tokens_per_call_match_the_benchmarks(fast_pair, gamma):
 def test_the_lookup_drafter_costs_no_draft_calls(fast_pair):
     rep = check_pair(*fast_pair, device="cpu", max_new_tokens=12, drafter="lookup")
     assert rep.drafter == "lookup" and rep.c == 0 and "lookup drafter" in rep.report()
+
+
+def test_predict_vs_bench_reports_the_checks_prediction_beside_the_benchmarks_measurement(fast_pair, capsys):
+    """scripts/predict_vs_bench.py on the fast pair: the prediction is the check's own at the gamma it recommends,
+    the benchmark's run at that gamma is exact, and tokens per call agree (time-free). How close the two speeds
+    are is a measurement, not a test: BENCHMARKS.md has the runs."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "predict_vs_bench.py"
+    spec = importlib.util.spec_from_file_location("predict_vs_bench", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = script.main(["--target", fast_pair[0], "--draft", fast_pair[1], "--max-new-tokens", "96"])
+    assert json.loads(capsys.readouterr().out) == out
+    assert out["identical"] is True and 1 <= out["gamma"] <= 8
+    assert out["alpha_interval"][0] <= out["alpha_check"] <= out["alpha_interval"][1]
+    assert abs(out["tokens_per_call_ratio"] - 1) < 0.10, out
+    assert out["predicted_speedup"] > 0 and out["measured_speedup"] > 0
+    assert out["speedup_ratio"] == pytest.approx(out["predicted_speedup"] / out["measured_speedup"])

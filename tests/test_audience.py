@@ -160,7 +160,9 @@ def test_sixty_abandoned_step_sessions_are_freed_after_the_idle_limit(root):
         time.sleep(max(0.0, IDLE_S * 1.25 + 0.5 - (time.monotonic() - last)))  # the limit, plus the sweep's lag
         after = _held()
         print(f"step sessions: at most {peak[0]} alive, {peak[1] / 1e3:.0f} kB of KV caches; after: {after}")
-        assert after == baseline == (0, 0), after  # every session freed, the first one too: it was idle as well
+        # every session freed, the first one too (it was idle as well); relative to the baseline, because another
+        # test module's app may still hold a session of its own in this process
+        assert after == baseline, (after, baseline)
         say, text, *_ = first.predict("hello world", 3, 0.0, 0, api_name="/step")  # the first visitor returns
         assert "sv-error" not in say and "Round 1." in say and "Your earlier run was freed" in say
         say, *_ = first.predict("hello world", 3, 0.0, 0, api_name="/step")

@@ -11,7 +11,7 @@ import html
 
 import gradio as gr
 
-from .. import lessons
+from .. import compute, lessons
 from ..config import SpecvizError
 from .common import UIContext, error_html, gpu, message
 
@@ -67,7 +67,7 @@ def check(ctx: UIContext, key: str, answer, budget: lessons.Budget = PAGE_BUDGET
                 raise
             yield result_html(ls, picked, outcome, f"The models could not be loaded: {message(err)}")
             return
-        yield result_html(ls, picked, lessons.run(ls, p, q, budget))
+        yield result_html(ls, picked, compute.call(lessons.run, ls, p, q, budget))  # on the compute thread
     except Exception as err:
         yield error_html(err)
 

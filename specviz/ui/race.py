@@ -11,7 +11,7 @@ import time
 
 import gradio as gr
 
-from .. import plots, render
+from .. import compute, plots, render
 from ..config import ASSETS, AUTO_GAMMA_MAX, DEFAULT_DRAFTER, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
@@ -153,8 +153,9 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         view.pieces = render.Pieces(p.tokenizer)
         last_html = last_plots = 0.0
         runs = [autoregressive_decode(p, ids, cfg), *(speculative_decode(p, q, ids, c) for c in cfgs.values())]
-        # within_time: past the request cap it stops the race with one SpecvizError (caught below)
-        stream = ctx.limits.within_time(race(*runs, names=("ar", *cfgs)), start)
+        # on the one compute thread (specviz/compute.py); within_time: past the request cap it stops the race
+        # with one SpecvizError (caught below)
+        stream = ctx.limits.within_time(compute.iterate(race(*runs, names=("ar", *cfgs))), start)
         for side, ev in stream:
             view.add(side, ev)
             now = time.monotonic()

@@ -15,6 +15,7 @@ import threading
 
 import gradio as gr
 
+from .. import compute
 from ..api import encode_prompt
 from ..config import DEFAULT_GAMMA, TEMPERATURE_MAX, SamplingConfig, SpecConfig, SpecvizError
 from ..render import Pieces
@@ -96,7 +97,7 @@ class Session:
         """Free the KV caches (the store calls this when the session is freed)."""
         with self.lock:
             self.closed = True
-            self.stepper.close()
+            compute.call(self.stepper.close)
 
 
 def session_bytes(p, q, n_prompt: int, settings: StepSettings) -> int:
@@ -166,7 +167,7 @@ def build_step_tab(ctx: UIContext) -> None:
     def start(prompt, settings: StepSettings) -> tuple[str, Session]:
         p, q = ctx.pair()
         ids = _prompt_ids(ctx, p, prompt)
-        s = Session(Stepper(p, q, ids, settings), Pieces(p.tokenizer))
+        s = Session(compute.call(Stepper, p, q, ids, settings), Pieces(p.tokenizer))
         try:
             return store.add(s, session_bytes(p, q, len(ids), settings)), s
         except SpecvizError:
@@ -190,7 +191,7 @@ def build_step_tab(ctx: UIContext) -> None:
                     raise SpecvizError("Still working on the previous round; wait a moment.")
                 try:
                     if not s.closed:
-                        rd = s.stepper.advance()
+                        rd = compute.call(s.stepper.advance)
                         break
                 finally:
                     s.lock.release()
@@ -221,12 +222,13 @@ def build_step_tab(ctx: UIContext) -> None:
             ids = _prompt_ids(ctx, p, prompt)
             pieces = Pieces(p.tokenizer)
             if st.temperature == 0:
-                gc = greedy_check(p, q, ids, st.gamma, min(GREEDY_CHECK_TOKENS, st.max_new_tokens))
+                gc = compute.call(greedy_check, p, q, ids, st.gamma, min(GREEDY_CHECK_TOKENS, st.max_new_tokens))
                 return greedy_html(gc, pieces), gr.Plot(visible=False)
             draws, real = int(draws), int(real)
             if not (100 <= draws <= 2000 and 0 <= real <= 10):
                 raise SpecvizError("Use 100 to 2000 draws and 0 to 10 real runs.")
-            sc = sample_check(p, q, ids, SamplingConfig(st.temperature), draws, real, st.seed, st.relaxed_w)
+            sampling = SamplingConfig(st.temperature)
+            sc = compute.call(sample_check, p, q, ids, sampling, draws, real, st.seed, st.relaxed_w)
             return sample_html(sc), gr.Plot(exactness_figure(sc, lambda t: label(pieces.text(t))), visible=True)
         except Exception as err:
             return _fail(err), gr.skip()
@@ -237,8 +239,8 @@ def build_step_tab(ctx: UIContext) -> None:
             st = _settings(ctx, prompt, gamma, 0.0, 0)
             p, q = ctx.pair()
             ids = _prompt_ids(ctx, p, prompt)
-            times = forward_times(p, ids, st.gamma + 1, reps=5)
-            t_draft = forward_times(q, ids, 1, reps=5, vocab_size=p.vocab_size)[0]
+            times = compute.call(forward_times, p, ids, st.gamma + 1, reps=5)
+            t_draft = compute.call(forward_times, q, ids, 1, reps=5, vocab_size=p.vocab_size)[0]
             return timing_html(timing_sentence(times, t_draft)), gr.Plot(forward_time_figure(times), visible=True)
         except Exception as err:
             return _fail(err), gr.skip()

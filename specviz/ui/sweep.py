@@ -12,7 +12,7 @@ import time
 
 import pandas as pd
 
-from .. import plots
+from .. import compute, plots
 from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
 from ..record import keep
@@ -58,13 +58,14 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
         note = _note(f"Plain decoding first (the baseline), then gamma = {', '.join(map(str, gammas))}…")
         yield empty, note
         lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/replay.py)
-        plain = keep(autoregressive_decode(p, ids, cfg), lanes["ar"])
+        plain = keep(compute.iterate(autoregressive_decode(p, ids, cfg)), lanes["ar"])  # on the compute thread
         ar = (yield from _run(ctx.limits.within_time(plain, start), empty, note)).stats
         t_p = (ar["wall_s"] - ar["prefill_s"]) / max(ar["target_calls"], 1)  # one target call, seconds
         rows, tot = [], {"accepted": 0, "resampled": 0, "draft_s": 0.0, "draft_calls": 0}
         for i, g in enumerate(gammas, 1):
             spec = keep(
-                speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g)), lanes.setdefault(f"gamma = {g}", [])
+                compute.iterate(speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g))),
+                lanes.setdefault(f"gamma = {g}", []),
             )
             # past the cap: one SpecvizError
             st = (yield from _run(ctx.limits.within_time(spec, start), fig, note)).stats

@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 from train_draft import HELDOUT, prompt_ids, read_heldout, target_folder  # noqa: E402
 
+from specviz.models import cache_kwargs  # noqa: E402
+
 
 def load_draft(folder: str | Path):
     """The draft in float32 (as the engine loads it) and its target-id -> row lookup."""
@@ -106,12 +108,12 @@ def ms_per_token(model, prompt: list[int], steps: int = 50, warmup: int = 5) -> 
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    out = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True)
+    out = model(torch.tensor([prompt]), **cache_kwargs(model, cache), use_cache=True)
     tok = out.logits[:, -1:].argmax(-1)  # (1, 1)
     times = []
     for _ in range(steps + warmup):
         t = time.perf_counter()
-        out = model(tok, past_key_values=cache, use_cache=True)
+        out = model(tok, **cache_kwargs(model, cache), use_cache=True)
         tok = out.logits[:, -1:].argmax(-1)
         times.append(1000 * (time.perf_counter() - t))
     return statistics.median(times[warmup:])

@@ -43,9 +43,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
 from build_prompts import HELDOUT_DIR, HeldOut, read_prompts  # noqa: E402
 from teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_path  # noqa: E402
 from train_draft import HELDOUT, prompt_ids, read_heldout, target_folder  # noqa: E402
+
+from specviz.models import cache_kwargs  # noqa: E402
 
 # --- the built-in prompts: templates x fillers --------------------------------------------------------
 
@@ -171,8 +174,8 @@ def generate_batch(
     steps = []  # per step: (rows, next token, top ids, top p), all on the CPU
     for _ in range(max_new_tokens):
         # 1. the target's next-token logits for the rows still generating
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwargs(model, cache),
+                    use_cache=True, logits_to_keep=1)  # fmt: skip
         logits = out.logits[:, -1].float()  # (b, V)
         # 2. the next token: greedy, or sampled at `temperature` from the one generator
         if temperature:

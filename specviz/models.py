@@ -9,6 +9,8 @@ builds one model at a time (`_BUILD_LOCK`). p is the target, q the draft.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import threading
@@ -34,6 +36,18 @@ QUANTIZE = (None, "4bit", "8bit")
 # models are built one at a time; the cache's own lock is never held meanwhile (see ModelCache).
 _BUILD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def cache_kwargs(model: torch.nn.Module, cache) -> dict:
+    """The keyword that hands a model its KV cache: `cache` from transformers 5.24 on, `past_key_values` before
+    (5.24 still takes the old name but warns that 5.40 drops it). Read from the model's own forward signature."""
+    return {_cache_kwarg(type(model)): cache}
+
+
+@functools.cache
+def _cache_kwarg(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def scatter_rows(logits: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
@@ -556,7 +570,7 @@ class CachedModel:
             x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
         out = self.lm.model(
             input_ids=x,
-            past_key_values=self.cache,
+            **cache_kwargs(self.lm.model, self.cache),
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             output_hidden_states=hidden,

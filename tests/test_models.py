@@ -435,3 +435,33 @@ def test_models_loading_side_by_side_leave_no_transformers_patch_behind(tmp_path
         assert all(x.result(60).dtype == torch.bfloat16 for x in loads)
         assert PreTrainedModel.tie_weights is tie and torch.get_default_dtype() == dtype
         assert next(make_model(16, seed=0).parameters()).device.type == "cpu"
+
+
+def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair):
+    """transformers 5.24 renamed `past_key_values` to `cache` and drops the old name in 5.40: the engine
+    asks the model's own forward which one it takes, so a decode warns of nothing and uses the cache."""
+    import inspect
+    import warnings
+
+    from specviz.config import SpecConfig
+    from specviz.engine import speculative_decode
+    from specviz.models import cache_kwargs
+
+    p, q = loaded_pair
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None): ...
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None): ...
+
+    assert cache_kwargs(Old(), "c") == {"past_key_values": "c"}
+    assert cache_kwargs(New(), "c") == {"cache": "c"}
+    takes = inspect.signature(type(p.model).forward).parameters
+    assert list(cache_kwargs(p.model, None)) == ["cache" if "cache" in takes else "past_key_values"]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        events = list(speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(3, 12, 0)))
+    done = events[-1]
+    assert len(done.token_ids) == 12 or done.finish_reason == "eos"
+    assert done.stats["drafted"] > 0  # the draft's cache was used too

@@ -11,8 +11,10 @@ with one prompt a line), in the file's order; without it, the small built-in tem
 with --seed. Prompts in any file of assets/prompts/ (held-out and benchmark sets) are never generated for.
 
 Soft labels: with --topk K (16 by default, 0 for none) the target's K most likely tokens and their
-probabilities at every generated position go to a second file beside --out (teacher.jsonl.gz ->
-teacher.topk.jsonl.gz); scripts/teacher_io.py documents that format and reads it back.
+probabilities at every generated position go beside --out in numbered parts (teacher.jsonl.gz ->
+teacher.topk.000.jsonl.gz, teacher.topk.001.jsonl.gz, ...), a new part once the last passes --topk-part-mb:
+about 47 MB per million tokens, so one file would soon pass a git host's 100 MB limit. scripts/teacher_io.py
+documents the format and reads it back.
 
 The run is resumable: it appends one gzip member per batch to --out (plain or .gz), cuts off a member that
 an earlier kill left incomplete, and skips every (prompt, temperature) reply already there, so it can be
@@ -45,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 from build_prompts import HELDOUT_DIR, HeldOut, read_prompts  # noqa: E402
-from teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_path  # noqa: E402
+from teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_part, topk_parts  # noqa: E402
 from train_draft import HELDOUT, prompt_ids, read_heldout, target_folder  # noqa: E402
 
 from specviz.models import cache_kwargs  # noqa: E402
@@ -237,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--window", type=int, default=0, help="prompts per window (every temperature per window); 0 = all")
     ap.add_argument("--topk", type=int, default=16, help="target top-k per position to store beside --out; 0 = none")
+    ap.add_argument("--topk-part-mb", type=float, default=25.0, help="start a new top-k part past this size")
     ap.add_argument("--seed", type=int, default=0, help="prompt order and sampling")
     ap.add_argument("--target", default="", help="target folder; default: the built-in target")
     ap.add_argument("--heldout", default=str(HELDOUT), help="prompts never generated for")
@@ -258,9 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs = pairs[:n]
     kinds = dict(pairs)
     out = Path(args.out)
-    top_out = topk_path(out) if args.topk else None
-    for f in (out, top_out):
-        if f is not None and (cut := repair_tail(f)):
+    part_bytes = int(args.topk_part_mb * 2**20)
+    for f in [out, *topk_parts(out)[-1:]]:  # only the last part is ever appended to
+        if cut := repair_tail(f):
             print(f"cut {cut} bytes of an interrupted write off {f}")
     have = existing_counts(out)
     units = plan([p for p, _ in pairs], args.temperatures, have, args.window)
@@ -284,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
             rows = [{"prompt": p, "temperature": t, "ids": r} | ({"kind": kinds[p]} if kinds[p] else {})
                     for p, r in zip(chunk, replies)]  # fmt: skip
             # 3. top-k first, then the replies, one gzip member each: a kill loses at most this batch
-            if top_out is not None:
-                append_jsonl(top_out, [{"prompt": r["prompt"], "temperature": t, "ids": r["ids"], **encode_topk(*tk)}
-                                       for r, tk in zip(rows, tops)])  # fmt: skip
+            if args.topk:
+                tops_rows = [{"prompt": r["prompt"], "temperature": t, "ids": r["ids"], **encode_topk(*tk)}
+                             for r, tk in zip(rows, tops)]  # fmt: skip
+                append_jsonl(topk_part(out, part_bytes), tops_rows)
             append_jsonl(out, rows)
             done += len(chunk)
             n_tokens += sum(map(len, replies))

@@ -5,9 +5,9 @@ killed mid-write leaves at most one truncated member at the end: `read_jsonl` st
 `repair_tail` cuts it off before the next run appends (otherwise the next member would be read as part of
 the broken one).
 
-Top-k records (the `*.topk.jsonl.gz` file next to the teacher file) carry, for every generated position t of
-a reply, the K most likely next tokens under the target p (temperature 1, before any sampling temperature)
-and their probabilities:
+Top-k records (in the numbered parts `*.topk.000.jsonl.gz`, `*.topk.001.jsonl.gz`, ... next to the teacher
+file, `topk_parts`) carry, for every generated position t of a reply, the K most likely next tokens under the
+target p (temperature 1, before any sampling temperature) and their probabilities:
     {"prompt", "temperature", "ids": [T ints], "k": K,
      "top_ids": base64 of uint16 little-endian, shape (T, K), most likely first,
      "top_p8":  base64 of uint8, shape (T, K), u = round(-20 * ln p) clipped to 255, so p = exp(-u / 20)}
@@ -19,6 +19,7 @@ candidate) before gzip. `decode_topk(row)` gives the two arrays back as tensors.
 from __future__ import annotations
 
 import base64
+import glob
 import gzip
 import hashlib
 import json
@@ -117,14 +118,28 @@ def decode_topk(row: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(ids), torch.from_numpy(u.astype("float32")).div(-P8_SCALE).exp()
 
 
-def topk_path(out: str | Path) -> Path:
-    """data/teacher.jsonl.gz -> data/teacher.topk.jsonl.gz (the top-k file beside a teacher file)."""
+def _topk_stem(out: str | Path) -> tuple[Path, str, str]:
     out = Path(out)
-    name = out.name
     for ext in (".jsonl.gz", ".jsonl", ".gz"):
-        if name.endswith(ext):
-            return out.with_name(name[: -len(ext)] + ".topk" + ext)
-    return out.with_name(name + ".topk")
+        if out.name.endswith(ext):
+            return out.parent, out.name[: -len(ext)], ext
+    return out.parent, out.name, ""
+
+
+def topk_parts(out: str | Path) -> list[Path]:
+    """The top-k files beside a teacher file, in order: data/teacher.jsonl.gz -> data/teacher.topk.000.jsonl.gz,
+    data/teacher.topk.001.jsonl.gz, ... (numbered parts keep every file well under a git host's size limit)."""
+    folder, stem, ext = _topk_stem(out)
+    return sorted(folder.glob(f"{glob.escape(stem)}.topk.[0-9][0-9][0-9]{ext}"))
+
+
+def topk_part(out: str | Path, max_bytes: int) -> Path:
+    """The part to append the next top-k record to: the last one while it is under `max_bytes`, else a new one."""
+    parts = topk_parts(out)
+    if parts and parts[-1].stat().st_size < max_bytes:
+        return parts[-1]
+    folder, stem, ext = _topk_stem(out)
+    return folder / f"{stem}.topk.{len(parts):03d}{ext}"
 
 
 def p8_error() -> float:

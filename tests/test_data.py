@@ -105,4 +105,17 @@ def test_topk_encoding_round_trips_within_the_quantisation_step():
     assert torch.equal(ids, top.indices)
     keep = top.values > 1e-5
     assert torch.allclose(q[keep], top.values[keep], rtol=teacher_io.p8_error() + 1e-6, atol=0)
-    assert teacher_io.topk_path("data/teacher.jsonl.gz") == Path("data/teacher.topk.jsonl.gz")
+
+
+def test_topk_parts_roll_over_at_the_size_limit_and_list_in_order(tmp_path):
+    out = tmp_path / "teacher.jsonl.gz"
+    (tmp_path / "other.topk.000.jsonl.gz").write_bytes(b"x")  # another teacher file's part: not ours
+    assert teacher_io.topk_parts(out) == []
+    assert teacher_io.topk_part(out, 100) == tmp_path / "teacher.topk.000.jsonl.gz"
+    for i in range(25):
+        teacher_io.append_jsonl(teacher_io.topk_part(out, 100), [{"i": i, "pad": "y" * 40}])
+    parts = teacher_io.topk_parts(out)
+    assert [p.name for p in parts[:2]] == ["teacher.topk.000.jsonl.gz", "teacher.topk.001.jsonl.gz"]
+    assert len(parts) > 3 and all(p.stat().st_size < 200 for p in parts)  # each stops one record past 100
+    assert [r["i"] for p in parts for r in teacher_io.read_jsonl(p)] == list(range(25))
+    assert teacher_io.topk_parts(tmp_path / "teacher.jsonl") == []  # plain files have their own parts

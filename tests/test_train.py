@@ -176,7 +176,7 @@ def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_
     out = tmp_path / "teacher.jsonl.gz"
     args = ["--out", str(out), "--prompts", str(pfile), "--temperatures", "0", "1.0", "--max-new-tokens", "6",
             "--batch-size", "2", "--window", "2", "--topk", "4", "--target", str(target_dir),
-            "--heldout-dir", str(held), "--threads", "1"]  # fmt: skip
+            "--heldout-dir", str(held), "--threads", "1", "--topk-part-mb", "0.0002"]  # fmt: skip
 
     # 1. a run killed in its third batch, after its top-k write: the files end with a half-written member
     real, calls = make_teacher_data.generate_batch, []
@@ -184,7 +184,7 @@ def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_
     def dies_in_third_batch(*a, **kw):
         calls.append(1)
         if len(calls) == 3:
-            for f in (teacher_io.topk_path(out), out):
+            for f in (teacher_io.topk_parts(out)[-1], out):
                 f.write_bytes(f.read_bytes() + gzip.compress(b'{"prompt": "hello world", "tempera')[:-6])
             raise KeyboardInterrupt
         return real(*a, **kw)
@@ -209,9 +209,9 @@ def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_
     # 3. every reply has a top-k record equal to the target's own softmax, teacher-forced on prompt + reply
     tok = AutoTokenizer.from_pretrained(target_dir)
     model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    tops = {
-        (r["prompt"], r["temperature"], tuple(r["ids"])): r for r in teacher_io.read_jsonl(teacher_io.topk_path(out))
-    }
+    parts = teacher_io.topk_parts(out)  # 210-byte parts: a new one after every batch
+    assert len(parts) >= 5 and [p.name for p in parts][:2] == ["teacher.topk.000.jsonl.gz", "teacher.topk.001.jsonl.gz"]
+    tops = {(r["prompt"], r["temperature"], tuple(r["ids"])): r for p in parts for r in teacher_io.read_jsonl(p)}
     for r in rows:
         ids, p = teacher_io.decode_topk(tops[(r["prompt"], r["temperature"], tuple(r["ids"]))])
         prompt = train_draft.prompt_ids(tok, r["prompt"])

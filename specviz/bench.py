@@ -597,7 +597,7 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
 
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
-    from .models import load_pair
+    from .models import load_pair, pair_dtypes
 
     prompts = load_prompts(args.prompts, args.limit)
     gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
@@ -612,7 +612,7 @@ def main(args) -> dict:
     )  # fmt: skip
     table = summarise_runs(runs)
     facts = machine_info()
-    facts.update(target=p.name, draft=q.name, prompts=args.prompts, n_prompts=len(prompts),
+    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), prompts=args.prompts, n_prompts=len(prompts),
                  max_new_tokens=args.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
@@ -632,7 +632,8 @@ def main(args) -> dict:
         Path(args.json_out).write_text(json.dumps({**out, "runs": run_rows}, indent=2))
         files.append(args.json_out)
     if not args.json:
-        print(f"{p.name} + {q.name} · {len(prompts)} prompts from {args.prompts} · {args.max_new_tokens} new tokens")
+        print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
+              f"{args.max_new_tokens} new tokens")  # fmt: skip
         print(f"{facts['cpu']} · GPU {facts['gpu']} · torch {facts['torch']} ({facts['torch_threads']} threads) · "
               f"transformers {facts['transformers']}")  # fmt: skip
         print(format_table(table))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
-from .kernels import use_small_batch_gemm
+from .kernels import draft_dtype, use_small_batch_gemm
 from .limits import env_int
 
 HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
@@ -468,6 +468,12 @@ def load_model(
     return CACHE.get(key, make, timeout_s, what)
 
 
+def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
+    """The pair's dtypes in words: "float32", or "float32, draft float16" where the draft runs in another."""
+    a, b = (str(m.dtype).removeprefix("torch.") for m in (p, q))
+    return a if a == b else f"{a}, draft {b}"
+
+
 def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:
     """Why the draft q cannot serve the target p, in one sentence; None when it can.
 
@@ -497,13 +503,17 @@ def load_pair(
     """The target p and the draft q; None means the built-in pair. Quantisation applies to the target only.
 
     A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
-    pair gives the same sentence. timeout_s caps the wait for both loads together (see `load_model`).
+    pair gives the same sentence. timeout_s caps the wait for both loads together (see `load_model`). Without
+    an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     draft = draft or BUILTIN_DRAFT
     q_device = device or (target.device if isinstance(target, LoadedModel) else None)  # None: as p's, the default
+    q_dtype = dtype
+    if dtype in (None, "", "auto"):  # float16 where this CPU runs it faster (kernels.draft_dtype); p keeps its own
+        q_dtype = draft_dtype(_resolve_device(q_device)) or dtype
     if timeout_s is not None and not isinstance(draft, LoadedModel):  # both load at once, even if we give up
-        CACHE.start(*_request(draft, q_device, dtype, None, trust_remote_code)[:2])
+        CACHE.start(*_request(draft, q_device, q_dtype, None, trust_remote_code)[:2])
     p = load_model(
         target or BUILTIN_TARGET,
         device=device,
@@ -513,7 +523,9 @@ def load_pair(
         timeout_s=timeout_s,
     )
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-    q = load_model(draft, device=q_device or p.device, dtype=dtype, trust_remote_code=trust_remote_code, timeout_s=left)
+    q = load_model(
+        draft, device=q_device or p.device, dtype=q_dtype, trust_remote_code=trust_remote_code, timeout_s=left
+    )
     gap = vocab_gap(p, q)
     if gap:
         raise SpecvizError(gap)
@@ -547,7 +559,7 @@ class CachedModel:
     def feed(self, ids: torch.Tensor, last_only: bool = False, hidden: bool = False):
         """ids (L,) -> logits (L or 1, V); the cache grows by L. With `hidden`, also the last hidden states (L, H)."""
         logits, h = self._forward(ids, last_only, hidden)
-        logits = self.lm.to_target_logits(logits, self.V)
+        logits = self.lm.to_target_logits(logits.float(), self.V)  # a float16 draft's too: p and q in float32
         return (logits, h) if hidden else logits
 
     def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from .config import CHECK_DRAFTERS, GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
-from .models import CachedModel, LoadedModel, load_pair
+from .models import CachedModel, LoadedModel, load_pair, pair_dtypes
 from .theory import alpha, cost_ratio, expected_speedup, expected_speedup_measured, speedup_table, wilson_interval  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
@@ -447,7 +447,7 @@ def check_pair(
         draft=q.name,
         tokenizer=t,
         device=str(p.device),
-        dtype=str(p.dtype).removeprefix("torch."),
+        dtype=pair_dtypes(p, q),
         target_params=p.n_params,
         draft_params=q.n_params,
         target_memory_bytes=p.memory_bytes,

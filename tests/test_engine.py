@@ -117,12 +117,32 @@ def test_same_seed_same_output_and_other_seed_differs(loaded_pair):
     assert a.token_ids != c.token_ids
 
 
-def test_sampled_spec_follows_target_distribution_over_two_tokens(small_vocab_pair):
+def test_a_float16_draft_changes_only_the_guesses(tiny_pair, monkeypatch):
+    """Where the CPU runs float16 faster the draft loads so (kernels.draft_dtype); greedy output stays p's."""
+    from specviz import load_pair
+
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "1")
+    p, q = load_pair(*tiny_pair, device="cpu")
+    assert (p.dtype, q.dtype) == (torch.float32, torch.float16)
+    assert load_pair(*tiny_pair, device="cpu", dtype="float32")[1].dtype == torch.float32  # an explicit dtype wins
+    rejections = 0
+    for gamma, prompt in itertools.product((1, 3, 6), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=32)
+        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=32)
+        assert sp.token_ids == ar.token_ids, (gamma, prompt)
+        rejections += sp.stats["drafted"] - sp.stats["accepted"]
+    assert rejections > 0
+
+
+@pytest.mark.parametrize("half", ["0", "1"], ids=["float32 draft", "float16 draft"])
+def test_sampled_spec_follows_target_distribution_over_two_tokens(small_vocab_pair, monkeypatch, half):
     """With vocabulary 8, the joint law of the first two tokens has 64 outcomes: compute p exactly,
     draw speculative samples (gamma 1: accept, resample and bonus all happen), compare."""
     from specviz import load_pair
 
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
     p, q = load_pair(*small_vocab_pair, device="cpu")
+    assert q.dtype == (torch.float16 if half == "1" else torch.float32)
     ids = [1, 5, 6]
     V = p.vocab_size
     with torch.no_grad():

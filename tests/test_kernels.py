@@ -78,3 +78,18 @@ def test_auto_uses_the_path_only_where_it_is_faster_here(monkeypatch, faster):
     _, layer = _pair(False)
     assert (use_small_batch_gemm(torch.nn.Sequential(layer)) == 1) is faster
     assert kernels._FASTER[(96, 48)] is faster  # decided once per weight shape, then remembered
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_a_draft_takes_float16_on_the_cpu_only_where_it_was_timed_faster(monkeypatch, faster):
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "auto")
+    kernels.half_is_faster.cache_clear()
+    monkeypatch.setattr(kernels, "_time_halves", lambda: (1.0, 0.25 if faster else 0.9))
+    want = torch.float16 if faster else None
+    assert kernels.draft_dtype(torch.device("cpu")) == want
+    assert kernels.draft_dtype(torch.device("meta")) is None  # other devices: the draft takes p's dtype
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "0")
+    assert kernels.draft_dtype(torch.device("cpu")) is None
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "1")
+    assert kernels.draft_dtype(torch.device("cpu")) == torch.float16
+    kernels.half_is_faster.cache_clear()

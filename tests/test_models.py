@@ -222,9 +222,10 @@ def _trimmed(folder: Path, keep: list[int], rows: int | None = None, **extra) ->
     return str(folder)
 
 
-def test_trimmed_draft_maps_every_target_id_and_pairing_changes_nothing(tiny_pair, tmp_path, fresh_cache):
+def test_trimmed_draft_maps_every_target_id_and_pairing_changes_nothing(tiny_pair, tmp_path, fresh_cache, monkeypatch):
     """A draft keeping target ids 0..39: ids it lacks, and ids past its map, are fed to it as row 0; pairing it
     with a target does not touch the cached draft (other requests may be using it)."""
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "0")  # the same dtype alone and paired: one cached model
     keep = list(range(40))
     q0 = load_model(_trimmed(tmp_path / "trim", keep), device="cpu")
     input_map = q0.input_map

@@ -41,11 +41,15 @@ from specviz.models import cache_kwargs  # noqa: E402
 
 
 def load_draft(folder: str | Path):
-    """The draft in float32 (as the engine loads it) and its target-id -> row lookup."""
+    """The draft in the dtype the engine loads it in (float16 where this CPU runs it faster, kernels.draft_dtype;
+    else float32) and its target-id -> row lookup."""
     from transformers import AutoModelForCausalLM
 
+    from specviz.kernels import draft_dtype
+
     folder = Path(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    dtype = draft_dtype(torch.device("cpu")) or torch.float32
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
     spec = json.loads((folder / "specviz_vocab.json").read_text())
     if spec.get("never_propose"):  # as the engine does: those rows get probability 0
         rows = torch.tensor(spec["never_propose"])

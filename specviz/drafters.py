@@ -80,6 +80,12 @@ class Proposal:
     planned: int  # the most tokens the policy allowed this round
     stop: str  # why the proposal ended where it did (STOP_*)
     q_logits: tuple[torch.Tensor, ...] = field(default=())  # the model's raw logits rows (detail view)
+    estimate: str = ""  # the policy's estimate this round counts toward, when not its source's (lookup: by match)
+
+    @property
+    def key(self) -> str:
+        """The name under which the gamma policy learns from this round ("" for an empty proposal)."""
+        return self.estimate or (self.sources[0] if self.sources else "")
 
 
 def _empty(ctx: DraftContext, planned: int, stop: str) -> Proposal:
@@ -208,25 +214,37 @@ class LookupDrafter(Drafter):
                 self.index[n][tuple(seq[end - n : end])] = end  # later occurrences overwrite: the most recent
         self.indexed = max(self.indexed, len(seq))
 
-    def match(self, seq: list[int], k: int) -> list[int]:
-        """The proposal for `seq` (at most k tokens; empty when nothing matches)."""
+    def find(self, seq: list[int], k: int) -> tuple[int, list[int]]:
+        """(n, proposal) for `seq`: the length of the longest suffix found earlier and the (at most k) tokens that
+        followed it; (0, []) when nothing matches."""
         self._extend(seq)
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             start = self.index[n].get(tuple(seq[-n:]))
             if start is not None:
-                return seq[start : start + k]
-        return []
+                return n, seq[start : start + k]
+        return 0, []
+
+    def match(self, seq: list[int], k: int) -> list[int]:
+        """The proposal for `seq` (at most k tokens; empty when nothing matches)."""
+        return self.find(seq, k)[1]
+
+    def key(self, n: int) -> str:
+        """The policy's estimate for matches of n tokens: a 3-token match is right far more often than a 1-token
+        one (first guess kept 0.82 vs 0.19 of the time on the built-in target's greedy replies), so auto learns
+        each length apart."""
+        return f"{self.name}:{n}"
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
-        k, why = ctx.k_for(self.name)
+        n, found = self.find(seq, self.num_tokens)
+        k, why = ctx.k_for(self.key(n) if found else self.name)
         k_eff = min(k, self.num_tokens)
-        found = self.match(seq, k_eff) if k_eff > 0 else []
+        found = found[:k_eff]
         if not found:
             return _empty(ctx, k, STOP_NO_MATCH if k_eff > 0 else why)
         t = torch.tensor(found, dtype=torch.long, device=ctx.device)
         q = torch.nn.functional.one_hot(t, ctx.V).float() if ctx.need_q else None  # (k, V) point masses
         stop = why if len(found) == k else (STOP_GAMMA if len(found) == k_eff else STOP_MATCH_END)
-        return Proposal(t, q, (self.name,) * len(found), k, stop)
+        return Proposal(t, q, (self.name,) * len(found), k, stop, estimate=self.key(n))
 
 
 class HeadDrafter(Drafter):
@@ -306,7 +324,8 @@ class LookupModelDrafter(Drafter):
     """Lookup where the text has a match, the draft model (or head) otherwise.
 
     Under the auto policy a match is used only when the policy expects more tokens per second from it than
-    from the model (lookup's guesses are free but, on open questions, rarely right); one match in
+    from the model (lookup's guesses are free but, on open questions, rarely right), judged from earlier matches
+    of the same length (`LookupDrafter.key`); one match in
     `EXPLORE_EVERY` is used anyway, so the estimate of lookup keeps learning when the text turns quotable.
     """
 
@@ -332,7 +351,7 @@ class LookupModelDrafter(Drafter):
         found = self.lookup.propose(seq, ctx)
         if found.tokens.numel():
             self.matches += 1
-            if self.matches % self.EXPLORE_EVERY == 0 or ctx.prefers(self.lookup.name, self.model.name):
+            if self.matches % self.EXPLORE_EVERY == 0 or ctx.prefers(found.key, self.model.name):
                 return found
         return self.model.propose(seq, ctx)
 

@@ -239,7 +239,7 @@ def speculative_decode(
         # 4. roll back the target's cache to the accepted prefix; tell the drafter and the policy
         p_run.rollback(p_run.length - (k - n))
         drafter.update(n, v.correction, hidden[: n + 1] if hidden is not None else None)
-        policy.update(prop.sources[0] if prop.sources else drafter.name, k, n, draft_s, verify_s)
+        policy.update(prop.key or drafter.name, k, n, draft_s, verify_s)
         tokens = cut(x_ids[:n] + [v.correction], eos, cfg.max_new_tokens - len(out))
         seq.extend(tokens)
         out.extend(tokens)

@@ -7,7 +7,8 @@
   (transformers' `assistant_confidence_threshold`, llama.cpp's `--draft-p-min`; at temperature 0 the top
   probability is read at temperature 1).
 - `auto`: each round, the k <= gamma that maximises expected tokens per second, from running estimates of
-  the acceptance at each draft position (per drafter source: lookup guesses and model guesses differ) and the
+  the acceptance at each draft position (per drafter source, and lookup's per length of the matched suffix:
+  lookup guesses and model guesses differ, and so do guesses after a 1-token and a 3-token match) and the
   cost of a draft step and of a verify of k + 1 tokens measured on this machine once per loaded model
   (`costs.py`). The costs are not re-read from each round's timings, so the choices depend only on the run's
   own acceptances: a seeded sampled run repeats exactly within a process (a new process measures again).

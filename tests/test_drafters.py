@@ -313,11 +313,11 @@ def test_under_auto_lookup_and_model_compete_for_each_round():
     from specviz.drafters import DraftContext, LookupModelDrafter
 
     policy = Auto(4, [0.04] * 5, 0.004)
-    for _ in range(30):  # lookup's guesses are never kept, the model's always are
-        policy.update("lookup", 2, 0, 0.0, 0.04)
+    for _ in range(30):  # guesses of 2-token matches are never kept, the model's always are
+        policy.update("lookup:2", 2, 0, 0.0, 0.04)
         policy.update("model", 4, 4, 0.016, 0.04)
     ctx = DraftContext(SamplingConfig(), torch.Generator(), 64, torch.device("cpu"), policy, budget=50)
-    assert not ctx.prefers("lookup", "model") and ctx.prefers("model", "lookup")
+    assert not ctx.prefers("lookup:2", "model") and ctx.prefers("model", "lookup:2")
 
     class Counted(LookupModelDrafter):
         def __init__(self):  # no draft model: record which drafter a round would go to
@@ -333,3 +333,31 @@ def test_under_auto_lookup_and_model_compete_for_each_round():
         if out is not None:
             d.used.append("lookup")
     assert d.used.count("lookup") == 16 // LookupModelDrafter.EXPLORE_EVERY and d.used.count("model") == 14
+
+
+def test_auto_learns_lookup_matches_by_their_length():
+    """A 3-token match is kept far more often than a 1-token one, so lookup+model under auto keeps one estimate
+    per match length: here 1-token matches always fail and 3-token ones always hold, and after a while the
+    rounds with a 1-token match go to the model while those with a 3-token match stay with lookup."""
+    from specviz.config import SamplingConfig
+    from specviz.drafters import DraftContext, LookupModelDrafter
+
+    policy = Auto(4, [0.04] * 5, 0.004)
+    ctx = DraftContext(SamplingConfig(), torch.Generator(), 64, torch.device("cpu"), policy, budget=50)
+    d = LookupModelDrafter.__new__(LookupModelDrafter)  # no draft model: a stand-in that proposes nothing
+    d.model = type("Model", (), {"name": "model", "propose": lambda self, seq, c: None})()
+    short = [9, 5, 3, 4, 5]  # only the 1-token suffix (5) occurred before
+    long = [1, 2, 3, 4, 1, 2, 3]  # the 3-token suffix (1, 2, 3) occurred before
+    assert LookupDrafter().find(short, 4)[0] == 1 and LookupDrafter().find(long, 4)[0] == 3
+    for _ in range(20):
+        policy.update(LookupDrafter().propose(short, ctx).key, 2, 0, 0.0, 0.04)  # nothing kept
+        got = LookupDrafter().propose(long, ctx)
+        policy.update(got.key, got.tokens.numel(), got.tokens.numel(), 0.0, 0.04)  # all kept
+        policy.update("model", 2, 1, 0.008, 0.04)  # the model: half its guesses
+    assert policy.alphas("lookup:1")[0] < 0.2 and policy.alphas("lookup:3")[0] > 0.8
+    used = []
+    for seq in (short, long) * 3:
+        d.lookup, d.matches = LookupDrafter(), 0  # a fresh text; no exploration round: the policy alone decides
+        got = d.propose(seq, ctx)
+        used.append("model" if got is None else got.key)
+    assert used == ["model", "lookup:3"] * 3

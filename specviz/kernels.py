@@ -82,7 +82,8 @@ def transposed_is_faster(layer: torch.nn.Linear) -> bool:
     if key not in _FASTER:
         plain, fast = 0.0, 0.0
         for rows in (2, 4, 8):
-            p, f = _time_both(layer, torch.randn(rows, layer.in_features))
+            x = torch.randn(rows, layer.in_features, dtype=layer.weight.dtype)  # explicit: see _time_halves
+            p, f = _time_both(layer, x)
             plain, fast = plain + p, fast + f
         _FASTER[key] = fast < 0.8 * plain  # clearly faster, not a tie decided by noise
     return _FASTER[key]
@@ -114,8 +115,10 @@ def half_mode() -> str:
 def _time_halves(rows: int = 16384, cols: int = 576) -> tuple[float, float]:
     """Seconds of a one-token product with float32 and with float16 weights: 38 MB in float32, more than most
     CPUs' last-level cache, so memory-bound like a real draft's step (the built-in one reads 60 MB)."""
-    w = torch.randn(rows, cols)
-    x = torch.randn(1, cols)
+    # Explicit dtypes: transformers sets the process-wide default dtype while it builds a model, so on the app's
+    # loading threads a float16 draft being built would otherwise turn these into float16 tensors.
+    w = torch.randn(rows, cols, dtype=torch.float32)
+    x = torch.randn(1, cols, dtype=torch.float32)
     w16, x16 = w.half(), x.half()
     return _seconds(lambda v: F.linear(v, w), x), _seconds(lambda v: F.linear(v, w16), x16)
 

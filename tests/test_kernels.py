@@ -93,3 +93,20 @@ def test_a_draft_takes_float16_on_the_cpu_only_where_it_was_timed_faster(monkeyp
     monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "1")
     assert kernels.draft_dtype(torch.device("cpu")) == torch.float16
     kernels.half_is_faster.cache_clear()
+
+
+def test_timings_keep_their_dtypes_while_another_thread_builds_a_float16_model(monkeypatch):
+    """transformers sets the process-wide default dtype while it builds a model, and the app builds the float16
+    draft on one thread while the target's layers are timed on another: the timings must not take that dtype
+    (a float16 input for a float32 layer raised "expected m1 and m2 to have the same dtype" at startup)."""
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "auto")
+    monkeypatch.setattr(kernels, "_FASTER", {})
+    layer = torch.nn.Linear(48, 96, bias=False)  # float32, made before the default changes
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)  # as during another thread's float16 build
+    try:
+        kernels.transposed_is_faster(layer)  # raised RuntimeError before
+        plain, half = kernels._time_halves(rows=256, cols=64)
+    finally:
+        torch.set_default_dtype(old)
+    assert (96, 48) in kernels._FASTER and plain > 0 and half > 0

@@ -94,16 +94,22 @@ def score(guess, target_ids: torch.Tensor, tokenizer, prompts: list[str], replie
     return {"alpha": hits / total, "tokens": total, "oov_rate": oov / total, "per_prompt": per_prompt}
 
 
-def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
-    """Teacher-forced greedy acceptance of a draft model (its own rows: target_ids)."""
-    lookup = torch.zeros(max(len(tokenizer), int(target_ids.max()) + 1), dtype=torch.long)
+def draft_guesser(draft, target_ids: torch.Tensor, vocab_size: int):
+    """guess(seq (T,), prompt length) -> the draft's teacher-forced greedy first guess at every reply position, as
+    target ids (R,); target tokens outside the draft's rows are read as row 0."""
+    lookup = torch.zeros(max(vocab_size, int(target_ids.max()) + 1), dtype=torch.long)
     lookup[target_ids] = torch.arange(len(target_ids))
 
     def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
         logits = draft(lookup[seq][None]).logits[0]  # (T, N)
         return target_ids[logits[plen - 1 : -1].argmax(-1)]  # (R,) draft argmax as target ids
 
-    return score(guess, target_ids, tokenizer, prompts, replies)
+    return guess
+
+
+def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
+    """Teacher-forced greedy acceptance of a draft model (its own rows: target_ids)."""
+    return score(draft_guesser(draft, target_ids, len(tokenizer)), target_ids, tokenizer, prompts, replies)
 
 
 @torch.inference_mode()

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT))
 import teacher_io  # noqa: E402
-from eval_draft import load_draft  # noqa: E402
+from eval_draft import draft_guesser, load_draft  # noqa: E402
 from train_draft import prompt_ids, target_folder  # noqa: E402
 
 from specviz.drafters import MAX_MATCHING_NGRAM_SIZE, LookupDrafter  # noqa: E402
@@ -38,19 +38,15 @@ def run_length(guess: list[int], truth: list[int]) -> int:
     return n
 
 
-def positions(draft, target_ids: torch.Tensor, tokenizer, row: dict, k: int):
-    """(n, lookup run, model run) at every position of one greedy reply."""
+@torch.inference_mode()
+def positions(guess, tokenizer, row: dict, k: int):
+    """(n, lookup run, model run) at every position of one greedy reply; guess: eval_draft.draft_guesser."""
     p, reply = prompt_ids(tokenizer, row["prompt"]), row["ids"]
-    seq = p + reply
-    rows = {t: i for i, t in enumerate(target_ids.tolist())}
-    with torch.inference_mode():
-        logits = draft(input_ids=torch.tensor([[rows.get(t, 0) for t in seq]])).logits[0]
-    right = (target_ids[logits.argmax(-1)] == torch.tensor(seq[1:] + [-1])).tolist()[len(p) - 1 :]
+    right = (guess(torch.tensor(p + reply), len(p)) == torch.tensor(reply)).tolist()  # the draft's first guesses
     lookup = LookupDrafter(max_matching_ngram_size=MAX_MATCHING_NGRAM_SIZE)
     for t in range(len(reply)):
-        n, found = lookup.find(seq[: len(p) + t], k)
-        model = run_length([1] * k, [int(r) for r in right[t : t + k]])  # right guesses in a row
-        yield n, run_length(found, reply[t : t + k]), model
+        n, found = lookup.find(p + reply[:t], k)
+        yield n, run_length(found, reply[t : t + k]), run_length([True] * k, right[t : t + k])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(target_folder(None))
     draft, target_ids = load_draft(a.draft)
+    guess = draft_guesser(draft, target_ids, len(tokenizer))
     rows = [r for f in a.data for r in teacher_io.read_jsonl(f) if r["temperature"] == 0.0]
     random.Random(0).shuffle(rows)
     picked: dict[str, list] = collections.defaultdict(list)
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     table: dict[tuple[str, int], list] = collections.defaultdict(list)
     for kind, rs in sorted(picked.items()):
         for r in rs:
-            for n, lk, md in positions(draft, target_ids, tokenizer, r, a.k):
+            for n, lk, md in positions(guess, tokenizer, r, a.k):
                 table[kind, n].append((lk, md))
                 table["all", n].append((lk, md))
     print(f"{'kind':<18}{'n':>2}{'positions':>10} | lookup P(1st) run | model P(1st) run")

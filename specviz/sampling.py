@@ -112,7 +112,8 @@ def verify_sampled(drafted: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gene
     q_x = q[idx, drafted]  # (gamma,)  > 0: the draft sampled these from q
     ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(1e-30), torch.where(p_x > 0, torch.inf, 0.0))
     accept_prob = ratio.clamp(max=1.0)
-    r = torch.rand(gamma, generator=generator, device=p.device)  # drawn for every position: one stream
+    # float32 whatever the process-wide default dtype (transformers changes it while another thread builds a model)
+    r = torch.rand(gamma, generator=generator, device=p.device, dtype=torch.float32)  # every position: one stream
     accepted = (r < accept_prob).tolist()
     n = accepted.index(False) if False in accepted else gamma
     dist = residual(p[n], q[n]) if n < gamma else p[gamma]

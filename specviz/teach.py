@@ -199,7 +199,7 @@ def speculative_draws(
     """
     p = relaxed(p, q, relaxed_w)  # (V,) p itself when relaxed_w == 1
     x = torch.multinomial(q, draws, replacement=True, generator=gen)  # (draws,) 1. draft
-    r = torch.rand(draws, generator=gen)  # (draws,) 2. the uniform draws
+    r = torch.rand(draws, generator=gen, dtype=torch.float32)  # (draws,) 2. the uniform draws (explicit: sampling.py)
     keep = r < (p[x] / q[x]).clamp(max=1.0)  # q[x] > 0: x was drawn from q
     fix = torch.multinomial(residual(p, q), draws, replacement=True, generator=gen)  # (draws,) 3. resample
     return torch.where(keep, x, fix)

@@ -120,3 +120,20 @@ def test_one_block_output_follows_p_not_q():
     tv_q = 0.5 * float((emp - q[0]).abs().sum())
     assert tv_p < 0.01, (emp, p[0])
     assert tv_q > 0.1  # the check has power: the draft's own law is far from what came out
+
+
+def test_the_uniform_draws_stay_float32_while_another_thread_builds_a_float16_model():
+    """transformers sets the process-wide default dtype while it builds a model (the app loads models on other
+    threads than the one that decodes): the accept/reject draws must not become float16 then."""
+    g = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(5, 11, generator=g), -1)
+    q = torch.softmax(torch.randn(4, 11, generator=g), -1)
+    x = torch.tensor([1, 2, 3, 4])
+    want = verify_sampled(x, q, p, torch.Generator().manual_seed(7))
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float16)
+    try:
+        got = verify_sampled(x, q, p, torch.Generator().manual_seed(7))
+    finally:
+        torch.set_default_dtype(old)
+    assert got.r == want.r and (got.n, got.correction) == (want.n, want.correction)

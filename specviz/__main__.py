@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure speedup against plain decoding and transformers' assisted generation")
     _model_args(b)
     b.add_argument(
-        "--prompts", default="everyday", help="a built-in set (everyday, code, summarise, grounded) or a file"
+        "--prompts", default="everyday", help="a built-in set (everyday, stories, code, summarise, grounded) or a file"
     )
     b.add_argument("--gammas", default="1,2,3,4,6,8", help="numbers and/or auto, e.g. 1,2,3,auto")
     b.add_argument(

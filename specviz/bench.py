@@ -49,7 +49,7 @@ from .theory import alpha, cost_ratio, expected_speedup  # noqa: F401  (expected
 log = logging.getLogger("specviz")
 
 PROMPT_DIR = ASSETS / "prompts"
-PROMPT_SETS = ("everyday", "code", "summarise", "grounded")
+PROMPT_SETS = ("everyday", "stories", "code", "summarise", "grounded")
 METHODS = ("ar", "spec", "hf_spec", "hf_assist", "hf_lookup", "hf_ar")
 SHARED = ("ar", "hf_assist", "hf_lookup", "hf_ar")  # run once per prompt, whatever the configuration
 HF_LOOKUP_TOKENS = 10
@@ -61,7 +61,7 @@ WARMUP_TOKENS = 8
 
 
 def load_prompts(spec: str, limit: int = 0) -> list[str]:
-    """A built-in set by name (everyday, code, summarise, grounded) or a text file: one prompt per non-empty line,
+    """A built-in set by name (everyday, stories, code, summarise, grounded) or a text file: one prompt per non-empty line,
     where a literal \\n stands for a line break (so a prompt can carry a pasted function or text)."""
     path = PROMPT_DIR / f"{spec}.txt" if spec in PROMPT_SETS else Path(spec).expanduser()
     if not path.is_file():

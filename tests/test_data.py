@@ -52,6 +52,16 @@ def test_builder_excludes_every_prompt_of_the_held_out_sets(built):
     assert not any(held.blocks(r["prompt"]) for r in built)
 
 
+def test_the_committed_prompt_file_has_no_prompt_of_any_held_out_or_benchmark_set():
+    """A set added to assets/prompts after data/prompts.jsonl.gz was made (stories.txt) must not share prompts
+    with it, or the teacher data would train on what the benchmark measures."""
+    with gzip.open(ROOT / "data" / "prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+        prompts = [json.loads(line)["prompt"] for line in f]
+    held = build_prompts.HeldOut.from_dir(build_prompts.HELDOUT_DIR)
+    assert len(prompts) >= 5000
+    assert [p for p in prompts if held.blocks(p)] == []
+
+
 def test_a_set_added_later_is_excluded_by_prompt_and_by_pasted_text(tmp_path, built):
     grounded = next(r["prompt"] for r in built if r["kind"] == "summarise")
     pasted = grounded.split(":", 1)[1].strip()  # the real paragraph under the instruction

@@ -263,7 +263,10 @@ def build_draft(target, target_ids: list[int], cfg: TrainConfig):
 @torch.no_grad()
 def start_from(draft, target_ids: list[int], folder: Path) -> None:
     """Copy an earlier draft into `draft`: every block and the norm, and the embedding rows of the target tokens
-    both vocabularies have (the other rows keep the target's init). Shapes must match."""
+    both vocabularies have. Shapes must match. The rows of tokens the earlier draft lacked keep their init mapped
+    by the least-squares linear fit of the shared rows' init to the earlier draft's rows: left as the target's
+    rows they were about 8 % longer than trained ones, so the tied output layer gave the new tokens most of the
+    probability and the first steps' loss was 7 (2.9 forty steps later)."""
     from transformers import AutoModelForCausalLM
 
     old = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -273,9 +276,14 @@ def start_from(draft, target_ids: list[int], folder: Path) -> None:
     if [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]:
         raise ValueError(f"{folder} does not have this draft's shape")
     where = {t: i for i, t in enumerate(old_ids)}
-    new_rows = [i for i, t in enumerate(target_ids) if t in where]
+    shared = torch.tensor([i for i, t in enumerate(target_ids) if t in where], dtype=torch.long)
+    fresh = torch.tensor([i for i, t in enumerate(target_ids) if t not in where], dtype=torch.long)
     E = draft.model.embed_tokens.weight
-    E[torch.tensor(new_rows)] = old.model.embed_tokens.weight[torch.tensor([where[target_ids[i]] for i in new_rows])]
+    trained = old.model.embed_tokens.weight[torch.tensor([where[target_ids[i]] for i in shared.tolist()])].float()
+    if len(fresh) and len(shared) > E.shape[1]:  # more shared rows than the width: the fit is determined
+        fit = torch.linalg.lstsq(E[shared].float(), trained).solution  # (H, H): init row -> trained row
+        E[fresh] = (E[fresh].float() @ fit).to(E.dtype)
+    E[shared] = trained.to(E.dtype)
     draft.tie_weights()
 
 

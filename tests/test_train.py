@@ -308,6 +308,34 @@ def test_soft_labels_and_starting_from_an_earlier_draft(tmp_path, target_dir):
         assert torch.allclose(draft.model.layers[0].state_dict()[k], v.float())
 
 
+def test_rows_new_to_the_earlier_draft_follow_its_map_of_the_shared_rows(tmp_path, target_dir):
+    """An earlier draft whose rows are a linear map A of their init: a token it lacked starts at its init row
+    times A (on the trained scale), not at the raw init row."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    all_ids = list(train_draft.SPECIAL_IDS) + sorted(
+        set(range(target.config.vocab_size)) - set(train_draft.SPECIAL_IDS)
+    )
+    old_ids = all_ids[:-3]  # the earlier draft lacked the last three tokens; 52 shared rows > width 32
+    cfg = train_draft.TrainConfig(layers=1)
+    old = train_draft.build_draft(target, old_ids, cfg)
+    A = 0.5 * torch.eye(32) + 0.05 * torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        old.model.embed_tokens.weight.copy_(old.model.embed_tokens.weight @ A)
+    old.save_pretrained(tmp_path / "old")
+    (tmp_path / "old" / "specviz_vocab.json").write_text(json.dumps({"target_ids": old_ids}))
+
+    draft = train_draft.build_draft(target, all_ids, cfg)
+    init = draft.model.embed_tokens.weight.detach().clone()
+    train_draft.start_from(draft, all_ids, tmp_path / "old")
+    E = draft.model.embed_tokens.weight
+    assert torch.allclose(E[-3:], init[-3:] @ A, atol=1e-4)  # the new rows, mapped
+    assert not torch.allclose(E[-3:], init[-3:], atol=1e-2)  # (the raw init would differ)
+    assert torch.allclose(E[:-3], old.model.embed_tokens.weight, atol=1e-6)  # the shared rows, copied
+    assert torch.equal(draft.lm_head.weight, E)
+
+
 def test_split_rows_drops_prompts_that_share_a_passage_with_a_prompt_set(tmp_path):
     sets = tmp_path / "sets"
     sets.mkdir()

@@ -276,11 +276,11 @@ def start_from(draft, target_ids: list[int], folder: Path) -> None:
     if [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]:
         raise ValueError(f"{folder} does not have this draft's shape")
     where = {t: i for i, t in enumerate(old_ids)}
-    shared = torch.tensor([i for i, t in enumerate(target_ids) if t in where], dtype=torch.long)
-    fresh = torch.tensor([i for i, t in enumerate(target_ids) if t not in where], dtype=torch.long)
+    shared = [i for i, t in enumerate(target_ids) if t in where]
+    fresh = [i for i, t in enumerate(target_ids) if t not in where]
     E = draft.model.embed_tokens.weight
-    trained = old.model.embed_tokens.weight[torch.tensor([where[target_ids[i]] for i in shared.tolist()])].float()
-    if len(fresh) and len(shared) > E.shape[1]:  # more shared rows than the width: the fit is determined
+    trained = old.model.embed_tokens.weight[[where[target_ids[i]] for i in shared]].float()
+    if fresh and len(shared) > E.shape[1]:  # more shared rows than the width: the fit is determined
         fit = torch.linalg.lstsq(E[shared].float(), trained).solution  # (H, H): init row -> trained row
         E[fresh] = (E[fresh].float() @ fit).to(E.dtype)
     E[shared] = trained.to(E.dtype)

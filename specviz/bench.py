@@ -61,8 +61,8 @@ WARMUP_TOKENS = 8
 
 
 def load_prompts(spec: str, limit: int = 0) -> list[str]:
-    """A built-in set by name (everyday, stories, code, summarise, grounded) or a text file: one prompt per non-empty line,
-    where a literal \\n stands for a line break (so a prompt can carry a pasted function or text)."""
+    """A built-in set by name (everyday, stories, code, summarise, grounded) or a text file: one prompt per
+    non-empty line, where a literal \\n stands for a line break (so a prompt can carry a pasted function or text)."""
     path = PROMPT_DIR / f"{spec}.txt" if spec in PROMPT_SETS else Path(spec).expanduser()
     if not path.is_file():
         raise SpecvizError(f"No prompt set {spec!r}: use one of {', '.join(PROMPT_SETS)} or a file path.")

@@ -317,10 +317,12 @@ def test_rows_new_to_the_earlier_draft_follow_its_map_of_the_shared_rows(tmp_pat
     all_ids = list(train_draft.SPECIAL_IDS) + sorted(
         set(range(target.config.vocab_size)) - set(train_draft.SPECIAL_IDS)
     )
-    old_ids = all_ids[:-3]  # the earlier draft lacked the last three tokens; 52 shared rows > width 32
+    old_ids = all_ids[:-3]  # the earlier draft lacked the last three tokens
+    H = target.config.hidden_size
+    assert len(old_ids) > H  # enough shared rows for the fit to be determined
     cfg = train_draft.TrainConfig(layers=1)
     old = train_draft.build_draft(target, old_ids, cfg)
-    A = 0.5 * torch.eye(32) + 0.05 * torch.randn(32, 32, generator=torch.Generator().manual_seed(0))
+    A = 0.5 * torch.eye(H) + 0.05 * torch.randn(H, H, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         old.model.embed_tokens.weight.copy_(old.model.embed_tokens.weight @ A)
     old.save_pretrained(tmp_path / "old")

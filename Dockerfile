@@ -11,6 +11,8 @@ ENV PYTHONUNBUFFERED=1 \
     SPECVIZ_HOME=/opt/specviz/models
 
 RUN useradd --create-home --uid 1000 user
+# gcc: specviz compiles its few-token CPU kernel (specviz/csrc) at setup; without it PyTorch's paths are used
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 
 # torch first, from the CPU index: requirements.txt pins the same version, so pip keeps this build

@@ -2,7 +2,7 @@
 
 `csrc/few_rows.c` computes a linear layer for a call of 1-8 tokens while reading the weights once (why: its
 header). It is compiled on first use (about a second with gcc) into $SPECVIZ_HOME/kernels, named by a hash of its
-source and compiler flags, so an edited source builds anew and concurrent processes never load a half-written
+source and compiler flags (a built file loads without a compiler), so an edited source builds anew and concurrent processes never load a half-written
 file. Without a C compiler, or on a CPU with neither AVX-512 nor AVX2+FMA+F16C, `library()` is None and
 `why_not()` says why in one sentence; the linear layers then keep PyTorch's paths (kernels.py chooses).
 """
@@ -38,12 +38,14 @@ def _compiler() -> str | None:
     return shutil.which(cc) if cc else shutil.which("gcc") or shutil.which("cc")
 
 
-def _build(cc: str) -> Path:
-    """The compiled library for this source and these flags, compiling it once into $SPECVIZ_HOME/kernels."""
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
-    out = specviz_home() / "kernels" / f"few_rows-{tag}.so"
-    if out.is_file():
-        return out
+def _target() -> Path:
+    """Where the library for this source and these flags lives (a new source builds a new file)."""
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return specviz_home() / "kernels" / f"few_rows-{tag}.so"
+
+
+def _build(cc: str, out: Path) -> None:
+    """Compile the kernel into `out` (atomically: another process sees the whole file or none)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         staged = Path(tmp) / out.name
@@ -51,23 +53,26 @@ def _build(cc: str) -> Path:
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]
             raise OSError(f"{Path(cc).name} could not compile it ({first})")
-        os.replace(staged, out)  # atomic: another process sees the whole file or none
-    return out
+        os.replace(staged, out)
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, or None where it cannot run here (`why_not` says why). Built once per process."""
+    """The loaded kernel library, or None where it cannot run here (`why_not` says why). Built once per machine
+    (a built library needs no compiler to load: a container builds it at setup), loaded once per process."""
     _why.clear()
     if os.environ.get("SPECVIZ_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         _why.append("turned off by SPECVIZ_NATIVE=0")
         return None
-    cc = _compiler()
-    if cc is None:
-        _why.append("no C compiler was found (install gcc, or set CC)")
-        return None
+    out = _target()
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        if not out.is_file():
+            cc = _compiler()
+            if cc is None:
+                _why.append("no C compiler was found (install gcc, or set CC)")
+                return None
+            _build(cc, out)
+        lib = ctypes.CDLL(str(out))
     except (OSError, subprocess.SubprocessError) as e:
         _why.append(f"its build failed: {e}")
         log.warning("specviz: the few-token kernel is not used: %s", _why[-1])

@@ -88,7 +88,7 @@ def main() -> None:
     head = " ".join(f"{n:>5d}" for n in range(2, a.tokens + 1))
     print(f"{'path':12s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
     for path, rs in runs.items():
-        med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+        med = lambda k, rs=rs: statistics.median(r[k] for r in rs)  # noqa: E731
         cost = [statistics.median(r["cost"][i] for r in rs) for i in range(a.tokens)]
         print(f"{path:12s} {med('step_ms'):8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in cost[1:])} | "
               f"{med('draft_float32_ms'):.2f}/{med('draft_float16_ms'):.2f}, "

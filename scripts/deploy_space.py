@@ -3,9 +3,10 @@
     python scripts/deploy_space.py USER/SPACE --dry-run   # the files, their sizes, which go to large-file storage
     python scripts/deploy_space.py USER/SPACE             # upload (a write token: HF_TOKEN or `hf auth login`)
 
-What goes up (`ALLOW`): the app (app.py, specviz/), what it reads at run time (assets/: the draft's and the head's
-weights, prompts, recordings, style), requirements.txt, and the pages the Space shows (README.md with the Space's
-front matter, BENCHMARKS.md, the model cards and the images they embed). Never data/ (training data), runs/,
+What goes up (`ALLOW`): the app (app.py and every file of specviz/, any source it builds at run time included),
+what it reads at run time (assets/: the draft's and the head's weights, prompts, recordings, style),
+requirements.txt, and the pages the Space shows (README.md with the Space's front matter, BENCHMARKS.md, the
+model cards and the images they embed). Never data/ (training data), runs/,
 tests/, scripts/ (training and measuring only), .git (the history) or anything git does not track.
 
 Binary files and files of 10 MiB or more: a plain `git push` to a Space is refused for them. The upload API
@@ -36,7 +37,7 @@ from pathlib import Path
 from huggingface_hub.utils import filter_repo_objects
 
 ROOT = Path(__file__).resolve().parent.parent
-ALLOW = ("app.py", "requirements.txt", "README.md", "BENCHMARKS.md", "specviz/*.py", "assets/*")
+ALLOW = ("app.py", "requirements.txt", "README.md", "BENCHMARKS.md", "specviz/*", "assets/*")
 IGNORE = ("*__pycache__*", "*.pyc")
 DELETE = ("specviz/*", "assets/*")  # on the Space: files there that this upload no longer has are removed
 LFS_MIN_BYTES = 10 * 2**20  # the Hub refuses files this large outside large-file storage

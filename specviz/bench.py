@@ -549,10 +549,6 @@ def format_table(table: pd.DataFrame) -> str:
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")  # Okabe-Ito: one per temperature
 
 
-def _line(fig, y, name: str, x, colour: str, t: float, dash: str = "solid", mode: str = "lines+markers") -> None:
-    fig.add_scatter(x=x, y=y, mode=mode, name=f"{name}, T={t:g}", line={"color": colour, "dash": dash})
-
-
 def _figures(table: pd.DataFrame) -> dict:
     """Speedup and acceptance per configuration: one colour per temperature; transformers' peers as lines."""
     import plotly.graph_objects as go

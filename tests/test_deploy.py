@@ -50,7 +50,7 @@ def _needs_lfs(data: bytes) -> bool:
 
 def test_the_upload_holds_the_app_and_no_data_tests_scripts_or_history(files):
     paths = {u.path for u in files}
-    assert {"app.py", "requirements.txt", "README.md"} <= paths
+    assert {"app.py", "requirements.txt", "packages.txt", "README.md"} <= paths  # packages.txt: gcc, for the kernel
     tracked = deploy.tracked(ROOT)
     package = {p for p in tracked if p.startswith("specviz/")}
     assert package and package <= paths  # the whole package, with any file it reads beside its modules

@@ -267,6 +267,8 @@ class PairReport:
     speedups_measured: tuple[float, ...] = field(default=())  # with those measured costs, gamma 1..8: the prediction
     best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
+    target_precision: str = ""  # how each model's weights are held: "float32", "NF4, bitsandbytes" ...
+    draft_precision: str = ""
 
     @property
     def param_ratio(self) -> float:
@@ -292,10 +294,10 @@ class PairReport:
         """A readable summary for the terminal."""
         t = self.tokenizer
         lines = [
-            f"target      {self.target}: {_params(self.target_params)} parameters, {_bytes(self.target_memory_bytes)}"
-            f", output layer {self.target_vocab_rows:,} rows",
-            f"draft       {self.draft}: {_params(self.draft_params)} parameters, {_bytes(self.draft_memory_bytes)}"
-            f", output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
+            f"target      {self.target}: {_params(self.target_params)} parameters, {self.target_precision}, "
+            f"{_bytes(self.target_memory_bytes)}, output layer {self.target_vocab_rows:,} rows",
+            f"draft       {self.draft}: {_params(self.draft_params)} parameters, {self.draft_precision}, "
+            f"{_bytes(self.draft_memory_bytes)}, output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
             f"            the draft has {self.param_ratio:.3g}x the target's parameters ({self.device}, {self.dtype})",
         ]
         if t.mismatches == 0:
@@ -336,6 +338,11 @@ class PairReport:
 
 def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def memory_words(params: int, precision: str, memory_bytes: int) -> str:
+    """One model's size for a reader: "135.0M parameters, NF4, bitsandbytes, 158.2 MiB"."""
+    return f"{_params(params)} parameters, {precision}, {_bytes(memory_bytes)}"
 
 
 def _bytes(n: int) -> str:
@@ -414,6 +421,7 @@ def check_pair(
     prompts: list[str] | tuple[str, ...] | dict[str, tuple[str, ...]] | None = None,
     timeout_s: float | None = None,
     drafter: str = "model",
+    quantize: str | None = None,
 ) -> PairReport:
     """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
 
@@ -422,6 +430,7 @@ def check_pair(
     prompts: texts for the acceptance run, formatted as `generate` would: a list, or a dict kind -> texts
     (default: SAMPLE_PROMPTS, two each of chat, story, code and summarise; a is also given per kind).
     timeout_s: a cap on the measuring, from the call on (loading included); past it, one SpecvizError.
+    quantize: "4bit" (NF4) or "8bit" (int8) loads the target with bitsandbytes (the draft stays as it is).
     """
     from .api import encode_prompt
 
@@ -438,7 +447,7 @@ def check_pair(
     texts = [x for v in kinds.values() for x in v]
     if not texts or not all(isinstance(x, str) and x.strip() for x in texts):
         raise SpecvizError("prompts must be a list of non-empty texts.")
-    p, q = load_pair(target, draft, device=device, dtype=dtype)
+    p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize)
 
     t = compare_tokenizers(p.tokenizer, q.tokenizer)
     bad, warnings = _tokenizer_findings(t, q, p.vocab_size)
@@ -452,6 +461,8 @@ def check_pair(
         draft_params=q.n_params,
         target_memory_bytes=p.memory_bytes,
         draft_memory_bytes=q.memory_bytes,
+        target_precision=p.precision,
+        draft_precision=q.precision,
         target_vocab_rows=p.vocab_size,
         draft_vocab_rows=q.vocab_size,
         draft_trimmed=q.vocab_map is not None,

@@ -69,3 +69,21 @@ def test_greedy_speculative_equals_greedy_target_on_the_real_pair(builtin_pair, 
         ar = specviz.generate(prompt, target=p, mode="ar", max_new_tokens=40)
         sp = specviz.generate(prompt, target=p, draft=q, gamma=gamma, max_new_tokens=40)
         assert sp.token_ids == ar.token_ids, prompt
+
+
+@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
+def test_the_builtin_target_quantised_on_the_cpu_is_exact_with_the_builtin_draft(quantize):
+    """bitsandbytes NF4 / int8 on the CPU: speculative greedy output equals the same quantised target's plain one."""
+    pytest.importorskip("bitsandbytes")
+    import specviz
+
+    p, q = specviz.load_pair(device="cpu", quantize=quantize)
+    full, _ = specviz.load_pair(device="cpu")
+    assert p.quantize == quantize and p.n_params == full.n_params and p.memory_bytes < 0.5 * full.memory_bytes
+    accepted = 0
+    for prompt in ["What is AI?", "def fibonacci(n):", "Give me three tips for sleeping well."]:
+        ar = specviz.generate(prompt, target=p, mode="ar", max_new_tokens=40)
+        sp = specviz.generate(prompt, target=p, draft=q, drafter="model", gamma=3, max_new_tokens=40)
+        assert sp.token_ids == ar.token_ids, prompt
+        accepted += sp.stats["accepted"]
+    assert accepted > 0  # the draft's guesses were kept: the quantised target verified blocks, not only steps

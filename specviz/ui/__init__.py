@@ -79,8 +79,8 @@ class Preloader:
             return
         self.state = "ready"
         self.text = (
-            f"Ready. Target p: {_short(p.name)} ({p.n_params / 1e6:.0f} M parameters); "
-            f"draft q: {_short(q.name)} ({q.n_params / 1e6:.0f} M); running on {p.device.type.upper()}."
+            f"Ready. Target p: {_short(p.name)} ({p.describe()}); "
+            f"draft q: {_short(q.name)} ({q.describe()}); running on {p.device.type.upper()}."
         )
 
     def html(self) -> str:

@@ -472,8 +472,15 @@ def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:
     """Why the draft q cannot serve the target p, in one sentence; None when it can.
 
     A trimmed draft must propose only ids the target has; any other draft must be able to read every id the
-    target's tokenizer can write (ids it lacks would index past its embedding).
+    target's tokenizer can write (ids it lacks would index past its embedding). A draft with another tokenizer
+    guesses through text (translate.py): refused only when its tokenizer cannot write ordinary text or shares
+    no token with the target's.
     """
+    from .translate import needs_translation, translator
+
+    if needs_translation(p, q):
+        tr = translator(p.tokenizer, q.tokenizer)
+        return tr.gap(p.name, q.name, tr.shared(q.vocab_size))
     if q.vocab_map is not None and q.vocab_map.numel() and int(q.vocab_map.max()) >= p.vocab_size:
         top = int(q.vocab_map.max())
         why = f"its trimmed vocabulary includes token id {top:,} and the target has only {p.vocab_size:,} token ids"
@@ -493,11 +500,12 @@ def load_pair(
     quantize: str | None = None,
     trust_remote_code: bool = False,
     timeout_s: float | None = None,
+    check_vocab: bool = True,
 ) -> tuple[LoadedModel, LoadedModel]:
     """The target p and the draft q; None means the built-in pair. Quantisation applies to the target only.
 
     A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
-    pair gives the same sentence. timeout_s caps the wait for both loads together (see `load_model`). Without
+    pair gives the same sentence (the pair check, check_vocab=False, reports it as its verdict instead). timeout_s caps the wait for both loads together (see `load_model`). Without
     an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -520,7 +528,7 @@ def load_pair(
     q = load_model(
         draft, device=q_device or p.device, dtype=q_dtype, trust_remote_code=trust_remote_code, timeout_s=left
     )
-    gap = vocab_gap(p, q)
+    gap = vocab_gap(p, q) if check_vocab else None
     if gap:
         raise SpecvizError(gap)
     return p, q

@@ -102,6 +102,15 @@ def report_html(r: PairReport) -> str:
             f"{r.plain_cost:.2f}. The textbook formula (a verify costs one step, nothing else costs anything) "
             f"gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma.</p>"
         )
+    if r.translation:  # a draft with another tokenizer
+        cost = (
+            f" Re-tokenising cost {r.translate_cost:.2f} target steps a round." if r.translate_cost is not None else ""
+        )
+        nums += (
+            f'<p class="sv-translation">Another tokenizer: the draft has <b>{r.coverage:.0%}</b> of the target\'s '
+            f"vocabulary by string ({r.draft_share:.0%} of its own tokens are the target's). Greedy: "
+            f"{html.escape(r.translation)}. At temperature above 0: {html.escape(r.sampling_translation)}.{cost}</p>"
+        )
     warn = ""
     if r.warnings:
         warn = (

@@ -240,20 +240,21 @@ class Translator:
     def writable(self) -> tuple[float, str, str]:
         """The share of the target's tokens that the draft's tokenizer writes back unchanged, and one it cannot
         (its text, what came back). Tried: up to WRITABLE_SAMPLE tokens spread over the target's vocabulary, of
-        those with visible text that the target's own tokenizer writes back (a byte of a character, say, is not)."""
+        those with visible text that the target's own tokenizer writes back (a byte of a character, say, is not),
+        each after the letter "a" (SentencePiece-style decoders drop a space at the very start of a text)."""
         memo = self.__dict__.get("_writable")
         if memo is None:
 
             def p_round_trip(t: str) -> bool:
-                ids = self.p_tok(t, add_special_tokens=False)["input_ids"]
-                return self.p_tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) == t
+                ids = self.p_tok("a" + t, add_special_tokens=False)["input_ids"]
+                return self.p_tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) == "a" + t
 
             texts = [t for _, t in sorted(token_text(self.p_tok).items()) if t.strip() and t.isprintable()]
             spread = texts[:: max(1, len(texts) // WRITABLE_SAMPLE)]
             sample = [t for t in spread if p_round_trip(t)][:WRITABLE_SAMPLE]
             miss, ok = ("", ""), 0
             for t in sample:
-                back = self.draft_text(self.to_draft(t))
+                back = self.draft_text(self.to_draft("a" + t))[1:]  # after a letter: a leading space is kept
                 ok += back == t
                 miss = miss if back == t or miss[0] else (t, back)
             memo = self.__dict__["_writable"] = (ok / len(sample) if sample else 0.0, *miss)

@@ -156,3 +156,26 @@ def test_a_draft_whose_vocabulary_shares_nothing_useful_gets_a_sentence(pair_dir
         generate("the red fox", target=pair_dirs[0], draft=draft, device="cpu", max_new_tokens=4)
     r = check_pair(pair_dirs[0], draft, device="cpu", max_new_tokens=8)  # a verdict, not an exception
     assert r.verdict == "incompatible" and "cannot be translated" in r.reasons[0] and r.acceptance is None
+
+
+def test_the_race_page_says_the_guesses_were_translated_and_how(pair_dirs):
+    from specviz.ui.common import UIContext
+    from specviz.ui.race import race_stream
+
+    ctx = UIContext(device="cpu", default_target=pair_dirs[0], default_draft=pair_dirs[1])
+    for temperature, method in ((0.0, "text"), (1.0, "intersection")):
+        *_, last = race_stream(ctx, "the red fox", 3, temperature, 0, 1.0, 24, 0, "model", "constant")
+        spec_pane, message = last[2], last[5]
+        assert f"draft&#x27;s guesses translated: {method}" in spec_pane, spec_pane[:300]
+        assert "another tokenizer" in message and "sv-error" not in message
+
+
+def test_the_benchmark_races_transformers_universal_assisted_generation_on_the_same_pair(pair):
+    """bench's peers for a draft with another tokenizer: transformers' assisted generation given both tokenizers
+    (Universal Assisted Generation); at T = 0 every method's output must equal plain greedy decoding."""
+    from specviz.bench import run_bench
+
+    p, q = pair
+    table = run_bench(p, q, ["the red fox", "the old farmer helps the"], [2], [0.0], max_new_tokens=16)
+    assert table["identical"].tolist() == [True], table["differences"].tolist()
+    assert table["hf_spec_tok_s"].notna().all() and table["hf_assist_vs_ar"].notna().all()  # the peers ran

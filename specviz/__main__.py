@@ -218,7 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             from .pairs import check_pair
 
             rep = check_pair(
-                a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens, drafter=a.drafter
+                a.target,
+                a.draft,
+                device=a.device,
+                dtype=a.dtype,
+                max_new_tokens=a.max_new_tokens,
+                drafter=a.drafter,
+                quantize=a.quantize,
             )
             out = rep.to_dict()
             if not a.json:

@@ -130,7 +130,7 @@ def generate(prompt: str, **options) -> Result:
     max_matching_ngram_size (lookup); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
     max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
     relaxed_w (below 1: verify against w·p + (1 − w)·q, NOT exact; refused unless allow_lossy=True);
-    device, dtype, quantize ("4bit"/"8bit", CUDA only). Raises SpecvizError on anything a caller can fix.
+    device, dtype, quantize ("4bit" NF4 / "8bit" int8 with bitsandbytes, on any device it serves: CUDA, CPU ...). Raises SpecvizError on anything a caller can fix.
     """
     p, events = _prepare(prompt, **_options(options, "generate"))
     done = next(ev for ev in events if isinstance(ev, Done))

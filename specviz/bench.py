@@ -45,6 +45,7 @@ from .engine import autoregressive_decode, eos_ids, speculative_decode
 from .events import Done, Step
 from .models import LoadedModel
 from .theory import alpha, cost_ratio, expected_speedup  # noqa: F401  (expected_speedup: re-exported)
+from .translate import needs_translation
 
 log = logging.getLogger("specviz")
 
@@ -159,8 +160,18 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
     same architecture built on the meta device, given q's blocks, an input embedding that maps ids and an
     output layer that scatters logits into the target's V (exactly what our engine does). Its own generation
     config fixes gamma: num_assistant_tokens=gamma, schedule "constant", no confidence early stop.
+
+    A draft with another tokenizer is given to transformers as it is (a shallow copy with its own generation
+    config): its Universal Assisted Generation translates through text itself (`assist_kwargs`).
     """
     m, V = draft.model, target.vocab_size
+    if needs_translation(target, draft):
+        view = copy.copy(m)  # the same modules; only the generation config is its own
+        view.generation_config = copy.deepcopy(m.generation_config)
+        view.generation_config.num_assistant_tokens = gamma
+        view.generation_config.num_assistant_tokens_schedule = "constant"
+        view.generation_config.assistant_confidence_threshold = 0.0
+        return view
     cfg = copy.deepcopy(m.config)
     cfg.vocab_size = V
     prefix = getattr(m, "base_model_prefix", "model")
@@ -184,6 +195,16 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
     view.generation_config.num_assistant_tokens_schedule = "constant"
     view.generation_config.assistant_confidence_threshold = 0.0  # draft exactly gamma, like ours
     return view.eval()
+
+
+def assist_kwargs(target: LoadedModel, draft: LoadedModel, view: torch.nn.Module) -> dict:
+    """generate()'s keywords for assisted generation with `view`: with another tokenizer also both tokenizers,
+    which makes it transformers' Universal Assisted Generation (greedy; at T > 0 its heterogeneous-vocabulary
+    speculative sampling, the token-level intersection)."""
+    kw = {"assistant_model": view}
+    if needs_translation(target, draft):
+        kw.update(tokenizer=target.tokenizer, assistant_tokenizer=draft.tokenizer)
+    return kw
 
 
 # --- one timed run per method ---------------------------------------------------------------------
@@ -287,7 +308,8 @@ def _shared_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool) ->
         try:
             default = hf_assistant(draft, target, 20)
             default.generation_config.assistant_confidence_threshold = 0.4  # transformers' own defaults
-            runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, assistant_model=default)
+            assist = assist_kwargs(target, draft, default)
+            runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, **assist)
         except SpecvizError as e:
             notes["hf_assist"] = f"n/a: {e}"
     runners["hf_lookup"] = lambda ids, cfg: _hf(target, ids, cfg, prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)
@@ -306,7 +328,8 @@ def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, co
             except SpecvizError as e:
                 notes["hf_spec"] = f"n/a: {e}"
                 continue
-            kw = dict(assistant_model=view, num_assistant_tokens=int(c.gamma), num_assistant_tokens_schedule="constant")
+            kw = dict(**assist_kwargs(target, draft, view), num_assistant_tokens=int(c.gamma),
+                      num_assistant_tokens_schedule="constant")  # fmt: skip
             out.append((c, "hf_spec", lambda ids, cfg, kw=kw: _hf(target, ids, cfg, **kw)))
     return out, notes
 

@@ -16,13 +16,14 @@ import torch
 
 from .config import SamplingConfig, SpecConfig, SpecvizError
 from .costs import calibration, head_calibration
-from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter
+from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter, translation_of
 from .events import Candidates, Done, Event, Round, Start, Step
 from .head import head_for
 from .models import CachedModel, LoadedModel
 from .policies import make_policy
 from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
 from .theory import alpha
+from .translate import draft_ids
 
 
 class _Clock:
@@ -152,7 +153,7 @@ def make_run(
     lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
                   max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
-    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, **lookup)
+    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
     if cfg.gamma_policy == "auto":
         verify_s, spent = calibration(target, prompt_ids, cfg.gamma + 1)
@@ -160,7 +161,7 @@ def make_run(
             (step_s,), spent_q = head_calibration(head)
             spent, paid = spent + spent_q, "head"
         elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
-            (step_s,), spent_q = calibration(draft, prompt_ids, 1, vocab_size=V)
+            (step_s,), spent_q = calibration(draft, draft_ids(target, draft, prompt_ids), 1, vocab_size=V)
             spent += spent_q
     return drafter, make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s, step_s, paid), spent
 
@@ -202,7 +203,7 @@ def speculative_decode(
     prefill_s = clock.lap()
     yield Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
                 prefill_s=prefill_s, drafter=drafter.name, gamma_policy=policy.name,
-                calibration_s=calibration_s)  # fmt: skip
+                calibration_s=calibration_s, translation=translation_of(drafter, s))  # fmt: skip
     clock.resume()
 
     seq, out = list(prompt_ids), []
@@ -253,7 +254,7 @@ def speculative_decode(
         yield Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
                     correction=v.correction, kind=kind, tokens=tuple(tokens), draft_s=draft_s, verify_s=verify_s,
                     elapsed_s=clock.total, candidates=cands, sources=prop.sources, planned=prop.planned,
-                    stop=prop.stop)  # fmt: skip
+                    stop=prop.stop, origins=prop.origins)  # fmt: skip
         clock.resume()
         index += 1
 

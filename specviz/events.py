@@ -23,6 +23,7 @@ class Start:
     drafter: str = ""  # spec: model | lookup | lookup+model
     gamma_policy: str = ""  # spec: constant | heuristic | confidence | auto
     calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
+    translation: str = ""  # a draft with another tokenizer: how its guesses become the target's tokens
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Round:
     sources: tuple[str, ...] = field(default=())  # which drafter proposed each token: "model" | "lookup"
     planned: int = 0  # the most tokens the gamma policy allowed this round
     stop: str = ""  # why the proposal ended where it did: gamma | budget | confidence | no match | match end
+    origins: tuple[str, ...] = field(default=())  # a translated guess: the draft's own tokens behind each proposal
 
     @property
     def rejected(self) -> int | None:

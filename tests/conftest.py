@@ -67,11 +67,11 @@ def make_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) ->
     return model.eval()
 
 
-def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3):
+def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3, hidden: int = 32):
     """A target and a draft that is the target plus noise (so it agrees often, not always)."""
     tok = make_tokenizer(vocab_size, chat)
-    target = make_model(vocab_size, seed=0)
-    draft = make_model(vocab_size, seed=0)
+    target = make_model(vocab_size, seed=0, hidden=hidden)
+    draft = make_model(vocab_size, seed=0, hidden=hidden)
     with torch.no_grad():  # the draft is the target with a noisy output layer: agrees often, not always
         g = torch.Generator().manual_seed(1)
         head = target.lm_head.weight

@@ -66,6 +66,7 @@ class RaceView:
         self.clock = dict.fromkeys(self.events, 0.0)
         self.pieces: render.Pieces | None = None
         self.greedy = True
+        self.translation: dict[str, str] = {}  # lane -> how a draft with another tokenizer's guesses were translated
         self._figs: tuple | None = None  # the last figures sent, sent again between plot refreshes
 
     def add(self, side: str, ev) -> None:
@@ -73,6 +74,8 @@ class RaceView:
         if isinstance(ev, Start):
             self.greedy = ev.temperature == 0.0
             self.clock[side] = ev.prefill_s
+            if ev.translation:
+                self.translation[side] = ev.translation
         elif isinstance(ev, Step):
             self.body[side].append(render.ar_token_html(self.pieces, ev, self.greedy))
             self.clock[side] = ev.elapsed_s
@@ -85,6 +88,8 @@ class RaceView:
 
     def pane(self, side: str, waiting: str = "") -> str:
         label = self.labels.get(side, "")
+        if side in self.translation:  # which exact method ran: text, intersection or match (translate.py)
+            label += f" · draft's guesses translated: {self.translation[side].split(':')[0]}"
         return render.pane_html(side, "".join(self.body[side]), self.clock[side], self.done[side], waiting, label)
 
     def _rate(self, side: str) -> tuple[int, float]:
@@ -151,6 +156,8 @@ class RaceView:
             )
         if any(self._rate(k)[1] < rate_ar for k in self.lanes[1:]):
             parts.append("Slower means the guesses cost more than they saved here.")
+        for how in dict.fromkeys(self.translation.values()):
+            parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")
         return note(" ".join(parts))
 
 

@@ -23,13 +23,14 @@ Names as in the papers: p the target, q the draft, gamma (here k) the proposals 
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import torch
 
 from .config import DRAFTERS, SamplingConfig, SpecvizError
 from .models import CachedModel, LoadedModel, scatter_rows
-from .policies import GammaPolicy
+from .policies import GammaPolicy, TreePolicy
 from .sampling import greedy, to_probs
 
 PROMPT_LOOKUP_NUM_TOKENS = 10  # transformers' name and default: the most tokens one match may propose
@@ -41,6 +42,8 @@ STOP_BUDGET = "budget"  # the answer's token budget left no room for more
 STOP_CONFIDENCE = "confidence"  # the draft's top probability fell below the threshold
 STOP_NO_MATCH = "no match"  # lookup found no earlier occurrence of the text's last tokens
 STOP_MATCH_END = "match end"  # lookup's continuation ran out before k tokens
+STOP_TREE = "tree"  # a token tree: as many nodes as its budget allowed, or as the draft had candidates
+TREE_CHILDREN = 4  # the most children a tree node gets (its draft's top 4: 2nd-4th are right 22% of the time)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class DraftContext:
     policy: GammaPolicy  # how many tokens a source may propose this round
     budget: int  # tokens the answer may still add: proposals past it could never be emitted
     need_q: bool = True  # False: greedy verification with no detail view, so q rows are never built
+    tree: TreePolicy | None = None  # set: drafters that can branch propose token trees of this policy's size
 
     @property
     def threshold(self) -> float:
@@ -81,6 +85,17 @@ class Proposal:
     stop: str  # why the proposal ended where it did (STOP_*)
     q_logits: tuple[torch.Tensor, ...] = field(default=())  # the model's raw logits rows (detail view)
     estimate: str = ""  # the policy's estimate this round counts toward, when not its source's (lookup: by match)
+    # A tree (empty for a chain): node i continues node parents[i] (-1: the text's last token), parents before
+    # children, siblings distinct; q[i] is the distribution node i was drawn from with its earlier siblings'
+    # tokens removed (siblings sampled without replacement share their parent's row; a deterministic guess
+    # is a one-hot row). ranks: the node's place among its siblings; said: the draft's probability of it.
+    parents: tuple[int, ...] = field(default=())
+    ranks: tuple[int, ...] = field(default=())
+    said: tuple[float, ...] = field(default=())
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.parents)
 
     @property
     def key(self) -> str:
@@ -146,6 +161,8 @@ class ModelDrafter(Drafter):
         self.lm, self.run = draft, CachedModel(draft, V)
         self.confirmed = 0  # tokens of the text its cache holds
         self.spec: list[int] = []  # proposals it fed after those, in order
+        # after a tree: node -> its children as (token, cache row or -1 if never fed, child node); -1 the root
+        self.tree: dict[int, list[tuple[int, int, int]]] | None = None
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         self.run.prefill(torch.tensor(prompt_ids, device=self.lm.device))
@@ -157,17 +174,31 @@ class ModelDrafter(Drafter):
 
     def _sync(self, seq: list[int]) -> torch.Tensor:
         """Roll the cache back to what `seq` still agrees with; return the tokens of `seq` it must still see."""
-        keep = self.confirmed
-        for t in self.spec:
-            if keep < len(seq) and seq[keep] == t:
-                keep += 1
-            else:
-                break
-        self.run.rollback(keep)
+        if self.tree is not None:  # last round's tree: keep the rows of the path the text took, in place
+            rows, node = [], -1
+            for t in seq[self.confirmed :]:
+                node = next((c for c in self.tree.get(node, []) if c[0] == t), None)
+                if node is None or node[1] < 0:  # not in the tree, or never fed to the draft
+                    break
+                rows.append(node[1])
+                node = node[2]
+            rows = rows[: len(seq) - 1 - self.confirmed]  # the text's last token is always fed again
+            self.run.keep_path(self.confirmed, rows)
+            self.tree, keep = None, self.confirmed + len(rows)
+        else:
+            keep = self.confirmed
+            for t in self.spec:
+                if keep < len(seq) and seq[keep] == t:
+                    keep += 1
+                else:
+                    break
+            self.run.rollback(keep)
         self.spec = []
         return torch.tensor(seq[keep:], device=self.lm.device)
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        if ctx.tree is not None and self.run.supports_trees:
+            return self._propose_tree(seq, ctx)
         k, why = ctx.k_for(self.name)
         if k == 0:
             return _empty(ctx, 0, why)
@@ -192,6 +223,129 @@ class ModelDrafter(Drafter):
         t = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=ctx.device)
         q = to_probs(torch.stack(logits_rows), s) if logits_rows and ctx.need_q else None  # (k, V)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(logits_rows))
+
+    def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        """A token tree grown best-first (in the spirit of EAGLE-2's dynamic trees; TreePolicy defines the score).
+
+        The candidates are the next child of each node the draft has read (its j-th choice: at T = 0 its j-th
+        most likely token, at T > 0 a draw from q without the children drawn before) and reading a node (one
+        cached draft call in which the node sees only its ancestors, `feed_tree`), worth what its first child
+        promises. A child's existence is settled before it is drawn and the size before anything is, so sampled
+        output stays exact. Past the budget the growth goes on on paper only (no draws, no calls) to tell an
+        auto budget what a larger tree would have expected.
+        """
+        depth_max = min(ctx.policy.gamma, ctx.budget)
+        budget = ctx.tree.nodes() if depth_max > 0 else 0
+        if budget == 0:
+            return _empty(ctx, 0, STOP_BUDGET)
+        x = self._sync(seq)
+        self.confirmed = len(seq)
+        g = _Growth(ctx, budget, depth_max, self.confirmed - 1)
+        g.read(-1, self.run.feed(x, last_only=True)[-1].to(ctx.device))
+        g.push_child(-1)
+        while g.heap and len(g.curve) < g.horizon:
+            score, _, u, kind = heapq.heappop(g.heap)
+            score = -score
+            if len(g.tokens) >= budget:  # on paper: a node of this score (after a call, for a read), then its child
+                g.calls += kind == 1
+                g.curve.append(score)
+                g.spent.append(g.calls)
+                if kind == 0:
+                    g.kids[u] += 1
+                    g.push_child(u)
+                heapq.heappush(g.heap, (-score * ctx.tree.first(), g.next_order(), u, 1))
+                continue
+            if kind == 1:  # read node u: its children become candidates
+                out = self.run.feed_tree(torch.tensor([g.tokens[u]], device=self.lm.device), [g.rows[g.parents[u]]])
+                g.rows[u] = self.run.length - 1
+                g.calls += 1
+                g.read(u, out[-1].to(ctx.device))
+                g.push_child(u)
+            else:
+                i = g.add_child(u, score)
+                g.push_child(u)
+                if g.depth[i] < depth_max:
+                    heapq.heappush(g.heap, (-score * ctx.tree.first(), g.next_order(), i, 1))
+        ctx.tree.observe(g.curve, g.spent)
+        self.tree = {}
+        for i, par in enumerate(g.parents):
+            self.tree.setdefault(par, []).append((g.tokens[i], g.rows.get(i, -1), i))
+        return g.proposal(self.name)
+
+
+class _Growth:
+    """The state of one tree being grown best-first (ModelDrafter._propose_tree): nodes, candidates, the curve."""
+
+    def __init__(self, ctx: DraftContext, budget: int, depth_max: int, root_row: int):
+        self.ctx, self.budget, self.depth_max = ctx, budget, depth_max
+        self.horizon = budget if ctx.tree.fixed is not None else ctx.tree.max_nodes
+        s = ctx.sampling
+        self.s_view = s if not s.greedy else SamplingConfig(1.0)  # confidence is read at T = 1 when greedy
+        self.view: dict[int, torch.Tensor] = {}  # node -> (V,) what its children are drawn from and scored by
+        self.ranked: dict[int, tuple[list[float], list[int]]] = {}  # node -> its top probabilities, their tokens
+        self.rows = {-1: root_row}  # node -> its row in the draft's cache
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.ranks: list[int] = []
+        self.said: list[float] = []  # the draft's probability of each node (its j-th largest at the parent)
+        self.scores: list[float] = []
+        self.depth: list[int] = []
+        self.kids: dict[int, int] = {-1: 0}  # node -> children so far (also counted on paper past the budget)
+        self.heap: list[tuple[float, int, int, int]] = []  # (-score, order, node, kind 0: its next child, 1: read it)
+        self.order = 0
+        self.calls = 1  # the root's read
+        self.curve: list[float] = []  # each node's score in the order it grew (on paper past the budget)
+        self.spent: list[int] = []  # draft calls up to it
+
+    def next_order(self) -> int:
+        self.order += 1
+        return self.order
+
+    def read(self, u: int, logits: torch.Tensor) -> None:
+        self.view[u] = to_probs(logits, self.s_view)
+        top = torch.topk(self.view[u], min(TREE_CHILDREN, self.ctx.V))
+        self.ranked[u] = (top.values.tolist(), top.indices.tolist())
+
+    def push_child(self, u: int) -> None:
+        """u's next child as a candidate: score = u's score * the draft's j-th largest probability * cal[j]."""
+        j, probs = self.kids[u], self.ranked[u][0]
+        if j < len(probs) and probs[j] > 0.0:
+            reach = 1.0 if u < 0 else self.scores[u]
+            heapq.heappush(self.heap, (-reach * probs[j] * self.ctx.tree.cal(j), self.next_order(), u, 0))
+
+    def add_child(self, u: int, score: float) -> int:
+        """Draw u's next child (at T = 0 its j-th most likely token; else from q without the siblings drawn)."""
+        j = self.kids[u]
+        probs, top_ids = self.ranked[u]
+        if self.ctx.sampling.greedy:
+            t = top_ids[j]
+        else:
+            q_u = self.view[u].clone()
+            q_u[[self.tokens[c] for c, par in enumerate(self.parents) if par == u]] = 0.0
+            t = int(torch.multinomial(q_u, 1, generator=self.ctx.generator))
+        i = len(self.tokens)
+        self.tokens.append(t)
+        self.parents.append(u)
+        self.ranks.append(j)
+        self.said.append(probs[j])
+        self.scores.append(score)
+        self.depth.append(1 if u < 0 else self.depth[u] + 1)
+        self.kids[u] += 1
+        self.kids[i] = 0
+        self.curve.append(score)
+        self.spent.append(self.calls)
+        return i
+
+    def proposal(self, name: str) -> Proposal:
+        """The grown tree as a Proposal (a chain when it never branched)."""
+        ctx, N = self.ctx, len(self.tokens)
+        t = torch.tensor(self.tokens, dtype=torch.long, device=ctx.device)
+        q = torch.stack([self.view[par] for par in self.parents])  # (N, V) each node's parent's row
+        if all(par == i - 1 for i, par in enumerate(self.parents)):  # it never branched: an ordinary chain
+            stop = STOP_GAMMA if N == self.budget or self.depth[-1] == self.depth_max else STOP_TREE
+            return Proposal(t, q if ctx.need_q else None, (name,) * N, self.budget, stop, said=tuple(self.said))
+        return Proposal(t, q, (name,) * N, self.budget, STOP_TREE, parents=tuple(self.parents),
+                        ranks=tuple(self.ranks), said=tuple(self.said))  # fmt: skip
 
 
 class LookupDrafter(Drafter):

@@ -287,3 +287,21 @@ def test_a_tree_round_says_what_the_walk_did(loaded_pair):
             assert all(t.status[i] == "rejected" for i, par in enumerate(t.parents) if par == stop)
     done = events[-1]
     assert done.stats["drafted"] >= sum(r.proposed for r in rounds)
+
+
+def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_pair, tmp_path):
+    from specviz import export_html, load_recording, record_run
+
+    rec = record_run("once upon a time", target=tiny_pair[0], draft=tiny_pair[1], device="cpu", drafter="model",
+                     gamma=3, tree=8, max_new_tokens=30)  # fmt: skip
+    path = tmp_path / "run.json"
+    rec.save(path)
+    back = load_recording(path)  # validated against the schema built from the events
+    rounds = [e for e in back.lanes["spec"] if isinstance(e, Round)]
+    original = [e for e in rec.lanes["spec"] if isinstance(e, Round)]
+    assert [r.tree for r in rounds] == [r.tree for r in original] and any(r.tree for r in rounds)
+    assert back.settings["tree"] == 8 and back.lanes["spec"][0].tree == "8"
+    export_html(back, tmp_path / "run.html")
+    page = (tmp_path / "run.html").read_text()
+    assert "sv-round" in page and ("tok-branch" in page) == any(r.tree and any(r.tree.ranks[i] for i in r.tree.path)
+                                                                  for r in rounds)  # fmt: skip

@@ -78,13 +78,14 @@ def with_result(stream):
 
 
 def race_recording(ctx: UIContext, view, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                   drafter="model", policy="constant", drafter2="none", policy2="auto"):  # fmt: skip
+                   drafter="model", policy="constant", drafter2="none", policy2="auto", tree="off",
+                   tree2="off"):  # fmt: skip
     """A finished race (every lane done) as a Recording, or None."""
     from .inputs import run_config
 
     if view is None or view.pieces is None or not all(view.done[k] for k in view.lanes):
         return None
-    cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy)
+    cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy, tree)
     settings = record.settings_of(prompt, cfg)
     if "spec2" in view.lanes:
         settings |= {"lane3": view.labels["spec2"]}

@@ -85,7 +85,7 @@ AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify alrea
 CONFIDENCE_THRESHOLD = 0.4  # transformers' default assistant_confidence_threshold
 TREE_MAX = 32  # the most nodes a fixed tree budget may ask for (a verify of 33 positions)
 TREE_AUTO_MAX = 16  # tree="auto" chooses 1..16 nodes: on a CPU a 17-position verify costs several steps
-TREE_DRAFTERS = ("model", "lookup+model")  # the drafters that grow token trees (the draft model branches)
+TREE_DRAFTERS = ("model", "lookup", "lookup+model")  # the drafters that grow token trees (model, prompt lookup)
 DETAIL_MAX = 20  # candidates per position in the step-through view; more would not fit on a screen
 
 
@@ -152,8 +152,8 @@ class SpecConfig:
             raise SpecvizError("relaxed_w applies to chains of guesses; turn tree off to use it.")
         if tree != "off" and self.drafter not in TREE_DRAFTERS:
             raise SpecvizError(
-                f"Token trees grow from the draft model; use drafter {' or '.join(TREE_DRAFTERS)} with tree, "
-                f"not {self.drafter}."
+                f"Token trees grow from the draft model or prompt lookup; use drafter {', '.join(TREE_DRAFTERS)} "
+                f"with tree, not {self.drafter}."
             )
         object.__setattr__(self, "tree", tree)
         for name, value in (("gamma", g), ("relaxed_w", w), ("max_new_tokens", n), ("seed", s), ("detail", d), ("gamma_policy", policy),

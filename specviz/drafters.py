@@ -43,6 +43,7 @@ STOP_CONFIDENCE = "confidence"  # the draft's top probability fell below the thr
 STOP_NO_MATCH = "no match"  # lookup found no earlier occurrence of the text's last tokens
 STOP_MATCH_END = "match end"  # lookup's continuation ran out before k tokens
 STOP_TREE = "tree"  # a token tree: as many nodes as its budget allowed, or as the draft had candidates
+LOOKUP_BRANCHES = 4  # a lookup tree follows at most this many earlier occurrences of the text's last tokens
 TREE_CHILDREN = 4  # the most children a tree node gets (its draft's top 4: 2nd-4th are right 22% of the time)
 
 
@@ -360,6 +361,9 @@ class LookupDrafter(Drafter):
         self.num_tokens, self.max_ngram = prompt_lookup_num_tokens, max_matching_ngram_size
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_matching_ngram_size + 1)]
         self.indexed = 0  # n-grams ending before this position are in the index
+        # for token trees only: every earlier occurrence, oldest first (built on the first tree proposal)
+        self.every: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_matching_ngram_size + 1)]
+        self.indexed_every = 0
 
     def _extend(self, seq: list[int]) -> None:
         """Index every n-gram that ends before the last token: index[n][gram] = where its continuation starts."""
@@ -378,6 +382,27 @@ class LookupDrafter(Drafter):
                 return n, seq[start : start + k]
         return 0, []
 
+    def find_branches(self, seq: list[int], k: int, most: int) -> tuple[int, list[list[int]]]:
+        """(n, continuations) for a token tree: the longest suffix found earlier, and what followed up to `most` of
+        its occurrences (at most k tokens each, different ones only), the most recent first (find's proposal)."""
+        self._extend(seq)
+        for end in range(max(self.indexed_every, 1), len(seq)):
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.every[n].setdefault(tuple(seq[end - n : end]), []).append(end)
+        self.indexed_every = max(self.indexed_every, len(seq))
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            ends = self.every[n].get(tuple(seq[-n:]))
+            if ends:
+                found: list[list[int]] = []
+                for start in reversed(ends):
+                    c = seq[start : start + k]
+                    if c and c not in found:
+                        found.append(c)
+                        if len(found) == most:
+                            break
+                return n, found
+        return 0, []
+
     def match(self, seq: list[int], k: int) -> list[int]:
         """The proposal for `seq` (at most k tokens; empty when nothing matches)."""
         return self.find(seq, k)[1]
@@ -389,6 +414,10 @@ class LookupDrafter(Drafter):
         return f"{self.name}:{n}"
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        if ctx.tree is not None:
+            tree = self._propose_tree(seq, ctx)
+            if tree is not None:
+                return tree
         n, found = self.find(seq, self.num_tokens)
         k, why = ctx.k_for(self.key(n) if found else self.name)
         k_eff = min(k, self.num_tokens)
@@ -399,6 +428,40 @@ class LookupDrafter(Drafter):
         q = torch.nn.functional.one_hot(t, ctx.V).float() if ctx.need_q else None  # (k, V) point masses
         stop = why if len(found) == k else (STOP_GAMMA if len(found) == k_eff else STOP_MATCH_END)
         return Proposal(t, q, (self.name,) * len(found), k, stop, estimate=self.key(n))
+
+
+    def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal | None:
+        """Where the text's last tokens occurred several times with different continuations: their trie, the most
+        recent continuation first and whole (today's chain), the others branching off it while the tree's node
+        budget lasts. Every node is a point mass (q one-hot), so the walk's rule stays exact. None: one
+        continuation or none (the chain proposal is then made as without trees)."""
+        n, found = self.find_branches(seq, self.num_tokens, LOOKUP_BRANCHES)
+        if len(found) < 2:
+            return None
+        k, why = ctx.k_for(self.key(n))
+        k_eff = min(k, self.num_tokens)
+        conts = list(dict.fromkeys(tuple(c[:k_eff]) for c in found if c[:k_eff]))
+        if len(conts) < 2:
+            return None
+        budget = max(ctx.tree.nodes(), len(conts[0]))
+        tokens, parents, ranks, at = [], [], [], {}  # at[(parent, token)] = node
+        kids: dict[int, int] = {}
+        for c in conts:
+            u = -1
+            for t in c:
+                if (u, t) not in at:
+                    if len(tokens) >= budget:
+                        break
+                    at[(u, t)] = len(tokens)
+                    tokens.append(t)
+                    parents.append(u)
+                    ranks.append(kids.get(u, 0))
+                    kids[u] = kids.get(u, 0) + 1
+                u = at[(u, t)]
+        t = torch.tensor(tokens, dtype=torch.long, device=ctx.device)
+        q = torch.nn.functional.one_hot(t, ctx.V).float()  # (N, V) point masses
+        return Proposal(t, q, (self.name,) * len(tokens), k, STOP_TREE, estimate=self.key(n), parents=tuple(parents),
+                        ranks=tuple(ranks))  # fmt: skip
 
 
 class HeadDrafter(Drafter):

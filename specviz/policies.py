@@ -211,7 +211,10 @@ class TreePolicy:
     def update(self, said: Sequence[float], ranks: Sequence[int], parents: Sequence[int], path: Sequence[int],
                kept: Sequence[bool]) -> None:  # fmt: skip
         """A verified tree: the draft's probability `said` for each node and whether the target kept it. Only the
-        children of nodes the walk reached count (the others were never in play)."""
+        children of nodes the walk reached count (the others were never in play). A tree without the draft's
+        probabilities (prompt lookup's) teaches nothing here."""
+        if not said:
+            return
         reached = {-1, *path}
         for j in range(self.RANKS):
             self.kept[j] *= AUTO_DECAY

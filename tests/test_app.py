@@ -187,5 +187,5 @@ def test_a_race_with_token_trees_keeps_the_text_and_marks_branches(client):
 
     assert words(spec) == words(ar)  # greedy: the same text, token for token
     assert "tree 8" in spec and "tok-branch" in spec  # the lane names its tree; kept runner-ups are marked
-    _, final = _race(client, "hi", 3, 0.0, 0, 1.0, 8, 0, "lookup", "constant", "none", "auto", "8", "off")
-    assert "grow from the draft model" in final[MESSAGE]
+    _, final = _race(client, "hi", 3, 0.0, 0, 1.0, 8, 0, "head", "constant", "none", "auto", "8", "off")
+    assert "grow from the draft model or prompt lookup" in final[MESSAGE]

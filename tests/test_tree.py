@@ -216,6 +216,60 @@ def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pa
     assert 0.5 * float((counts / n - q_law).abs().sum()) > 0.05  # the draft's own law is told apart
 
 
+def test_prompt_lookup_proposes_a_tree_where_the_text_continued_differently_before(loaded_pair):
+    from specviz.drafters import LookupDrafter
+
+    seq = [5, 6, 7, 8, 9, 5, 6, 3, 4, 5, 6, 7, 8, 1, 5, 6]  # "5 6" went on with 7 8 9 5 .., 3 4 5 6 .., 7 8 1 5 ..
+    d = LookupDrafter(max_matching_ngram_size=2)
+    g = torch.Generator().manual_seed(0)
+    ctx = DraftContext(SamplingConfig(0.0), g, 64, torch.device("cpu"), GammaPolicy(4), 50, need_q=False,
+                       tree=TreePolicy(9, 9))  # fmt: skip
+    prop = d.propose(seq, ctx)
+    assert prop.tokens.tolist() == [7, 8, 1, 5, 3, 4, 5, 6, 9]  # the most recent continuation whole, then the others
+    assert prop.parents == (-1, 0, 1, 2, -1, 4, 5, 6, 1) and prop.ranks == (0, 0, 0, 0, 1, 0, 0, 0, 1)
+    assert prop.sources == ("lookup",) * 9 and prop.key == "lookup:2"
+    assert torch.equal(prop.q, torch.nn.functional.one_hot(prop.tokens, 64).float())  # point masses
+    chain = LookupDrafter(max_matching_ngram_size=2).propose([5, 6, 7, 2, 5, 6], ctx)  # one occurrence: a chain
+    assert not chain.is_tree and chain.tokens.tolist() == [7, 2, 5, 6]
+    off = DraftContext(SamplingConfig(0.0), g, 64, torch.device("cpu"), GammaPolicy(4), 50)  # trees off: as ever
+    assert LookupDrafter(max_matching_ngram_size=2).propose(seq, off).tokens.tolist() == [7, 8, 1, 5]
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "lookup+model"])
+def test_greedy_lookup_trees_equal_plain_decoding(loaded_pair, drafter):
+    p, q = loaded_pair
+    prompts = ["the cat sat on the mat. the cat ran to the dog. the cat ate the fish. the cat", "ab ac ad ab ac ae ab"]
+    trees = 0
+    for pr in prompts:
+        plain = generate(pr, target=p, mode="ar", max_new_tokens=40, raw=True).token_ids
+        for tree in (3, 8, "auto"):
+            events = list(speculative_decode(p, q, p.tokenizer(pr)["input_ids"], SpecConfig(
+                gamma=4, tree=tree, drafter=drafter, max_new_tokens=40)))  # fmt: skip
+            assert events[-1].token_ids == plain, (pr, tree)
+            trees += sum(isinstance(e, Round) and e.tree is not None and e.tree.sources[0] == "lookup" for e in events)
+    assert trees > 0
+
+
+def test_sampled_lookup_trees_follow_the_target(small_vocab_pair):
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    ids = [5, 6, 7, 5, 6, 3, 5, 6]  # "5 6" went on with 7 and with 3: a lookup tree of point masses
+    V, n = p.vocab_size, 1000
+    counts = torch.zeros(V * V + V)
+    trees = 0
+    for seed in range(n):
+        cfg = SpecConfig(gamma=2, tree=4, drafter="lookup", max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+        events = list(speculative_decode(p, q, ids, cfg))
+        trees += any(isinstance(e, Round) and e.tree is not None for e in events)
+        t = events[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    assert trees == n  # the first round is a tree every time
+    law = _exact_two_token_law(p, ids)
+    keep = law * n >= 5
+    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+
+
 # --- the budget ----------------------------------------------------------------------------------------
 
 
@@ -257,8 +311,8 @@ def test_the_tree_setting(value, want):
         (dict(tree=33), "from 1 to 32"),
         (dict(tree="wide"), "node budget"),
         (dict(tree=2.5), "whole number"),
-        (dict(tree=4, drafter="lookup"), "grow from the draft model"),
-        (dict(tree=4, drafter="head"), "grow from the draft model"),
+        (dict(tree=4, drafter="head"), "grow from the draft model or prompt lookup"),
+        (dict(tree=4, drafter="lookup+head"), "grow from the draft model or prompt lookup"),
         (dict(tree=4, relaxed_w=0.5), "turn tree off"),
     ],
 )

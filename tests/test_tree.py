@@ -359,3 +359,18 @@ def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_p
     page = (tmp_path / "run.html").read_text()
     assert "sv-round" in page and ("tok-branch" in page) == any(r.tree and any(r.tree.ranks[i] for i in r.tree.path)
                                                                   for r in rounds)  # fmt: skip
+
+
+def test_a_float16_draft_grows_trees_through_its_own_mask_dtype(tiny_pair, monkeypatch):
+    """The built-in draft runs in float16 where the CPU is faster at it: its tree mask is float16 too."""
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "1")
+    p, q = load_pair(*tiny_pair, device="cpu")
+    assert q.dtype == torch.float16
+    trees = 0
+    for pr in PROMPTS[:4]:
+        plain = generate(pr, target=p, mode="ar", max_new_tokens=32).token_ids
+        events = list(speculative_decode(p, q, _ids(p, pr), SpecConfig(gamma=3, tree=8, drafter="model",
+                                                                        max_new_tokens=32)))  # fmt: skip
+        assert events[-1].token_ids == plain
+        trees += sum(isinstance(e, Round) and e.tree is not None and max(e.tree.depths) > 1 for e in events)
+    assert trees > 0  # the draft read tree nodes (depth 2 needs a tree-masked draft call)

@@ -107,6 +107,50 @@ def draft_guesser(draft, target_ids: torch.Tensor, vocab_size: int):
     return guess
 
 
+@torch.inference_mode()
+def rank_histogram(
+    draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]], top: int = 8
+) -> dict:
+    """How often the target's greedy token is the draft's 1st, 2nd, ... choice (teacher-forced, greedy replies).
+
+    This decides which token trees can pay: a runner-up leaf is worth its verify position only as often as the
+    target's token is the draft's 2nd choice. Also the top-1 hit rate by the draft's top-1 probability (the
+    confidence a dynamic tree expands by). A reply token outside the draft's rows has no rank ("oov").
+    """
+    lookup = torch.zeros(max(len(tokenizer), int(target_ids.max()) + 1), dtype=torch.long)
+    lookup[target_ids] = torch.arange(len(target_ids))
+    row_of = {t: i for i, t in enumerate(target_ids.tolist())}
+    ranks = [0] * (top + 1)  # ranks[i]: rank i + 1; ranks[top]: beyond the top `top`
+    oov = total = 0
+    bins = [[0, 0] for _ in range(10)]  # by the draft's top-1 probability: [hits, count]
+    second = [[0, 0] for _ in range(10)]  # by the draft's 2nd probability: [target is 2nd, count | top-1 missed]
+    for prompt, reply in zip(prompts, replies):
+        p = prompt_ids(tokenizer, prompt)
+        seq = torch.tensor(p + reply)
+        logits = draft(lookup[seq][None]).logits[0, len(p) - 1 : -1].float()  # (R, N)
+        probs = torch.softmax(logits, -1)
+        order = torch.argsort(logits, -1, descending=True)  # (R, N)
+        for j, t in enumerate(reply):
+            total += 1
+            row = row_of.get(t)
+            if row is None:
+                oov += 1
+                continue
+            rank = int((order[j] == row).nonzero()[0, 0])
+            ranks[min(rank, top)] += 1
+            top2 = probs[j, order[j, :2]]
+            b = min(int(top2[0] * 10), 9)
+            bins[b][0] += rank == 0
+            bins[b][1] += 1
+            if rank > 0:
+                b2 = min(int(top2[1] * 10), 9)
+                second[b2][0] += rank == 1
+                second[b2][1] += 1
+    return {"tokens": total, "oov": oov / total, "rank_rates": [r / total for r in ranks],
+            "top1_by_confidence": [(i / 10, h / n if n else None, n) for i, (h, n) in enumerate(bins)],
+            "second_given_miss_by_q2": [(i / 10, h / n if n else None, n) for i, (h, n) in enumerate(second)]}  # fmt: skip
+
+
 def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
     """Teacher-forced greedy acceptance of a draft model (its own rows: target_ids)."""
     return score(draft_guesser(draft, target_ids, len(tokenizer)), target_ids, tokenizer, prompts, replies)
@@ -193,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch-size", type=int, default=8, help="target generation batch (left-padded)")
     ap.add_argument("--timing-steps", type=int, default=50, help="0 skips timing")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ranks", action="store_true", help="also the draft's rank histogram of the target's token")
     ap.add_argument("--json", default="", help="also write the results here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -214,6 +259,15 @@ def main(argv: list[str] | None = None) -> dict:
         res = acceptance(draft, target_ids, tokenizer, prompts, replies)
     print(f"alpha (greedy acceptance, first guess, teacher-forced) = {res['alpha']:.3f} over {res['tokens']} tokens "
           f"of {len(prompts)} held-out prompts; target tokens outside the guesser's vocabulary: {res['oov_rate']:.3%}")  # fmt: skip
+    if args.ranks and not args.head:
+        res["ranks"] = h = rank_histogram(draft, target_ids, tokenizer, prompts, replies)
+        shares = ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(h["rank_rates"][:-1]))
+        print(f"the target's token is the draft's choice number {shares}; beyond: {h['rank_rates'][-1]:.3f}; "
+              f"outside its vocabulary: {h['oov']:.3f} ({h['tokens']} tokens)")  # fmt: skip
+        print("top-1 right by the draft's top-1 probability: "
+              + ", ".join(f"{b:.1f}+: {r:.2f} ({n})" for b, r, n in h["top1_by_confidence"] if n))  # fmt: skip
+        print("after a top-1 miss, 2nd right by the draft's 2nd probability: "
+              + ", ".join(f"{b:.1f}+: {r:.2f} ({n})" for b, r, n in h["second_given_miss_by_q2"] if n))  # fmt: skip
     if args.timing_steps:
         p = prompt_ids(tokenizer, prompts[0])
         if args.head:

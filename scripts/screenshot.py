@@ -2,6 +2,8 @@
 
     .venv/bin/python scripts/screenshot.py assets/screenshot.png [--prompt TEXT] [--sweep] [--tab NAME]
         [--drafter lookup+model] [--policy auto] [--lane3 lookup --policy3 auto] [--tab "Pair check" --check]
+    .venv/bin/python scripts/screenshot.py tree.png --step 3 --tree 8 --width 1280 --height 720 [--present]
+        (the Step-through tab after 3 rounds with token trees of 8 nodes, no race; the viewport only)
 
 The default pair is the built-in one unless SPECVIZ_TARGET / SPECVIZ_DRAFT say otherwise.
 """
@@ -34,6 +36,24 @@ def _choose(page, label: str, value: str) -> None:
         page.get_by_role("option", name=value, exact=True).click()
 
 
+def _step(page, args) -> None:
+    """The Step-through tab after args.step rounds (with args.tree), scrolled to the round's tree or table."""
+    if args.present:
+        page.locator("#sv-present input[type=checkbox]").check()
+    page.get_by_role("tab", name="Step through").click()
+    if args.prompt:
+        page.get_by_label("Prompt", exact=True).last.fill(args.prompt)
+    _choose(page, "token tree: guesses per round (depth ≤ gamma)", args.tree)
+    for i in range(args.step):
+        page.get_by_role("button", name="Next round ▶").click()
+        expect(page.get_by_text(f"Round {i + 1}.")).to_be_visible(timeout=SLOW_MS)
+    target = page.locator(".sv-tree").first if args.tree not in ("", "off") else page.locator(".sv-draws").first
+    target.scroll_into_view_if_needed()
+    page.evaluate("window.scrollBy(0, -140)")  # the round's words above the tree stay in the picture
+    page.wait_for_timeout(800)
+    page.screenshot(path=args.out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="PNG file to write")
@@ -46,6 +66,10 @@ def main() -> None:
     ap.add_argument("--policy", default="", help="its gamma policy (constant, heuristic, confidence, auto)")
     ap.add_argument("--lane3", default="", help="add a third lane with this drafter")
     ap.add_argument("--policy3", default="", help="the third lane's gamma policy (default auto)")
+    ap.add_argument("--height", type=int, default=1000)
+    ap.add_argument("--step", type=int, default=0, help="instead of the race: this many rounds of the Step-through")
+    ap.add_argument("--tree", default="", help="with --step: the token tree (off, 4, 8, auto)")
+    ap.add_argument("--present", action="store_true", help="presentation mode (large type, for projectors)")
     args = ap.parse_args()
 
     demo = build_demo(UIContext())
@@ -57,9 +81,14 @@ def main() -> None:
             wrapper.write_text('#!/bin/sh\nexec nice -n 19 /usr/bin/chromium "$@"\n')
             wrapper.chmod(0o755)
             browser = pw.chromium.launch(executable_path=str(wrapper), args=ARGS)
-            page = browser.new_page(viewport={"width": args.width, "height": 1000})
+            page = browser.new_page(viewport={"width": args.width, "height": args.height})
             page.goto(url, wait_until="load", timeout=SLOW_MS)
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
+            if args.step:
+                _step(page, args)
+                browser.close()
+                print(f"wrote {args.out}")
+                return
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)
             for label, value in (("guesses from (drafter)", args.drafter), ("gamma policy", args.policy)):

@@ -40,6 +40,11 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
         help="tokens proposed per round (1-16), or auto (default)",
     )
     ap.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="constant", help="how gamma changes per round")
+    ap.add_argument(
+        "--tree",
+        default="off",
+        help="token trees from the draft model: off (chains, default), a node budget 1-32, or auto; depth <= gamma",
+    )
     ap.add_argument("--confidence", type=float, default=0.4, help="the confidence policy's threshold")
     ap.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="lookup: most tokens per match")
     ap.add_argument("--max-matching-ngram-size", type=int, default=3, help="lookup: longest suffix tried first")
@@ -89,7 +94,14 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--policies", default="constant", help="for numeric gammas: constant, heuristic, confidence")
     b.add_argument(
-        "--configs", help="instead of the grid: drafter:gamma[:policy] items, e.g. model:1,model:auto,lookup:auto"
+        "--trees",
+        default="off",
+        help="token trees for the model drafters: off and/or node budgets and auto, e.g. off,4,8,auto",
+    )
+    b.add_argument(
+        "--configs",
+        help="instead of the grid: drafter:gamma[:policy][:tree=N] items, e.g. model:1,model:auto,lookup:auto,"
+        "model:auto:tree=auto",
     )
     b.add_argument("--temperatures", default="0")
     b.add_argument("--max-new-tokens", type=int, default=64)
@@ -112,6 +124,7 @@ def _generate(a) -> dict:
         gamma=a.gamma,
         drafter=a.drafter,
         gamma_policy=a.gamma_policy,
+        tree=a.tree,
         confidence=a.confidence,
         prompt_lookup_num_tokens=a.prompt_lookup_num_tokens,
         max_matching_ngram_size=a.max_matching_ngram_size,

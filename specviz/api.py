@@ -127,7 +127,8 @@ def generate(prompt: str, **options) -> Result:
     (where guesses come from; head: the head drafters' head folder, "" = the built-in target's own head);
     gamma 1..16 or "auto"; gamma_policy "constant" | "heuristic" | "confidence" | "auto" (gamma is then the
     start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,
-    max_matching_ngram_size (lookup); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
+    max_matching_ngram_size (lookup); tree "off" | a node budget 1..32 | "auto" (token trees from the draft
+    model, verified in one call; drafters model and lookup+model; depth at most gamma); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
     max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
     relaxed_w (below 1: verify against w·p + (1 − w)·q, NOT exact; refused unless allow_lossy=True);
     device, dtype, quantize ("4bit" NF4 / "8bit" int8 with bitsandbytes, on any device it serves: CUDA, CPU ...). Raises SpecvizError on anything a caller can fix.
@@ -150,6 +151,7 @@ _DEFAULTS = dict(
     prompt_lookup_num_tokens=_CFG.prompt_lookup_num_tokens,
     max_matching_ngram_size=_CFG.max_matching_ngram_size,
     head=_CFG.head,
+    tree=_CFG.tree,
     temperature=0.0,
     top_k=0,
     top_p=1.0,

@@ -1,7 +1,7 @@
 """The benchmark harness: python -m specviz bench.
 
 For one pair (target p, draft q), a prompt set, temperatures and a list of speculative configurations
-(drafter x gamma x gamma policy), it runs in ONE process, interleaved per prompt after a warm-up run: for each
+(drafter x gamma x gamma policy x token tree), it runs in ONE process, interleaved per prompt after a warm-up run: for each
 prompt, every method once, back to back:
   ar         plain autoregressive decoding of p with our engine (engine.autoregressive_decode)
   spec       our speculative decoding, once per configuration (engine.speculative_decode)
@@ -40,7 +40,7 @@ import torch
 
 from . import metrics
 from .api import encode_prompt
-from .config import ASSETS, SamplingConfig, SpecConfig, SpecvizError
+from .config import ASSETS, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, eos_ids, speculative_decode
 from .events import Done, Step
 from .models import LoadedModel
@@ -257,42 +257,59 @@ class Config:
     drafter: str  # model | lookup | lookup+model
     gamma: int | str  # a number, or "auto"
     policy: str  # constant | heuristic | confidence | auto
+    tree: int | str = "off"  # token trees: "off", a node budget, or "auto" (config.SpecConfig.tree)
 
     @property
     def label(self) -> str:
         g = f"gamma {self.gamma}" if self.policy == "constant" else f"{self.policy} ≤{self.gamma}"
-        return f"{self.drafter}, {'auto' if self.gamma == 'auto' else g}"
+        tree = "" if self.tree == "off" else f", tree {self.tree}"
+        return f"{self.drafter}, {'auto' if self.gamma == 'auto' else g}{tree}"
 
     def spec_config(self, max_new_tokens: int, seed: int, sampling: SamplingConfig) -> SpecConfig:
         return SpecConfig(gamma=self.gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling,
-                          drafter=self.drafter, gamma_policy="auto" if self.gamma == "auto" else self.policy)  # fmt: skip
+                          drafter=self.drafter, gamma_policy="auto" if self.gamma == "auto" else self.policy,
+                          tree=self.tree)  # fmt: skip
 
 
-def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Sequence[str] = ("constant",)) -> list:
-    """Every (drafter, gamma, policy); gamma "auto" takes the auto policy alone."""
+def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Sequence[str] = ("constant",),
+         trees: Sequence = ("off",)) -> list:  # fmt: skip
+    """Every (drafter, gamma, policy, tree); gamma "auto" takes the auto policy alone, and trees go only to the
+    drafters that grow them (config.TREE_DRAFTERS)."""
     out = []
     for d in drafters:
         for g in gammas:
             for pol in ("auto",) if g == "auto" else policies:
-                if Config(d, g, pol) not in out:
-                    out.append(Config(d, g, pol))
+                for tree in trees if d in TREE_DRAFTERS else ("off",):
+                    if Config(d, g, pol, tree) not in out:
+                        out.append(Config(d, g, pol, tree))
     return out
 
 
+def parse_trees(text: str) -> list:
+    """--trees "off,4,8,auto" -> ["off", 4, 8, "auto"] (each checked as SpecConfig checks it)."""
+    return list(dict.fromkeys(SpecConfig(tree=v.strip()).tree for v in str(text).split(",") if v.strip())) or ["off"]
+
+
 def parse_configs(text: str) -> list[Config]:
-    """--configs "model:1,model:auto,lookup:auto,lookup+model:2:heuristic": drafter:gamma[:policy] each."""
+    """--configs "model:1,model:auto,lookup:auto,lookup+model:2:heuristic,model:auto:tree=8":
+    drafter:gamma[:policy][:tree=N] each."""
     out = []
     for item in (x.strip() for x in str(text).split(",") if x.strip()):
         parts = item.split(":")
+        tree = "off"
+        if len(parts) > 2 and parts[-1].startswith("tree="):
+            tree = SpecConfig(tree=parts.pop()[5:]).tree
         if len(parts) not in (2, 3):
-            raise SpecvizError(f"--configs items look like model:3 or lookup:auto or model:6:confidence, not {item!r}.")
+            raise SpecvizError(
+                f"--configs items look like model:3, lookup:auto, model:6:confidence or model:auto:tree=8, not {item!r}."
+            )
         gamma = "auto" if parts[1] == "auto" else parts[1]
         try:
             gamma = gamma if gamma == "auto" else int(gamma)
         except ValueError:
             raise SpecvizError(f"--configs: {parts[1]!r} is not a gamma (a whole number or auto).") from None
         policy = "auto" if gamma == "auto" else (parts[2] if len(parts) == 3 else "constant")
-        out.append(Config(parts[0], gamma, policy))
+        out.append(Config(parts[0], gamma, policy, tree))
     for c in out:
         c.spec_config(8, 0, SamplingConfig())  # one sentence for an unknown drafter or policy, before loading
     return out
@@ -322,7 +339,15 @@ def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, co
     out, notes = [], {}
     for c in configs:
         out.append((c, "spec", lambda ids, cfg: _ours(lambda: speculative_decode(target, draft, ids, cfg))))
-        if hf and draft is not None and c.drafter == "model" and c.policy == "constant" and "hf_spec" not in notes:
+        chain = c.tree == "off"
+        if (
+            hf
+            and draft is not None
+            and c.drafter == "model"
+            and c.policy == "constant"
+            and chain
+            and "hf_spec" not in notes
+        ):
             try:
                 view = hf_assistant(draft, target, int(c.gamma))
             except SpecvizError as e:
@@ -388,7 +413,8 @@ def measure(
                         n = len(r["tokens"])
                         rows.append(
                             {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
-                             "gamma": c and c.gamma, "policy": c and c.policy, "repeat": rep, "prompt": i,
+                             "gamma": c and c.gamma, "policy": c and c.policy, "tree": c.tree if c else "",
+                             "repeat": rep, "prompt": i,
                              "method": method, "new_tokens": n,
                              "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}
                         )  # fmt: skip
@@ -480,6 +506,7 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 "drafter": first["drafter"],
                 "gamma": gamma,
                 "policy": "auto" if gamma == "auto" else first["policy"],
+                "tree": str(first.get("tree", "off") or "off"),
                 "prompts": spec["prompt"].nunique(),
                 "repeats": spec["repeat"].nunique(),
                 "ar_tok_s": float(ar["tokens_per_s"].median()),
@@ -507,9 +534,39 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 "identical": ok,
                 "differences": "; ".join(diffs),
             }
-            row["note"] = _note(row) if constant else ""
+            row["note"] = _note(row) if constant and row["tree"] == "off" else ""
             table.append(row)
-    return pd.DataFrame(table)
+    table = pd.DataFrame(table)
+    return _beside_best_chain(table, runs) if len(table) else table
+
+
+def _beside_best_chain(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Tree rows beside the best chain of their temperature (the fastest chain configuration, same draft, same
+    prompts): paired speedup, tokens per call, and in the note why, from the measured verify cost per call."""
+    table = table.copy()
+    table["best_chain"], table["vs_best_chain"], table["tokens_per_call_vs_best_chain"] = "", math.nan, math.nan
+    for t, cell in table.groupby("temperature"):
+        chains = cell[cell["tree"] == "off"]
+        if chains.empty:
+            continue
+        best = chains.loc[chains["speedup_vs_ar"].idxmax()]
+        at_t = runs[(runs["temperature"] == t) & (runs["method"] == "spec")]
+        best_runs = at_t[at_t["config"] == best["config"]]
+        for i, row in cell[cell["tree"] != "off"].iterrows():
+            ratio = _paired(at_t[at_t["config"] == row["config"]], best_runs)
+            tpc = row["tokens_per_call"] / best["tokens_per_call"]
+            table.loc[i, ["best_chain", "vs_best_chain", "tokens_per_call_vs_best_chain"]] = [
+                best["config"],
+                ratio,
+                tpc,
+            ]
+            table.loc[i, "note"] = (
+                f"{row['tokens_per_call']:.2f} tokens per call, {tpc - 1:+.0%} against the best chain "
+                f"({best['config']}: {best['tokens_per_call']:.2f}); a verify of {row['drafted_per_call'] + 1:.1f} "
+                f"positions costs {row['verify_cost']:.2f} plain steps (the chain's of "
+                f"{best['drafted_per_call'] + 1:.1f}: {best['verify_cost']:.2f}), so it runs {ratio:.2f}x the chain"
+            )
+    return table
 
 
 def run_bench(
@@ -523,6 +580,7 @@ def run_bench(
     *,
     drafters: Sequence[str] = ("model",),
     policies: Sequence[str] = ("constant",),
+    trees: Sequence = ("off",),
     **kwargs,
 ) -> pd.DataFrame:
     """Run the grid (see `measure` for the keyword options) and return the per-cell table.
@@ -531,9 +589,10 @@ def run_bench(
     policy, prompts, repeats, {ar,spec,hf_spec,hf_assist,hf_lookup,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
     speedup_vs_best_peer, ar_vs_hf_ar, acceptance, alpha, tokens_per_call, drafted_per_call, c, decode_speedup,
     theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost,
-    draft_cost, identical, differences, note.
+    draft_cost, identical, differences, note, tree, best_chain, vs_best_chain, tokens_per_call_vs_best_chain
+    (tree rows beside the fastest chain of their temperature).
     """
-    configs = grid(gammas, drafters, policies)
+    configs = grid(gammas, drafters, policies, trees)
     runs = measure(target, draft, prompts, configs, temperatures, max_new_tokens, repeats, **kwargs)
     table = summarise_runs(runs)
     for d in table.loc[table["identical"] == False, "differences"]:  # noqa: E712  (None means not greedy)
@@ -556,6 +615,9 @@ SHOW = {
     "acceptance": "accepted/drafted",
     "alpha": "alpha",
     "tokens_per_call": "tok/call",
+    "drafted_per_call": "nodes/call",
+    "verify_cost": "verify/step",
+    "vs_best_chain": "vs best chain",
     "c": "c",
     "theory": "theory",
     "measured_over_theory": "meas/theory",
@@ -631,7 +693,8 @@ def main(args) -> dict:
     temperatures = parse_grid(args.temperatures, float, "temperatures")
     drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
-    configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies)
+    trees = parse_trees(getattr(args, "trees", "off"))
+    configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
     p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
     runs = measure(
         p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,

@@ -83,6 +83,9 @@ CHECK_DRAFTERS = ("model", "lookup", "lookup+model")  # what the pair check meas
 GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
 AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps
 CONFIDENCE_THRESHOLD = 0.4  # transformers' default assistant_confidence_threshold
+TREE_MAX = 32  # the most nodes a fixed tree budget may ask for (a verify of 33 positions)
+TREE_AUTO_MAX = 16  # tree="auto" chooses 1..16 nodes: on a CPU a 17-position verify costs several steps
+TREE_DRAFTERS = ("model", "lookup", "lookup+model")  # the drafters that grow token trees (model, prompt lookup)
 DETAIL_MAX = 20  # candidates per position in the step-through view; more would not fit on a screen
 
 
@@ -106,6 +109,9 @@ class SpecConfig:
     prompt_lookup_num_tokens: int = 10  # lookup: the most tokens one match proposes (transformers' name)
     max_matching_ngram_size: int = 3  # lookup: the longest suffix looked up first (transformers' name)
     relaxed_w: float = 1.0  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
+    # token trees: "off" (chains), a node budget 1..TREE_MAX, or "auto" (the budget that pays, per round, up to
+    # TREE_AUTO_MAX); a tree's depth is at most gamma (drafters.ModelDrafter._propose_tree, policies.TreePolicy)
+    tree: int | str = "off"
 
     def __post_init__(self) -> None:
         gamma, policy = self.gamma, self.gamma_policy
@@ -141,6 +147,15 @@ class SpecConfig:
         w = _finite("relaxed_w", self.relaxed_w)
         if not 0.0 <= w <= 1.0:
             raise SpecvizError(f"relaxed_w must be between 0 and 1 (1 is exact verification), not {w:g}.")
+        tree = _tree(self.tree)
+        if tree != "off" and w < 1.0:
+            raise SpecvizError("relaxed_w applies to chains of guesses; turn tree off to use it.")
+        if tree != "off" and self.drafter not in TREE_DRAFTERS:
+            raise SpecvizError(
+                f"Token trees grow from the draft model or prompt lookup; use drafter {', '.join(TREE_DRAFTERS)} "
+                f"with tree, not {self.drafter}."
+            )
+        object.__setattr__(self, "tree", tree)
         for name, value in (("gamma", g), ("relaxed_w", w), ("max_new_tokens", n), ("seed", s), ("detail", d), ("gamma_policy", policy),
                             ("confidence", c), ("prompt_lookup_num_tokens", lookup_k),
                             ("max_matching_ngram_size", ngram)):  # fmt: skip
@@ -152,7 +167,29 @@ class SpecConfig:
         how = f"gamma {self.gamma}" if self.gamma_policy == "constant" else self.gamma_policy
         if self.gamma_policy != "constant" and self.gamma != AUTO_GAMMA_MAX:
             how += f" ≤{self.gamma}"
-        return f"{self.drafter}, {how}"
+        tree = "" if self.tree == "off" else f", tree {self.tree}"
+        return f"{self.drafter}, {how}{tree}"
+
+
+def _tree(value) -> int | str:
+    """The tree setting as "off", "auto" or a node budget 1..TREE_MAX (0, None, False and "off" mean off)."""
+    if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("off", "", "0")):
+        return "off"
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise SpecvizError(
+                f"tree must be off, auto or a node budget from 1 to {TREE_MAX}, not {value!r}."
+            ) from None
+    n = _integer("tree", value)
+    if n == 0:
+        return "off"
+    if not 1 <= n <= TREE_MAX:
+        raise SpecvizError(f"tree must be off, auto or a node budget from 1 to {TREE_MAX}, not {n}.")
+    return n
 
 
 # --- the built-in pair -------------------------------------------------------------------------

@@ -25,6 +25,7 @@ Names as in the papers: p the target, q the draft, gamma (here k) the proposals 
 
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ import torch
 
 from .config import DRAFTERS, SamplingConfig, SpecvizError
 from .models import CachedModel, LoadedModel, scatter_rows
-from .policies import GammaPolicy
+from .policies import GammaPolicy, TreePolicy
 from .sampling import greedy, to_probs
 
 PROMPT_LOOKUP_NUM_TOKENS = 10  # transformers' name and default: the most tokens one match may propose
@@ -46,6 +47,9 @@ STOP_NO_MATCH = "no match"  # lookup found no earlier occurrence of the text's l
 STOP_MATCH_END = "match end"  # lookup's continuation ran out before k tokens
 STOP_UNTRANSLATED = "no translation"  # a draft with another tokenizer guessed text the target's tokens cannot write
 STOP_END = "end of turn"  # a draft with another tokenizer ended its turn (or wrote a token only it has)
+STOP_TREE = "tree"  # a token tree: as many nodes as its budget allowed, or as the draft had candidates
+LOOKUP_BRANCHES = 4  # a lookup tree follows at most this many earlier occurrences of the text's last tokens
+TREE_CHILDREN = 4  # the most children a tree node gets (its draft's top 4: 2nd-4th are right 22% of the time)
 
 
 @dataclass
@@ -59,6 +63,7 @@ class DraftContext:
     policy: GammaPolicy  # how many tokens a source may propose this round
     budget: int  # tokens the answer may still add: proposals past it could never be emitted
     need_q: bool = True  # False: greedy verification with no detail view, so q rows are never built
+    tree: TreePolicy | None = None  # set: drafters that can branch propose token trees of this policy's size
 
     @property
     def threshold(self) -> float:
@@ -87,6 +92,17 @@ class Proposal:
     q_logits: tuple[torch.Tensor, ...] = field(default=())  # the model's raw logits rows (detail view)
     estimate: str = ""  # the policy's estimate this round counts toward, when not its source's (lookup: by match)
     origins: tuple[str, ...] = field(default=())  # a translated guess: the draft's own tokens each token came from
+    # A tree (empty for a chain): node i continues node parents[i] (-1: the text's last token), parents before
+    # children, siblings distinct; q[i] is the distribution node i was drawn from with its earlier siblings'
+    # tokens removed (siblings sampled without replacement share their parent's row; a deterministic guess
+    # is a one-hot row). ranks: the node's place among its siblings; said: the draft's probability of it.
+    parents: tuple[int, ...] = field(default=())
+    ranks: tuple[int, ...] = field(default=())
+    said: tuple[float, ...] = field(default=())
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.parents)
 
     @property
     def key(self) -> str:
@@ -152,6 +168,8 @@ class ModelDrafter(Drafter):
         self.lm, self.run = draft, CachedModel(draft, V)
         self.confirmed = 0  # tokens of the text its cache holds
         self.spec: list[int] = []  # proposals it fed after those, in order
+        # after a tree: node -> its children as (token, cache row or -1 if never fed, child node); -1 the root
+        self.tree: dict[int, list[tuple[int, int, int]]] | None = None
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         self.run.prefill(torch.tensor(prompt_ids, device=self.lm.device))
@@ -163,17 +181,31 @@ class ModelDrafter(Drafter):
 
     def _sync(self, seq: list[int]) -> torch.Tensor:
         """Roll the cache back to what `seq` still agrees with; return the tokens of `seq` it must still see."""
-        keep = self.confirmed
-        for t in self.spec:
-            if keep < len(seq) and seq[keep] == t:
-                keep += 1
-            else:
-                break
-        self.run.rollback(keep)
+        if self.tree is not None:  # last round's tree: keep the rows of the path the text took, in place
+            rows, node = [], -1
+            for t in seq[self.confirmed :]:
+                node = next((c for c in self.tree.get(node, []) if c[0] == t), None)
+                if node is None or node[1] < 0:  # not in the tree, or never fed to the draft
+                    break
+                rows.append(node[1])
+                node = node[2]
+            rows = rows[: len(seq) - 1 - self.confirmed]  # the text's last token is always fed again
+            self.run.keep_path(self.confirmed, rows)
+            self.tree, keep = None, self.confirmed + len(rows)
+        else:
+            keep = self.confirmed
+            for t in self.spec:
+                if keep < len(seq) and seq[keep] == t:
+                    keep += 1
+                else:
+                    break
+            self.run.rollback(keep)
         self.spec = []
         return torch.tensor(seq[keep:], device=self.lm.device)
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        if ctx.tree is not None and self.run.supports_trees:
+            return self._propose_tree(seq, ctx)
         k, why = ctx.k_for(self.name)
         if k == 0:
             return _empty(ctx, 0, why)
@@ -199,6 +231,129 @@ class ModelDrafter(Drafter):
         q = to_probs(torch.stack(logits_rows), s) if logits_rows and ctx.need_q else None  # (k, V)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(logits_rows))
 
+    def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        """A token tree grown best-first (in the spirit of EAGLE-2's dynamic trees; TreePolicy defines the score).
+
+        The candidates are the next child of each node the draft has read (its j-th choice: at T = 0 its j-th
+        most likely token, at T > 0 a draw from q without the children drawn before) and reading a node (one
+        cached draft call in which the node sees only its ancestors, `feed_tree`), worth what its first child
+        promises. A child's existence is settled before it is drawn and the size before anything is, so sampled
+        output stays exact. Past the budget the growth goes on on paper only (no draws, no calls) to tell an
+        auto budget what a larger tree would have expected.
+        """
+        depth_max = min(ctx.policy.gamma, ctx.budget)
+        budget = ctx.tree.nodes() if depth_max > 0 else 0
+        if budget == 0:
+            return _empty(ctx, 0, STOP_BUDGET)
+        x = self._sync(seq)
+        self.confirmed = len(seq)
+        g = _Growth(ctx, budget, depth_max, self.confirmed - 1)
+        g.read(-1, self.run.feed(x, last_only=True)[-1].to(ctx.device))
+        g.push_child(-1)
+        while g.heap and len(g.curve) < g.horizon:
+            score, _, u, kind = heapq.heappop(g.heap)
+            score = -score
+            if len(g.tokens) >= budget:  # on paper: a node of this score (after a call, for a read), then its child
+                g.calls += kind == 1
+                g.curve.append(score)
+                g.spent.append(g.calls)
+                if kind == 0:
+                    g.kids[u] += 1
+                    g.push_child(u)
+                heapq.heappush(g.heap, (-score * ctx.tree.first(), g.next_order(), u, 1))
+                continue
+            if kind == 1:  # read node u: its children become candidates
+                out = self.run.feed_tree(torch.tensor([g.tokens[u]], device=self.lm.device), [g.rows[g.parents[u]]])
+                g.rows[u] = self.run.length - 1
+                g.calls += 1
+                g.read(u, out[-1].to(ctx.device))
+                g.push_child(u)
+            else:
+                i = g.add_child(u, score)
+                g.push_child(u)
+                if g.depth[i] < depth_max:
+                    heapq.heappush(g.heap, (-score * ctx.tree.first(), g.next_order(), i, 1))
+        ctx.tree.observe(g.curve, g.spent)
+        self.tree = {}
+        for i, par in enumerate(g.parents):
+            self.tree.setdefault(par, []).append((g.tokens[i], g.rows.get(i, -1), i))
+        return g.proposal(self.name)
+
+
+class _Growth:
+    """The state of one tree being grown best-first (ModelDrafter._propose_tree): nodes, candidates, the curve."""
+
+    def __init__(self, ctx: DraftContext, budget: int, depth_max: int, root_row: int):
+        self.ctx, self.budget, self.depth_max = ctx, budget, depth_max
+        self.horizon = budget if ctx.tree.fixed is not None else ctx.tree.max_nodes
+        s = ctx.sampling
+        self.s_view = s if not s.greedy else SamplingConfig(1.0)  # confidence is read at T = 1 when greedy
+        self.view: dict[int, torch.Tensor] = {}  # node -> (V,) what its children are drawn from and scored by
+        self.ranked: dict[int, tuple[list[float], list[int]]] = {}  # node -> its top probabilities, their tokens
+        self.rows = {-1: root_row}  # node -> its row in the draft's cache
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.ranks: list[int] = []
+        self.said: list[float] = []  # the draft's probability of each node (its j-th largest at the parent)
+        self.scores: list[float] = []
+        self.depth: list[int] = []
+        self.kids: dict[int, int] = {-1: 0}  # node -> children so far (also counted on paper past the budget)
+        self.heap: list[tuple[float, int, int, int]] = []  # (-score, order, node, kind 0: its next child, 1: read it)
+        self.order = 0
+        self.calls = 1  # the root's read
+        self.curve: list[float] = []  # each node's score in the order it grew (on paper past the budget)
+        self.spent: list[int] = []  # draft calls up to it
+
+    def next_order(self) -> int:
+        self.order += 1
+        return self.order
+
+    def read(self, u: int, logits: torch.Tensor) -> None:
+        self.view[u] = to_probs(logits, self.s_view)
+        top = torch.topk(self.view[u], min(TREE_CHILDREN, self.ctx.V))
+        self.ranked[u] = (top.values.tolist(), top.indices.tolist())
+
+    def push_child(self, u: int) -> None:
+        """u's next child as a candidate: score = u's score * the draft's j-th largest probability * cal[j]."""
+        j, probs = self.kids[u], self.ranked[u][0]
+        if j < len(probs) and probs[j] > 0.0:
+            reach = 1.0 if u < 0 else self.scores[u]
+            heapq.heappush(self.heap, (-reach * probs[j] * self.ctx.tree.cal(j), self.next_order(), u, 0))
+
+    def add_child(self, u: int, score: float) -> int:
+        """Draw u's next child (at T = 0 its j-th most likely token; else from q without the siblings drawn)."""
+        j = self.kids[u]
+        probs, top_ids = self.ranked[u]
+        if self.ctx.sampling.greedy:
+            t = top_ids[j]
+        else:
+            q_u = self.view[u].clone()
+            q_u[[self.tokens[c] for c, par in enumerate(self.parents) if par == u]] = 0.0
+            t = int(torch.multinomial(q_u, 1, generator=self.ctx.generator))
+        i = len(self.tokens)
+        self.tokens.append(t)
+        self.parents.append(u)
+        self.ranks.append(j)
+        self.said.append(probs[j])
+        self.scores.append(score)
+        self.depth.append(1 if u < 0 else self.depth[u] + 1)
+        self.kids[u] += 1
+        self.kids[i] = 0
+        self.curve.append(score)
+        self.spent.append(self.calls)
+        return i
+
+    def proposal(self, name: str) -> Proposal:
+        """The grown tree as a Proposal (a chain when it never branched)."""
+        ctx, N = self.ctx, len(self.tokens)
+        t = torch.tensor(self.tokens, dtype=torch.long, device=ctx.device)
+        q = torch.stack([self.view[par] for par in self.parents])  # (N, V) each node's parent's row
+        if all(par == i - 1 for i, par in enumerate(self.parents)):  # it never branched: an ordinary chain
+            stop = STOP_GAMMA if N == self.budget or self.depth[-1] == self.depth_max else STOP_TREE
+            return Proposal(t, q if ctx.need_q else None, (name,) * N, self.budget, stop, said=tuple(self.said))
+        return Proposal(t, q, (name,) * N, self.budget, STOP_TREE, parents=tuple(self.parents),
+                        ranks=tuple(self.ranks), said=tuple(self.said))  # fmt: skip
+
 
 class LookupDrafter(Drafter):
     """Prompt lookup: propose what followed the most recent earlier occurrence of the text's last n tokens."""
@@ -212,6 +367,9 @@ class LookupDrafter(Drafter):
         self.num_tokens, self.max_ngram = prompt_lookup_num_tokens, max_matching_ngram_size
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_matching_ngram_size + 1)]
         self.indexed = 0  # n-grams ending before this position are in the index
+        # for token trees only: every earlier occurrence, oldest first (built on the first tree proposal)
+        self.every: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_matching_ngram_size + 1)]
+        self.indexed_every = 0
 
     def _extend(self, seq: list[int]) -> None:
         """Index every n-gram that ends before the last token: index[n][gram] = where its continuation starts."""
@@ -230,6 +388,27 @@ class LookupDrafter(Drafter):
                 return n, seq[start : start + k]
         return 0, []
 
+    def find_branches(self, seq: list[int], k: int, most: int) -> tuple[int, list[list[int]]]:
+        """(n, continuations) for a token tree: the longest suffix found earlier, and what followed up to `most` of
+        its occurrences (at most k tokens each, different ones only), the most recent first (find's proposal)."""
+        self._extend(seq)
+        for end in range(max(self.indexed_every, 1), len(seq)):
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self.every[n].setdefault(tuple(seq[end - n : end]), []).append(end)
+        self.indexed_every = max(self.indexed_every, len(seq))
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            ends = self.every[n].get(tuple(seq[-n:]))
+            if ends:
+                found: list[list[int]] = []
+                for start in reversed(ends):
+                    c = seq[start : start + k]
+                    if c and c not in found:
+                        found.append(c)
+                        if len(found) == most:
+                            break
+                return n, found
+        return 0, []
+
     def match(self, seq: list[int], k: int) -> list[int]:
         """The proposal for `seq` (at most k tokens; empty when nothing matches)."""
         return self.find(seq, k)[1]
@@ -241,6 +420,10 @@ class LookupDrafter(Drafter):
         return f"{self.name}:{n}"
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        if ctx.tree is not None:
+            tree = self._propose_tree(seq, ctx)
+            if tree is not None:
+                return tree
         n, found = self.find(seq, self.num_tokens)
         k, why = ctx.k_for(self.key(n) if found else self.name)
         k_eff = min(k, self.num_tokens)
@@ -251,6 +434,39 @@ class LookupDrafter(Drafter):
         q = torch.nn.functional.one_hot(t, ctx.V).float() if ctx.need_q else None  # (k, V) point masses
         stop = why if len(found) == k else (STOP_GAMMA if len(found) == k_eff else STOP_MATCH_END)
         return Proposal(t, q, (self.name,) * len(found), k, stop, estimate=self.key(n))
+
+    def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal | None:
+        """Where the text's last tokens occurred several times with different continuations: their trie, the most
+        recent continuation first and whole (today's chain), the others branching off it while the tree's node
+        budget lasts. Every node is a point mass (q one-hot), so the walk's rule stays exact. None: one
+        continuation or none (the chain proposal is then made as without trees)."""
+        n, found = self.find_branches(seq, self.num_tokens, LOOKUP_BRANCHES)
+        if len(found) < 2:
+            return None
+        k, why = ctx.k_for(self.key(n))
+        k_eff = min(k, self.num_tokens)
+        conts = list(dict.fromkeys(tuple(c[:k_eff]) for c in found if c[:k_eff]))
+        if len(conts) < 2:
+            return None
+        budget = max(ctx.tree.nodes(), len(conts[0]))
+        tokens, parents, ranks, at = [], [], [], {}  # at[(parent, token)] = node
+        kids: dict[int, int] = {}
+        for c in conts:
+            u = -1
+            for t in c:
+                if (u, t) not in at:
+                    if len(tokens) >= budget:
+                        break
+                    at[(u, t)] = len(tokens)
+                    tokens.append(t)
+                    parents.append(u)
+                    ranks.append(kids.get(u, 0))
+                    kids[u] = kids.get(u, 0) + 1
+                u = at[(u, t)]
+        t = torch.tensor(tokens, dtype=torch.long, device=ctx.device)
+        q = torch.nn.functional.one_hot(t, ctx.V).float()  # (N, V) point masses
+        return Proposal(t, q, (self.name,) * len(tokens), k, STOP_TREE, estimate=self.key(n), parents=tuple(parents),
+                        ranks=tuple(ranks))  # fmt: skip
 
 
 class HeadDrafter(Drafter):

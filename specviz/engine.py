@@ -9,19 +9,30 @@ proposals of a round, n accepted count, r draw.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
 import torch
 
-from .config import SamplingConfig, SpecConfig, SpecvizError
+from .config import TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .costs import calibration, head_calibration
 from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter, translation_of
-from .events import Candidates, Done, Event, Round, Start, Step
+from .events import Candidates, Done, Event, Round, Start, Step, TreeRound
 from .head import head_for
 from .models import CachedModel, LoadedModel
-from .policies import make_policy
-from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
+from .policies import TreePolicy, make_policy
+from .sampling import (
+    greedy,
+    relaxed,
+    residual,
+    sample,
+    to_probs,
+    verify_greedy,
+    verify_sampled,
+    verify_tree_greedy,
+    verify_tree_sampled,
+)
 from .theory import alpha
 from .translate import draft_ids
 
@@ -147,7 +158,7 @@ def make_run(
 ):
     """The drafter and gamma policy of one run (auto measures the verify costs once per model first).
 
-    Returns (drafter, policy, seconds spent measuring now).
+    Returns (drafter, gamma policy, tree policy or None, seconds spent measuring now).
     """
     V = target.vocab_size
     lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
@@ -155,15 +166,20 @@ def make_run(
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
-    if cfg.gamma_policy == "auto":
-        verify_s, spent = calibration(target, prompt_ids, cfg.gamma + 1)
+    tree_auto = cfg.tree == "auto"
+    if cfg.gamma_policy == "auto" or tree_auto:
+        verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
         if head is not None:  # one head step, for its cost
             (step_s,), spent_q = head_calibration(head)
             spent, paid = spent + spent_q, "head"
         elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
             (step_s,), spent_q = calibration(draft, draft_ids(target, draft, prompt_ids), 1, vocab_size=V)
             spent += spent_q
-    return drafter, make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s, step_s, paid), spent
+    policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
+    tree = None
+    if cfg.tree != "off":
+        tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, step_s)
+    return drafter, policy, tree, spent
 
 
 def _detail(prop: Proposal, p_logits: torch.Tensor, s: SamplingConfig, k: int) -> tuple[Candidates, ...]:
@@ -194,16 +210,21 @@ def speculative_decode(
     """
     _check_prompt(prompt_ids)
     s, eos, dev, V = cfg.sampling, eos_ids(target), target.device, target.vocab_size
-    drafter, policy, calibration_s = make_run(target, draft, prompt_ids, cfg, drafter)
+    drafter, policy, tree, calibration_s = make_run(target, draft, prompt_ids, cfg, drafter)
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
     p_run = CachedModel(target, V)
     prompt_h = p_run.prefill(torch.tensor(prompt_ids, device=dev), hidden=drafter.wants_hidden)
+    if tree is not None and not p_run.supports_trees:
+        raise SpecvizError(
+            f"Token trees need a model with a plain KV cache; {target.name} has another kind: use tree off."
+        )
     drafter.begin(list(prompt_ids), prompt_h)
     prefill_s = clock.lap()
     yield Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
                 prefill_s=prefill_s, drafter=drafter.name, gamma_policy=policy.name,
-                calibration_s=calibration_s, translation=translation_of(drafter, s))  # fmt: skip
+                calibration_s=calibration_s, translation=translation_of(drafter, s),
+                tree=tree.name if tree is not None else "")  # fmt: skip
     clock.resume()
 
     seq, out = list(prompt_ids), []
@@ -212,10 +233,28 @@ def speculative_decode(
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
         # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
         budget = cfg.max_new_tokens - len(out)
-        ctx = DraftContext(s, gen, V, dev, policy, budget, need_q=not s.greedy or bool(cfg.detail))
+        ctx = DraftContext(s, gen, V, dev, policy, budget, need_q=not s.greedy or bool(cfg.detail), tree=tree)
         prop = drafter.propose(seq, ctx)
         x, k = prop.tokens, int(prop.tokens.numel())  # (k,)
         draft_s = clock.lap()
+        if prop.is_tree:  # 2-4 for a token tree: one verify call for every node, a walk from the root
+            rd = _tree_round(p_run, seq, prop, s, gen, drafter, policy, tree, cfg, index, draft_s, clock)
+            out_len = len(out)
+            tokens = cut(list(rd.tokens), eos, cfg.max_new_tokens - out_len)
+            rd = dataclasses.replace(rd, tokens=tuple(tokens))
+            seq.extend(tokens)
+            out.extend(tokens)
+            counts["drafted"] += k
+            counts["accepted"] += rd.n
+            counts["tree_rounds"] = counts.get("tree_rounds", 0) + 1
+            counts[rd.kind] += 1 if len(tokens) == rd.n + 1 else 0
+            counts["draft_s"] += draft_s
+            counts["verify_s"] += rd.verify_s
+            clock.lap()
+            yield dataclasses.replace(rd, elapsed_s=clock.total)
+            clock.resume()
+            index += 1
+            continue
 
         # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
         fed = torch.tensor(seq[-1:], device=dev)
@@ -263,6 +302,65 @@ def speculative_decode(
         "spec", len(out), p_run.calls, drafter.calls, counts["drafted"], counts["accepted"], extra, clock.total
     )
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
+
+
+def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingConfig, gen: torch.Generator,
+                drafter: Drafter, policy, tree: TreePolicy, cfg: SpecConfig, index: int, draft_s: float,
+                clock: _Clock) -> Round:  # fmt: skip
+    """Verify a token tree in one target call, walk it, keep the accepted path in the cache; the Round (its
+    tokens not yet cut at EOS or the budget, its elapsed_s not yet set)."""
+    x, N = prop.tokens, int(prop.tokens.numel())  # (N,)
+    # 2. verify: the text's last token (the root) and every node after the cache, each seeing its ancestors only
+    base = p_run.length  # the root's row
+    rows = [base - 1] + [base if par < 0 else base + 1 + par for par in prop.parents]
+    fed = torch.cat([torch.tensor(seq[-1:], device=x.device), x])
+    if drafter.wants_hidden:
+        p_logits, hidden = p_run.feed_tree(fed, rows, hidden=True)
+    else:
+        p_logits, hidden = p_run.feed_tree(fed, rows), None  # (N + 1, V): row 0 the root, row i + 1 node i
+    # 3. the walk: descend into a kept child at each node; stop at a leaf (bonus) or where every child is turned down
+    if s.greedy:
+        v = verify_tree_greedy(x, prop.parents, p_logits)
+        p_probs = None
+    else:
+        p_probs = to_probs(p_logits, s)  # (N + 1, V)
+        v = verify_tree_sampled(x, prop.parents, prop.q, p_probs, gen)
+    verify_s = clock.lap()
+    # 4. keep the root and the accepted path in the target's cache; tell the drafter and the policies
+    path = list(v.path)
+    p_run.keep_path(base, [base] + [base + 1 + i for i in path])
+    drafter.update(v.n, v.correction, hidden[[0] + [1 + i for i in path]] if hidden is not None else None)
+    stop_node = path[-1] if path else -1
+    tried = [i for i, par in enumerate(prop.parents) if par == stop_node]  # children of where the walk stopped
+    line = path + tried[:1]  # the walked line: the accepted path, then the first child turned down there
+    policy.update(prop.key or drafter.name, len(line), v.n, draft_s, verify_s)
+    tree.update(prop.said, prop.ranks, prop.parents, path, [st == "kept" for st in v.status])
+    ids = x.tolist()
+    view = p_probs if p_probs is not None else to_probs(p_logits, SamplingConfig(1.0))  # p at T = 1 when greedy
+    p_node = view[[par + 1 for par in prop.parents], x].tolist()  # (N,) p(x) at each node's parent
+    q_node = prop.q[torch.arange(N), x].tolist() if prop.q is not None else [1.0] * N
+    tr = TreeRound(tokens=tuple(ids), parents=prop.parents, ranks=prop.ranks, sources=prop.sources,
+                   p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
+                   path=v.path)  # fmt: skip
+    greedy_mode = s.greedy
+    cands = _tree_detail(prop, line, p_logits, s, cfg.detail) if cfg.detail else ()
+    return Round(index=index, drafted=tuple(ids[i] for i in line),
+                 q=tuple(1.0 if greedy_mode else q_node[i] for i in line),
+                 p=tuple(v.accept_prob[i] if greedy_mode else p_node[i] for i in line),
+                 accept_prob=tuple(v.accept_prob[i] for i in line), r=tuple(v.r[i] for i in line), n=v.n,
+                 correction=v.correction, kind="resampled" if tried else "bonus",
+                 tokens=tuple(ids[i] for i in path) + (v.correction,), draft_s=draft_s, verify_s=verify_s,
+                 elapsed_s=0.0, candidates=cands, sources=tuple(prop.sources[i] for i in line), planned=prop.planned,
+                 stop=prop.stop, tree=tr)  # fmt: skip
+
+
+def _tree_detail(prop: Proposal, line: list[int], p_logits: torch.Tensor, s: SamplingConfig, k: int):
+    """Top candidates of p and q along a tree round's walked line and at the position after it (step-through)."""
+    s_view = s if not s.greedy else SamplingConfig(1.0, s.top_k, s.top_p)
+    rows = [prop.parents[i] + 1 for i in line] + [line[-1] + 1 if line else 0]  # p rows: each line node's parent
+    p = to_probs(p_logits[rows], s_view)  # (L + 1, V)
+    q = torch.cat([prop.q[line], prop.q.new_zeros(1, prop.q.shape[1])]) if line else prop.q.new_zeros(1, p.shape[1])
+    return _candidates(p, q, k)
 
 
 def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:

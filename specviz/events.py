@@ -24,6 +24,7 @@ class Start:
     gamma_policy: str = ""  # spec: constant | heuristic | confidence | auto
     calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
     translation: str = ""  # a draft with another tokenizer: how its guesses become the target's tokens
+    tree: str = ""  # spec: "" (chains), or the token trees' node budget: "auto" or a number
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,37 @@ class Candidates:
     p: tuple[float, ...]
     q: tuple[float, ...]
     residual: tuple[float, ...]  # norm(max(0, p - q)) at these ids: where a correction would come from
+
+
+@dataclass(frozen=True)
+class TreeRound:
+    """A round whose guesses formed a tree (one entry per node, parents before children), and the walk over it.
+
+    The target checked every node in one call; the walk went from the root (the text's last token) into the
+    kept child at each node, trying children in order (rank 0 first), and stopped at a node whose every child
+    it turned down (the correction is then drawn from what is left of p there) or at a leaf (the bonus).
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]  # the parent node of each node; -1: the root
+    ranks: tuple[int, ...]  # the node's place among its siblings: 0 the draft's first choice, 1 its second ...
+    sources: tuple[str, ...]  # which drafter proposed each node
+    p: tuple[float, ...]  # p(x) at the node's parent (read at T = 1 when decoding greedily)
+    q: tuple[float, ...]  # q(x) the draft gave it (T = 1 when greedy; 1 for a point mass such as lookup's)
+    accept_prob: tuple[
+        float, ...
+    ]  # min(1, p/q) as the walk tested it (after earlier siblings' rejections); NaN if untested
+    r: tuple[float, ...]  # the draw that tested it; NaN if untested or greedy
+    status: tuple[str, ...]  # "kept" | "rejected" | "" (never tested: the walk went elsewhere)
+    path: tuple[int, ...]  # the kept nodes, root first: the accepted path
+
+    @property
+    def depths(self) -> tuple[int, ...]:
+        """1 for the root's children, 2 for theirs ..."""
+        d: list[int] = []
+        for par in self.parents:
+            d.append(1 if par < 0 else d[par] + 1)
+        return tuple(d)
 
 
 @dataclass(frozen=True)
@@ -58,6 +90,14 @@ class Round:
     planned: int = 0  # the most tokens the gamma policy allowed this round
     stop: str = ""  # why the proposal ended where it did: gamma | budget | confidence | no match | match end
     origins: tuple[str, ...] = field(default=())  # a translated guess: the draft's own tokens behind each proposal
+    # a tree round: every node and the walk (drafted, q, p, accept_prob, r then hold the walked line: the
+    # accepted path, then the first child turned down where the walk stopped, if it stopped at a node with children)
+    tree: TreeRound | None = None
+
+    @property
+    def proposed(self) -> int:
+        """Tokens the target checked for this round's guesses: the tree's nodes, or the drafted tokens."""
+        return len(self.tree.tokens) if self.tree is not None else len(self.drafted)
 
     @property
     def rejected(self) -> int | None:

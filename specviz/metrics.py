@@ -22,7 +22,7 @@ COLUMNS = (
     "index",  # round / step number, from 0
     "tokens",  # tokens this row added to the output
     "n",  # accepted proposals (spec); 0 for ar
-    "gamma",  # proposals drafted (spec); 0 for ar
+    "gamma",  # proposals drafted (spec; for a tree, the walked line: its accepted path and the child turned down)
     "kind",  # "bonus" | "resampled" (spec) | "step" (ar)
     "draft_s",  # drafting time of the round; 0 for ar
     "verify_s",  # the target call plus accept/resample (spec); the forward and sampling (ar)
@@ -33,6 +33,7 @@ COLUMNS = (
     "planned",  # the most the gamma policy allowed this round (spec); 0 for ar
     "stop",  # why the round's proposal ended: gamma | budget | confidence | no match | match end ("" for ar)
     "source",  # which drafter proposed the round's guesses: model | lookup ("" when none, and for ar)
+    "nodes",  # tokens the target checked for guesses: a tree's nodes, else gamma (0 for ar)
 )
 
 
@@ -61,18 +62,18 @@ def rounds_frame(events: Iterable) -> pd.DataFrame:
             rows.append(
                 (name, ev.index, len(ev.tokens), ev.n, len(ev.drafted), ev.kind, ev.draft_s, ev.verify_s,
                  max(row_s - ev.draft_s - ev.verify_s, 0.0), row_s, ev.elapsed_s, ev.tokens, ev.planned, ev.stop,
-                 ev.sources[0] if ev.sources else "")
+                 ev.sources[0] if ev.sources else "", ev.proposed)
             )  # fmt: skip
         else:
             rows.append(
                 (name, ev.index, 1, 0, 0, "step", 0.0, ev.forward_s, max(row_s - ev.forward_s, 0.0), row_s,
-                 ev.elapsed_s, (ev.token,), 0, "", "")
+                 ev.elapsed_s, (ev.token,), 0, "", "", 0)
             )  # fmt: skip
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
 def _summary(frame: pd.DataFrame, start: Start | None, done: Done | None) -> dict:
-    drafted, accepted = int(frame["gamma"].sum()), int(frame["n"].sum())
+    drafted, accepted = int(frame["nodes"].sum()), int(frame["n"].sum())
     rejected = int((frame["kind"] == "resampled").sum()) if len(frame) else 0  # proposals the target turned down
     new = int(frame["tokens"].sum())
     prefill = start.prefill_s if start else 0.0

@@ -15,10 +15,19 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .config import CHECK_DRAFTERS, GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
+from .config import AUTO_GAMMA_MAX, CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
 from .models import CachedModel, LoadedModel, load_pair, pair_dtypes, vocab_gap
-from .theory import alpha, cost_ratio, expected_speedup, expected_speedup_measured, speedup_table, wilson_interval  # noqa: F401  (expected_speedup: re-exported)
+from .theory import (  # noqa: F401  (expected_speedup: re-exported)
+    alpha,
+    cost_ratio,
+    expected_speedup,
+    expected_speedup_measured,
+    expected_tokens,
+    speedup_per_round,
+    speedup_table,
+    wilson_interval,
+)
 from .translate import needs_translation
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
@@ -37,6 +46,8 @@ MIN_SPEEDUP = 1.05  # below this a second model is not worth its memory and comp
 MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
 TIMING_WARMUP, TIMING_STEPS = 3, 16
+TREE_BUDGETS = (4, 8)  # token trees the check measures (a verify of 9 positions at most: MEASURED_GAMMAS' range)
+TREE_PAYS = 1.03  # a tree is recommended when it is expected at least 3% faster than the best chain
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 VERDICTS = ("compatible", "not worth it", "incompatible")
 
@@ -232,6 +243,68 @@ def acceptance_by_kind(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class TreeTrial:
+    """Greedy decoding with token trees of one node budget on the check's prompts, and what it is expected to
+    gain: its measured tokens, draft time, verify calls and loop work per round, in target forward steps."""
+
+    budget: int
+    tokens_per_call: float
+    nodes_per_call: float
+    draft_cost: float  # drafting one tree (its draft calls), in target steps
+    verify_cost: float  # one verify call over its nodes + 1 positions, in target steps (forward_times)
+    overhead: float  # the loop's own work per round (the walk, the cache's gather)
+    speedup: float  # expected over plain decoding (theory.speedup_per_round)
+
+
+def measure_trees(target: LoadedModel, draft: LoadedModel, prompt_ids: list[list[int]], max_new_tokens: int,
+                  times: list[float], plain: float, deadline: float | None = None,
+                  drafter: str = "model") -> tuple[TreeTrial, ...]:  # fmt: skip
+    """One TreeTrial per TREE_BUDGETS entry (depth at most AUTO_GAMMA_MAX); times[k]: a target call over k + 1
+    tokens (forward_times), plain: one plain decoding step, in target steps."""
+    from .engine import speculative_decode
+    from .events import Done, Round
+
+    step, out = times[0], []
+    for budget in TREE_BUDGETS:
+        cfg = SpecConfig(gamma=AUTO_GAMMA_MAX, tree=budget, max_new_tokens=max_new_tokens, drafter=drafter)
+        rounds = new = 0
+        nodes = draft_s = verify_s = decode_s = 0.0
+        for ids in prompt_ids:
+            for ev in speculative_decode(target, draft, ids, cfg):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SpecvizError(
+                        "The pair check ran past this server's time limit and was stopped; try fewer tokens."
+                    )
+                if isinstance(ev, Round):
+                    rounds += 1
+                    nodes += ev.proposed
+                    draft_s += ev.draft_s
+                    verify_s += times[min(ev.proposed, len(times) - 1)]
+                elif isinstance(ev, Done):
+                    new += len(ev.token_ids)
+                    decode_s += ev.stats["wall_s"] - ev.stats["prefill_s"]
+        r = max(rounds, 1)
+        d, v = draft_s / r / step, verify_s / r / step
+        o = max(0.0, decode_s - draft_s - verify_s) / r / step
+        out.append(TreeTrial(budget, new / r, nodes / r, d, v, o, speedup_per_round(new / r, d, v, o, plain)))
+    return tuple(out)
+
+
+def _tree_advice(trials: tuple[TreeTrial, ...], best_chain: float, gamma: int, chain_tokens: float) -> str:
+    """One sentence: does a token tree pay for this pair on this machine, and why (measured)."""
+    t = max(trials, key=lambda x: x.speedup)
+    ratio = t.speedup / best_chain if best_chain > 0 else float("nan")
+    said = (
+        f"a tree of {t.budget} nodes gives {t.tokens_per_call:.2f} tokens per target call against "
+        f"{chain_tokens:.2f} for the best chain (gamma {gamma}), and its verify of {t.nodes_per_call + 1:.1f} positions costs "
+        f"{t.verify_cost:.2f} plain steps here"
+    )
+    if ratio >= TREE_PAYS:
+        return f"Token trees pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain (use tree={t.budget} or auto)."
+    return f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree off (auto picks chains here)."
+
+
 @torch.inference_mode()
 def measure_plain_step(target: LoadedModel, prompt_ids: list[int], tokens: int = 17) -> float:
     """Median seconds of one step of plain greedy decoding (the engine's own loop: its forward call and the work
@@ -291,6 +364,8 @@ class PairReport:
     coverage: float | None = None  # the share of the target's vocabulary the draft has, by string
     draft_share: float | None = None  # the share of the draft's vocabulary the target has
     translate_cost: float | None = None  # re-tokenising, in target forward steps per round (measured)
+    trees: tuple[TreeTrial, ...] = field(default=())  # token trees of TREE_BUDGETS nodes, measured (model drafters)
+    tree_advice: str = ""  # whether a tree pays here, in one sentence
 
     @property
     def param_ratio(self) -> float:
@@ -360,6 +435,11 @@ class PairReport:
                 mark = "  <- best" if g == self.best_gamma else ""
                 lines.append(
                     f"  gamma {g:2d}  {s:5.2f}x  (v = {v:.2f}, textbook {self.speedups[g - 1]:.2f}x)  {bar}{mark}"
+                )
+            for t in self.trees:
+                lines.append(
+                    f"  tree {t.budget:2d}  {t.speedup:5.2f}x  ({t.tokens_per_call:.2f} tokens per call, "
+                    f"{t.nodes_per_call:.1f} nodes; verify {t.verify_cost:.2f}, drafting {t.draft_cost:.2f} steps)"
                 )
         lines.append(f"verdict     {self.verdict.upper()}")
         lines += [f"  - {r}" for r in self.reasons]
@@ -555,6 +635,13 @@ def check_pair(
     verdict, reasons = _worth(acc.a, c, best_gamma, best, translated)
     if translated:
         base["translate_cost"] = acc.translate_s / max(acc.rounds, 1) / step
+    trees, advice = (), ""
+    if drafter in TREE_DRAFTERS:
+        few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
+        trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
+        advice = _tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))
+        if verdict == "compatible":
+            reasons.append(advice)
     return PairReport(
         verdict=verdict,
         reasons=tuple(reasons),
@@ -573,5 +660,7 @@ def check_pair(
         speedups_measured=measured,
         best_gamma=best_gamma,
         best_speedup=best,
+        trees=trees,
+        tree_advice=advice,
         **base,
     )

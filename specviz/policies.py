@@ -124,3 +124,106 @@ def make_policy(name: str, gamma: int, threshold: float, verify_s: Sequence[floa
     if name == "auto":
         return Auto(gamma, verify_s, draft_step_s, paid)
     return GammaPolicy(gamma)
+
+
+class TreePolicy:
+    """How large a round's token tree grows, and how the draft's confidence is read as a chance of acceptance.
+
+    A tree is grown best-first (drafters.py): the next node is the candidate most likely to end up on the
+    accepted path, score = (the parent's score) * (the draft's probability of the candidate, the j-th largest
+    at its parent) * cal[j], where cal[j] corrects the draft's confidence by what the target really kept at sibling
+    rank j (a running ratio). A node's score is then the chance the walk reaches and keeps it, so a tree of k
+    nodes expects 1 + (the sum of their scores) tokens per target call.
+
+    `nodes`: a fixed budget, or None for auto: each round the k <= max_nodes that maximises expected tokens per
+    second, E_k / (draft calls for k nodes * t_draft + t_verify(k + 1)), from the running means of past rounds'
+    score curves and the verify cost of k + 1 positions measured on this machine (costs.calibration). The size is
+    fixed before the round draws anything, so sampled output stays exact.
+    """
+
+    RANKS = 3  # calibration per rank 0, 1 and 2+ (the built-in draft: the target's token is its 1st choice 50%
+    # of the time, its 2nd 12%, its 3rd 6% on held-out greedy replies; scripts/eval_draft.py --ranks)
+    PRIOR = 1.0  # pseudo-mass of cal = 1: take the draft at its word until the target has said otherwise
+    START = 4  # auto's first round, before any curve is known
+
+    def __init__(self, nodes: int | None, max_nodes: int, verify_s: Sequence[float] = (), draft_step_s: float = 0.0):
+        self.fixed, self.max_nodes = nodes, max_nodes
+        self.verify_s = list(verify_s)
+        self.step_s = draft_step_s
+        self.kept = [0.0] * self.RANKS  # decayed sums: children of reached nodes the target kept, by rank
+        self.said = [0.0] * self.RANKS  # and the draft's probabilities for them
+        self.gain = [0.0] * max_nodes  # decayed sums of the k-th node's score over rounds
+        self.calls = [0.0] * max_nodes  # and the draft calls needed up to the k-th node
+        self.weight = 0.0  # decayed count of rounds in those sums
+        self.top = [0.0, 0.0]  # decayed sum of the draft's top probability at reached nodes, and their count
+        self.last = 0
+
+    @property
+    def name(self) -> str:
+        return "auto" if self.fixed is None else str(self.fixed)
+
+    def cal(self, rank: int) -> float:
+        j = min(rank, self.RANKS - 1)
+        return (self.kept[j] + self.PRIOR) / (self.said[j] + self.PRIOR)
+
+    def first(self) -> float:
+        """What reading a node promises: the chance its first child is kept, given the node is (the draft's mean
+        top probability at the nodes the walk reached, times cal[0])."""
+        top = (self.top[0] + 0.5 * self.PRIOR) / (self.top[1] + self.PRIOR)
+        return min(top * self.cal(0), 1.0)
+
+    def expected(self) -> list[float]:
+        """E_k: expected tokens per target call of the best-first tree of k = 1 .. max_nodes nodes."""
+        out, total = [], 1.0
+        for g in self.gain:
+            total += g / self.weight if self.weight else 0.0
+            out.append(total)
+        return out
+
+    def rate(self, k: int) -> float:
+        """Expected tokens per second of a k-node tree (0 until a curve and the costs are known)."""
+        if not self.weight or k > len(self.verify_s) - 1:
+            return 0.0
+        return self.expected()[k - 1] / (self.calls[k - 1] / self.weight * self.step_s + self.verify_s[k])
+
+    def nodes(self) -> int:
+        """The node budget of this round."""
+        if self.fixed is not None:
+            self.last = self.fixed
+        elif not self.weight:
+            self.last = min(self.START, self.max_nodes)
+        else:
+            self.last = max(range(1, self.max_nodes + 1), key=self.rate)
+        return self.last
+
+    def observe(self, scores: Sequence[float], calls: Sequence[int]) -> None:
+        """A grown tree's curve: the score of its k-th node and the draft calls spent up to it, in the order it grew
+        (as far as the drafter could see: past the budget, candidates it already had the draft's probabilities for)."""
+        if not scores:
+            return
+        for k in range(self.max_nodes):
+            self.gain[k] *= AUTO_DECAY
+            self.calls[k] *= AUTO_DECAY
+            self.gain[k] += scores[k] if k < len(scores) else 0.0
+            self.calls[k] += calls[min(k, len(calls) - 1)]
+        self.weight = self.weight * AUTO_DECAY + 1.0
+
+    def update(self, said: Sequence[float], ranks: Sequence[int], parents: Sequence[int], path: Sequence[int],
+               kept: Sequence[bool]) -> None:  # fmt: skip
+        """A verified tree: the draft's probability `said` for each node and whether the target kept it. Only the
+        children of nodes the walk reached count (the others were never in play). A tree without the draft's
+        probabilities (prompt lookup's) teaches nothing here."""
+        if not said:
+            return
+        reached = {-1, *path}
+        for j in range(self.RANKS):
+            self.kept[j] *= AUTO_DECAY
+            self.said[j] *= AUTO_DECAY
+        self.top = [self.top[0] * AUTO_DECAY, self.top[1] * AUTO_DECAY]
+        for i, par in enumerate(parents):
+            if par in reached:
+                j = min(ranks[i], self.RANKS - 1)
+                self.kept[j] += float(kept[i])
+                self.said[j] += said[i]
+                if j == 0:
+                    self.top = [self.top[0] + said[i], self.top[1] + 1.0]

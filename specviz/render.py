@@ -60,11 +60,14 @@ STATES = {  # what a screen reader says before a speculative token's text (its a
 }
 
 
-def _span(cls: str, body: str, title: str, special: bool = False, text: str = "", source: str = "") -> str:
+def _span(cls: str, body: str, title: str, special: bool = False, text: str = "", source: str = "",
+          branch: int = 0) -> str:  # fmt: skip
     extra = (" tok-special" if special else "") + (f" src-{source}" if source == "lookup" else "")
+    extra += " tok-branch" if branch else ""
     name = ""
     if cls in STATES and text:  # the state in the accessible name, not only in the colour
         how = " (a free guess from prompt lookup)" if source == "lookup" else ""
+        how += f" (from a branch: the draft's choice number {branch + 1})" if branch else ""
         name = f' role="img" aria-label="{html.escape(f"{STATES[cls]}: {text}{how}", quote=True)}"'
     return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}"{name}>{body}</span>'
 
@@ -106,12 +109,22 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
     """One round: accepted drafts, then the rejected proposal (struck through), then the target's token."""
     parts = []
     n, emitted = rnd.n, len(rnd.tokens)
+    tree = rnd.tree
     for i, token in enumerate(rnd.tokens[:n]):
         title = _draft_title(rnd, i, greedy, True, pieces.text(token))
+        rank = tree.ranks[tree.path[i]] if tree is not None else 0  # a token tree: its rank at the branch
+        if rank:
+            title += f"\nfrom a branch: the draft's choice number {rank + 1} here, not its first (a token tree)"
         parts.append(
             _span(
-                "tok-accepted", pieces.html(token), title, pieces.is_special(token), pieces.text(token), _source(rnd, i)
-            )
+                "tok-accepted",
+                pieces.html(token),
+                title,
+                pieces.is_special(token),
+                pieces.text(token),
+                _source(rnd, i),
+                rank,
+            )  # fmt: skip
         )
     if emitted == n + 1:  # the target's own token was emitted (not cut off by EOS or the budget)
         token = rnd.tokens[n]
@@ -190,7 +203,7 @@ def prompt_html(prompt: str) -> str:
 
 def spec_stat_items(rounds: list[Round], n: int, rate: float) -> list[tuple[str, str]]:
     """The numbers under a speculative pane (the race, a replay, an exported page): one definition."""
-    drafted, accepted = sum(len(r.drafted) for r in rounds), sum(r.n for r in rounds)
+    drafted, accepted = sum(r.proposed for r in rounds), sum(r.n for r in rounds)
     a = alpha(accepted, sum(r.kind == "resampled" for r in rounds))
     return [
         (str(n), "tokens"),
@@ -227,6 +240,12 @@ LEGEND = (
         "a free guess copied from earlier text (drafter: lookup)",
     ),
     ("tok-plain", "word", "plain step", "no guess this round (nothing to look up, or the draft was unsure)"),
+    (
+        "tok-accepted tok-branch",
+        "word",
+        "from a branch",
+        "with a token tree: a kept guess that was not the draft's first choice at its branch",
+    ),
 )
 
 

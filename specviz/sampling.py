@@ -7,6 +7,7 @@ All probability math runs in float32, whatever dtype the models compute in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -125,3 +126,86 @@ def verify_sampled(drafted: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gene
         tuple(accept_prob.tolist()),
         tuple(r.tolist()),
     )
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """The walk over a token tree: the accepted path (node indices, root first) and what each node met."""
+
+    path: tuple[int, ...]
+    correction: int  # drawn where the walk stopped: from what is left of p, or the bonus at a leaf
+    accept_prob: tuple[float, ...]  # per node, as tested (NaN: never tested)
+    r: tuple[float, ...]  # per node (NaN: never tested, or greedy)
+    status: tuple[str, ...]  # per node: "kept" | "rejected" | ""
+
+    @property
+    def n(self) -> int:
+        return len(self.path)
+
+
+def children_of(parents: tuple[int, ...] | list[int]) -> list[list[int]]:
+    """children[u + 1]: the nodes whose parent is u (u = -1 the root), in proposal order."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, par in enumerate(parents):
+        kids[par + 1].append(i)
+    return kids
+
+
+def verify_tree_greedy(drafted: torch.Tensor, parents: tuple[int, ...], target_logits: torch.Tensor) -> TreeVerdict:
+    """Greedy verification of a tree: from the root, descend into the child equal to the target's argmax; where
+    none is, the argmax is the correction. drafted (N,), target_logits (N + 1, V): row 0 the root, row i + 1 node i."""
+    N = drafted.shape[0]
+    best = greedy(target_logits).tolist()  # (N + 1,)
+    tokens, kids = drafted.tolist(), children_of(parents)
+    acc, status, path, u = [math.nan] * N, [""] * N, [], -1
+    while True:
+        want, nxt = best[u + 1], None
+        for c in kids[u + 1]:  # in order; at T = 0 every child but the argmax is turned down
+            kept = tokens[c] == want
+            acc[c], status[c] = float(kept), "kept" if kept else "rejected"
+            if kept:
+                nxt = c
+                break
+        if nxt is None:
+            return TreeVerdict(tuple(path), want, tuple(acc), (math.nan,) * N, tuple(status))
+        path.append(nxt)
+        u = nxt
+
+
+def verify_tree_sampled(
+    drafted: torch.Tensor, parents: tuple[int, ...], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator
+) -> TreeVerdict:
+    """Recursive rejection sampling over a tree (SpecInfer; Chen et al. 2023 for one child), exact for p.
+
+    drafted (N,); q (N, V): node i was drawn from q[i] with its earlier siblings' tokens removed (renormalised):
+    siblings sampled without replacement share their parent's row, a deterministic guess is a point mass
+    (one-hot row); p (N + 1, V) the target's probabilities, row 0 the root, row i + 1 node i.
+    At each node its children are tried in order: child x is kept with probability min(1, P(x) / Q(x)); on a
+    rejection P <- norm(max(0, P - Q)) and the next child is tried against it; when none is kept the correction
+    is drawn from P. A kept leaf gives the bonus token from p at the leaf. One draw r per tested child, in order.
+    """
+    N = drafted.shape[0]
+    tokens, kids = drafted.tolist(), children_of(parents)
+    acc, rs, status, path, u = [math.nan] * N, [math.nan] * N, [""] * N, [], -1
+    while True:
+        P, nxt, tried = p[u + 1], None, []
+        for c in kids[u + 1]:
+            x = tokens[c]
+            Q = q[c].clone()
+            if tried:  # drawn without the earlier siblings (a no-op on a point mass)
+                Q[tried] = 0.0
+                Q = Q / Q.sum().clamp_min(1e-30)
+            P_x, Q_x = float(P[x]), float(Q[x])
+            a = min(1.0, P_x / Q_x) if Q_x > 0 else (1.0 if P_x > 0 else 0.0)
+            r = float(torch.rand(1, generator=generator, device=p.device, dtype=torch.float32))
+            acc[c], rs[c] = a, r
+            if r < a:
+                status[c], nxt = "kept", c
+                break
+            status[c] = "rejected"
+            P = residual(P, Q)
+            tried.append(x)
+        if nxt is None:
+            return TreeVerdict(tuple(path), sample(P, generator), tuple(acc), tuple(rs), tuple(status))
+        path.append(nxt)
+        u = nxt

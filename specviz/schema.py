@@ -137,7 +137,9 @@ def schema() -> dict:
     defs = {name: _class_schema(cls) for name, cls in classes.items()}
     lane_events = [{"$ref": f"#/$defs/{n}"} for n in ("Start", "Round", "Step", "Done") if n in classes]
     lane_events += [
-        {"$ref": f"#/$defs/{n}"} for n in classes if n not in ("Start", "Round", "Step", "Done", "Candidates")
+        {"$ref": f"#/$defs/{n}"}
+        for n in classes
+        if n not in ("Start", "Round", "Step", "Done", "Candidates", "TreeRound")
     ]
     defs["Event"] = {"oneOf": lane_events}
     table_row = {"type": "object", "maxProperties": 50, "additionalProperties": _SCALAR}

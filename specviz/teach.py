@@ -50,6 +50,7 @@ class StepSettings:
     seed: int = 0
     max_new_tokens: int = 64
     relaxed_w: float = 1.0  # <1: relaxed verification against w·p + (1-w)·q, not exact (sampled runs only)
+    tree: int | str = "off"  # token trees from the draft model: "off", a node budget, or "auto"
 
 
 class Stepper:
@@ -66,6 +67,7 @@ class Stepper:
             SamplingConfig(settings.temperature),
             self.DETAIL,
             relaxed_w=settings.relaxed_w,
+            tree=settings.tree,
         )
         self.config = cfg
         self._eos = eos_ids(target)
@@ -103,6 +105,54 @@ class Stepper:
 
 def _count(k: int, word: str, plural: str = "") -> str:
     return f"{k} {word if k == 1 else plural or word + 's'}"
+
+
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth")
+
+
+def ordinal(rank: int) -> str:
+    """0 -> "first" (the draft's first choice), 1 -> "second" ..."""
+    return ORDINALS[rank] if rank < len(ORDINALS) else f"{rank + 1}th"
+
+
+def describe_tree_round(rd: Round, text, greedy_mode: bool) -> str:
+    """A tree round in plain words. text: token id -> its readable text."""
+    t = rd.tree
+    depths = t.depths
+    quote = lambda i: f"“{label(text(t.tokens[i]))}”"  # noqa: E731
+    per = [sum(d == k for d in depths) for k in range(1, max(depths) + 1)]
+    out = [
+        f"The draft grew a tree of {_count(len(t.tokens), 'guess', 'guesses')} ({', '.join(map(str, per))} at "
+        f"depth {', '.join(map(str, range(1, len(per) + 1)))}): at each branch its first, second … choices. The "
+        "target checked every one in a single forward pass, each guess seeing only the guesses above it."
+    ]
+    if t.path:
+        steps = []
+        for i in t.path:
+            turned = [j for j, par in enumerate(t.parents) if par == t.parents[i] and t.status[j] == "rejected"]
+            how = f"{quote(i)} (the draft's {ordinal(t.ranks[i])} choice"
+            how += f", after turning down {', '.join(quote(j) for j in turned)})" if turned else ")"
+            steps.append(how)
+        out.append(f" Walking from the text, it kept {', then '.join(steps)}.")
+    stop = t.path[-1] if t.path else -1
+    tried = [j for j, par in enumerate(t.parents) if par == stop]
+    fix = f"“{label(text(rd.correction))}”"
+    if len(rd.tokens) < rd.n + 1:
+        out.append(" The answer ended inside this round.")
+    elif not tried:
+        src = "its own top choice" if greedy_mode else "drawn from p"
+        out.append(f" That branch ends there, so the same pass adds a bonus token, {fix} ({src}).")
+    else:
+        names = ", ".join(quote(j) for j in tried)
+        if greedy_mode:
+            out.append(f" Next it turned down {names}: none is its top choice, so it put its own, {fix}.")
+        else:
+            out.append(
+                f" Next it turned down {names} (each tested with min(1, p/q), p shrinking to what was left after "
+                f"each), so it drew {fix} from what was left of p."
+            )
+    out.append(f" This round added {_count(len(rd.tokens), 'token')} for one target pass.")
+    return "".join(out)
 
 
 def describe_round(rd: Round, pieces: list[str], greedy_mode: bool) -> str:
@@ -164,10 +214,10 @@ class GreedyCheck:
 
 
 def greedy_check(
-    target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], gamma: int, max_new_tokens: int
+    target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], gamma: int, max_new_tokens: int, tree="off"
 ) -> GreedyCheck:
-    """Speculative and plain greedy decoding of the same prompt, both complete."""
-    cfg = SpecConfig(gamma, max_new_tokens, 0, SamplingConfig(0.0))
+    """Speculative (with token trees if `tree` is on) and plain greedy decoding of the same prompt, both complete."""
+    cfg = SpecConfig(gamma, max_new_tokens, 0, SamplingConfig(0.0), tree=tree)
     spec = _done(speculative_decode(target, draft, prompt_ids, cfg))
     ar = _done(autoregressive_decode(target, prompt_ids, cfg))
     return GreedyCheck(spec.token_ids, ar.token_ids)

@@ -125,11 +125,19 @@ def expected_speedup_measured(
     c: drafting one proposal; v: one verify call over gamma + 1 tokens; overhead: the decode loop's own work per
     round (accept/reject, roll back, bookkeeping); plain_cost: one plain decoding step, its forward and its own
     work. v = 1, overhead 0 and plain_cost 1 give `expected_speedup` when every alpha is equal."""
-    g = len(alphas)
-    denom = g * c + verify_cost + overhead
+    return speedup_per_round(expected_tokens_by_position(alphas), len(alphas) * c, verify_cost, overhead, plain_cost)
+
+
+def speedup_per_round(
+    tokens: float, draft_cost: float, verify_cost: float, overhead: float = 0.0, plain_cost: float = 1.0
+) -> float:
+    """Speedup from what one round yields and costs, in target forward steps: tokens * plain_cost / (draft_cost +
+    verify_cost + overhead). A chain's draft cost is gamma c; a token tree's is its draft calls', and its verify
+    is one call over its nodes + 1 positions."""
+    denom = draft_cost + verify_cost + overhead
     if denom <= 0:
         return float("nan")
-    return expected_tokens_by_position(alphas) * plain_cost / denom
+    return tokens * plain_cost / denom
 
 
 def speedup_table(a: float, c: float, gammas: Iterable[int] = range(1, GAMMA_MAX + 1)) -> tuple[float, ...]:

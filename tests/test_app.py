@@ -103,7 +103,7 @@ def test_bad_input_gives_one_sentence_and_the_app_keeps_serving(client, args, ex
 def test_nan_through_the_http_api(app_url):
     """gradio_client cannot send NaN (strict JSON), but a raw HTTP caller can."""
     url = app_url + "gradio_api/call/race"
-    body = '{"data": ["hello", NaN, 0.0, 0, 1.0, 16, 0, "model", "constant", "none", "auto"]}'
+    body = '{"data": ["hello", NaN, 0.0, 0, 1.0, 16, 0, "model", "constant", "none", "auto", "off", "off"]}'
     event = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30).json()
     stream = httpx.get(f"{url}/{event['event_id']}", timeout=120).text
     assert "gamma must be a finite number" in stream
@@ -174,3 +174,18 @@ def test_three_lanes_race_on_one_clock_with_lookup_marks(client):
 def test_bad_drafter_or_policy_is_one_sentence(client, extra, expected):
     _, final = _race(client, "hello", 3, 0.0, 0, 1.0, 8, 0, *extra)
     assert "sv-error" in final[MESSAGE] and expected in final[MESSAGE]
+
+
+def test_a_race_with_token_trees_keeps_the_text_and_marks_branches(client):
+    _, final = _race(client, "once upon a time", 3, 0.0, 0, 1.0, 40, 0, "model", "constant", "none", "auto", "8", "off")
+    ar, spec = final[AR], final[SPEC]
+
+    def words(pane: str) -> str:
+        return "".join(
+            re.findall(r'class="tok (?:tok-ar|tok-accepted|tok-resampled|tok-bonus)[^"]*"[^>]*>([^<]*)<', pane)
+        )
+
+    assert words(spec) == words(ar)  # greedy: the same text, token for token
+    assert "tree 8" in spec and "tok-branch" in spec  # the lane names its tree; kept runner-ups are marked
+    _, final = _race(client, "hi", 3, 0.0, 0, 1.0, 8, 0, "head", "constant", "none", "auto", "8", "off")
+    assert "grow from the draft model or prompt lookup" in final[MESSAGE]

@@ -43,7 +43,8 @@ def table(loaded_pair):
 def test_bench_produces_every_column_for_every_cell(table):
     assert len(table) == 4
     assert sorted(zip(table["temperature"], table["gamma"])) == [(0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]
-    text = ("identical", "differences", "note", "temperature", "config", "drafter", "policy")
+    text = ("identical", "differences", "note", "temperature", "config", "drafter", "policy", "tree", "best_chain")
+    text += ("vs_best_chain", "tokens_per_call_vs_best_chain")  # tree rows only (test_bench_puts_trees_beside...)
     numeric = [c for c in table.columns if c not in text]
     assert not table[numeric].isna().any().any(), table[numeric].isna().sum()
     assert ((table["acceptance"] >= 0) & (table["acceptance"] <= 1)).all()
@@ -144,3 +145,23 @@ def test_bench_rows_per_drafter_and_policy_with_both_transformers_peers(loaded_p
     lookup = t[t["drafter"] == "lookup"]
     assert (lookup["c"] == 0).all() and (lookup["drafted_per_call"] > 0).all()  # free guesses were made
     assert t.loc[t["gamma"] == "auto", "theory"].isna().all()  # no constant-gamma formula for a varying gamma
+
+
+def test_bench_puts_token_trees_beside_the_best_chain(loaded_pair):
+    p, q = loaded_pair
+    t = run_bench(p, q, PROMPTS, [1, 3], [0.0], max_new_tokens=12, trees=("off", 6), hf=False)
+    assert t["config"].tolist() == [
+        "model, gamma 1",
+        "model, gamma 1, tree 6",
+        "model, gamma 3",
+        "model, gamma 3, tree 6",
+    ]
+    assert t["identical"].tolist() == [True] * 4  # trees keep the output token for token
+    chains, trees = t[t["tree"] == "off"], t[t["tree"] != "off"]
+    best = chains.loc[chains["speedup_vs_ar"].idxmax(), "config"]
+    assert (trees["best_chain"] == best).all() and trees["vs_best_chain"].notna().all()
+    assert (trees["drafted_per_call"] > chains["drafted_per_call"].max()).all()  # more nodes checked per call
+    for _, r in trees.iterrows():
+        assert f"against the best chain ({best}" in r["note"] and "plain steps" in r["note"]
+    assert chains["vs_best_chain"].isna().all()
+    assert "nodes/call" in bench.format_table(t)

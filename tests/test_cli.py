@@ -80,3 +80,13 @@ def test_missing_folder_in_a_real_process_has_no_traceback(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert lines == [f"error: The folder {tmp_path / 'nope'} does not exist."], r.stderr
+
+
+def test_generate_with_a_token_tree(tiny_pair, capsys):
+    code, out, _ = run(capsys, "generate", "hello world", *models(tiny_pair), "--tree", "6", "--drafter", "model",
+                       "--max-new-tokens", "16", "--compare", "--json")  # fmt: skip
+    d = json.loads(out)
+    assert code == 0 and d["spec"]["text"] == d["ar"]["text"]  # greedy: the tree keeps the output
+    assert d["spec"]["stats"]["tree_rounds"] > 0
+    code, _, err = run(capsys, "generate", "hello", *models(tiny_pair), "--tree", "wide")
+    assert code == 2 and err.strip() == "error: tree must be off, auto or a node budget from 1 to 32, not 'wide'."

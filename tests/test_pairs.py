@@ -195,6 +195,17 @@ def test_identical_tokenizers_fast_draft_is_compatible_with_numbers(fast_pair):
     text = rep.report()
     assert "COMPATIBLE" in text and f"c = {rep.c:.3f}" in text and f"a = {acc.a:.3f}" in text
     assert f"gamma {rep.best_gamma:2d}" in text and "<- best" in text
+    # token trees, measured on the same machine: their tokens per call, nodes, costs and the one-sentence advice
+    assert [t.budget for t in rep.trees] == [4, 8]
+    for t in rep.trees:
+        assert 1 <= t.tokens_per_call <= t.nodes_per_call + 1 <= t.budget + 1 and t.verify_cost > 0
+        assert t.speedup == pytest.approx(
+            t.tokens_per_call * rep.plain_cost / (t.draft_cost + t.verify_cost + t.overhead)
+        )
+    best_tree = max(t.speedup for t in rep.trees)
+    pays = best_tree >= 1.03 * rep.best_speedup
+    assert rep.tree_advice.startswith("Token trees pay" if pays else "Token trees do not pay"), rep.tree_advice
+    assert rep.tree_advice in rep.reasons and "tree  8" in text
 
 
 def test_padded_embedding_with_the_same_tokenizer_is_compatible(fast_pair, tmp_path):

@@ -124,3 +124,22 @@ def test_nan_draw_never_printed(pieces):
     rnd = Round(**{**rnd.__dict__, "r": (math.nan, math.nan)})
     html = render.round_html(pieces, rnd, greedy=False)
     assert "nan" not in html.lower()
+
+
+def test_a_tree_round_marks_kept_tokens_from_a_branch_other_than_the_first_choice(pieces):
+    from specviz.events import TreeRound
+
+    a, b, c, x = (tid(pieces, ch) for ch in "abcx")
+    # root -> a (1st choice, turned down), b (2nd, kept); b -> c (1st, kept, a leaf): bonus x
+    tree = TreeRound(tokens=(a, b, c), parents=(-1, -1, 1), ranks=(0, 1, 0), sources=("model",) * 3,
+                     p=(0.1, 0.5, 0.6), q=(0.4, 0.3, 0.5), accept_prob=(0.25, 1.0, 1.0), r=(0.7, 0.2, 0.3),
+                     status=("rejected", "kept", "kept"), path=(1, 2))  # fmt: skip
+    rd = Round(index=0, drafted=(b, c), q=(0.3, 0.5), p=(0.5, 0.6), accept_prob=(1.0, 1.0), r=(0.2, 0.3), n=2,
+               correction=x, kind="bonus", tokens=(b, c, x), draft_s=0.01, verify_s=0.02, elapsed_s=0.03,
+               tree=tree)  # fmt: skip
+    html = render.round_html(pieces, rd, greedy=False)
+    assert count(html, "tok-accepted") == 2 and count(html, "tok-bonus") == 1
+    branch = re.findall(r'class="tok tok-accepted tok-branch"[^>]*>([^<]+)<', html)
+    assert branch == ["b"]  # only the kept 2nd choice carries the mark (and says so on hover and to readers)
+    assert "from a branch: the draft&#x27;s choice number 2" in html
+    assert rd.proposed == 3 and "tok-branch" in render.legend_html()

@@ -58,6 +58,23 @@ def test_changing_a_setting_starts_the_run_over_and_the_end_is_announced(client)
     assert "Done:" in say and "Press Reset" in say
 
 
+def test_a_token_tree_round_is_drawn_as_a_tree_with_its_walk(client):
+    client.predict(api_name="/reset")
+    seen_branch = False
+    for i in range(8):  # until a round keeps a guess that was not the draft's first choice
+        say, text, draws, _ = client.predict("once upon a time", 3, 0.0, 0, False, 1.0, "8", api_name="/step")
+        assert f"Round {i + 1}." in say and "The draft grew a tree of" in say
+        assert 'class="sv-tree"' in draws and "sv-t-root" in draws and "by depth and by the draft" in draws
+        assert "sv-t-fix" in draws or "sv-t-bonus" in draws  # the token drawn where the walk stopped
+        seen_branch |= "sup>2nd<" in draws
+        if "sv-t-kept" in draws and "second choice" in say:
+            break
+    assert seen_branch  # a runner-up was drawn as such (its rank mark)
+    with pytest.raises(AppError, match="not in the list of choices"):
+        client.predict("once upon a time", 3, 0.0, 0, False, 1.0, "wide", api_name="/step")
+    client.predict(api_name="/reset")
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

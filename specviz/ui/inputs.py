@@ -33,12 +33,17 @@ def _choice(name: str, value, choices: tuple[str, ...]) -> str:
     return value
 
 
+TREES = ("off", "4", "8", "auto")  # the page's token-tree choices (the API takes any budget SpecConfig does)
+
+
 def run_config(
-    ctx: UIContext, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter="model", policy="constant"
-) -> SpecConfig:
+    ctx: UIContext, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter="model", policy="constant",
+    tree="off",
+) -> SpecConfig:  # fmt: skip
     """Everything a visitor sends for one run, checked: numbers, ranges, choices, and this deployment's caps.
 
-    gamma is the slider's value; with policy "auto" (or gamma "auto") it is the most a round may propose.
+    gamma is the slider's value; with policy "auto" (or gamma "auto") it is the most a round may propose (and a
+    token tree's depth).
     """
     drafter = _choice("drafter", drafter, DRAFTERS)
     policy = _choice("gamma policy", policy, GAMMA_POLICIES)
@@ -46,7 +51,7 @@ def run_config(
         gamma, policy = min(AUTO_GAMMA_MAX, ctx.limits.max_gamma), "auto"
     sampling = SamplingConfig(temperature, top_k, top_p)
     cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling, drafter=drafter,
-                     gamma_policy=policy)  # fmt: skip
+                     gamma_policy=policy, tree=tree if tree not in (None, "") else "off")  # fmt: skip
     ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
     return cfg
 

@@ -25,7 +25,7 @@ from ..config import (
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
 from .common import UIContext, error_html, gpu
-from .inputs import NO_LANE, lane_drafter, note, prepare, run_config
+from .inputs import NO_LANE, TREES, lane_drafter, note, prepare, run_config
 
 HTML_EVERY_S = 0.1  # at most ~10 text updates a second, so the browser keeps up on long runs
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
@@ -162,15 +162,16 @@ class RaceView:
 
 
 def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                drafter=DEFAULT_DRAFTER, policy="auto", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
+                drafter=DEFAULT_DRAFTER, policy="auto", drafter2=NO_LANE, policy2="auto", tree="off",
+                tree2="off"):  # fmt: skip
     """Yield the page's outputs while the lanes race (text every ~0.1 s, plots every ~0.5 s)."""
     view, start = RaceView(prompt if isinstance(prompt, str) else ""), time.monotonic()
     try:
-        cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy)
+        cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy, tree)
         cfgs = {"spec": cfg}
         second = lane_drafter(drafter2)
         if second is not None:
-            cfg2 = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, second, policy2)
+            cfg2 = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, second, policy2, tree2)
             cfgs["spec2"] = cfg2
         view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()}, cfgs)
         yield view.outputs(note("Loading the models…"), waiting="waiting for the models…")
@@ -223,10 +224,12 @@ def build_race_tab(ctx: UIContext) -> None:
         temperature = gr.Slider(
             0, TEMPERATURE_MAX, value=0.0, step=0.05, scale=2, label="temperature (0 = greedy: always the top token)"
         )
-    with gr.Accordion("Race a third lane (another drafter or policy on the same clock)", open=False):
+        tree = gr.Dropdown(list(TREES), value="off", label="token tree (model drafters)", scale=1)
+    with gr.Accordion("Race a third lane (another drafter, policy or tree on the same clock)", open=False):
         with gr.Row():
             drafter2 = gr.Dropdown([NO_LANE, *DRAFTERS], value=NO_LANE, label="third lane: guesses from")
             policy2 = gr.Dropdown(list(GAMMA_POLICIES), value="auto", label="third lane: gamma policy")
+            tree2 = gr.Dropdown(list(TREES), value="off", label="third lane: token tree")
     with gr.Accordion("Advanced", open=False):
         with gr.Row():
             top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
@@ -273,9 +276,9 @@ def build_race_tab(ctx: UIContext) -> None:
 
     @gpu
     def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter=DEFAULT_DRAFTER,
-                policy="auto", drafter2=NO_LANE, policy2="auto"):  # fmt: skip
+                policy="auto", drafter2=NO_LANE, policy2="auto", tree="off", tree2="off"):  # fmt: skip
         yield from with_result(race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                                           drafter, policy, drafter2, policy2))  # fmt: skip
+                                           drafter, policy, drafter2, policy2, tree, tree2))  # fmt: skip
 
     @gpu
     def on_sweep(prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
@@ -288,7 +291,7 @@ def build_race_tab(ctx: UIContext) -> None:
     # outputs (the finished race / sweep, for the downloads) are hidden from the API.
     outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share,
                spec2_pane, spec2_stats, fig_position, fig_timeline]  # fmt: skip
-    inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed, drafter, policy, drafter2, policy2]
+    inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed, drafter, policy, drafter2, policy2, tree, tree2]
     race_ev = run.click(
         on_race, inputs, [*outputs, race_done], api_name="race", preprocess=False, concurrency_id="models"
     )

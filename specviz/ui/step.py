@@ -17,7 +17,7 @@ import gradio as gr
 
 from .. import compute
 from ..api import encode_prompt
-from ..config import DEFAULT_GAMMA, TEMPERATURE_MAX, SamplingConfig, SpecConfig, SpecvizError
+from ..config import DEFAULT_GAMMA, TEMPERATURE_MAX, TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
 from ..render import Pieces
 from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
 from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
@@ -62,14 +62,21 @@ def _html(**kw) -> gr.HTML:
     return gr.HTML(css_template=CSS, js_on_load=None, **kw)
 
 
-def _settings(ctx: UIContext, prompt, gamma, temperature, seed, lossy=False, w=1.0) -> StepSettings:
+TREES = ("off", "4", "8", "auto")  # the step-through's tree choices (a projector fits up to 8 nodes well)
+
+
+def _settings(ctx: UIContext, prompt, gamma, temperature, seed, lossy=False, w=1.0, tree="off") -> StepSettings:
     if not isinstance(prompt, str) or not prompt.strip():
         raise SpecvizError("The prompt is empty; type something for the model to continue.")
     w = w if lossy is True else 1.0  # the lossy switch counts only when it is on
+    if tree not in TREES and tree not in (None, ""):
+        raise SpecvizError(f"tree must be one of {', '.join(TREES)}, not {tree!r}.")
     tokens = min(STEP_TOKENS, ctx.limits.max_new_tokens)
-    cfg = SpecConfig(gamma, tokens, seed, SamplingConfig(temperature), relaxed_w=1.0 if w is None else w)
+    cfg = SpecConfig(gamma, tokens, seed, SamplingConfig(temperature), relaxed_w=1.0 if w is None else w,
+                     tree=tree or "off")  # fmt: skip
     ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
-    return StepSettings(prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens, cfg.relaxed_w)
+    return StepSettings(prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens, cfg.relaxed_w,
+                        cfg.tree)  # fmt: skip
 
 
 def _prompt_ids(ctx: UIContext, p, prompt: str) -> list[int]:
@@ -102,7 +109,8 @@ class Session:
 
 def session_bytes(p, q, n_prompt: int, settings: StepSettings) -> int:
     """The most KV-cache memory one run holds: both models' caches at the run's full length."""
-    tokens = n_prompt + settings.max_new_tokens + settings.gamma + 1
+    nodes = settings.gamma if settings.tree == "off" else TREE_AUTO_MAX if settings.tree == "auto" else settings.tree
+    tokens = n_prompt + settings.max_new_tokens + max(nodes, settings.gamma) + 1
     return (p.kv_bytes_per_token + q.kv_bytes_per_token) * tokens
 
 
@@ -117,7 +125,7 @@ def sessions(ctx: UIContext) -> SessionStore:
 
 def build_step_tab(ctx: UIContext) -> None:
     gr.Markdown("## Speculative decoding, one round at a time")
-    with gr.Row():
+    with gr.Row(elem_id="sv-step-row"):  # in presentation mode the explanation goes below (assets/style.css)
         with gr.Column(scale=3):
             with gr.Row():
                 prompt = gr.Textbox("Tell me about gravity.", label="Prompt", lines=1, scale=3)
@@ -128,6 +136,8 @@ def build_step_tab(ctx: UIContext) -> None:
                 temperature = gr.Slider(0, TEMPERATURE_MAX, value=0.0, step=0.1, label="temperature (0 = greedy)")
                 seed = gr.Number(0, label="seed", precision=0)
             with gr.Row(elem_classes=["sv-lossy-row"]):
+                tree = gr.Dropdown(list(TREES), value="off", label="token tree: guesses per round (depth ≤ gamma)",
+                                   scale=1)  # fmt: skip
                 lossy = gr.Checkbox(False, label="relaxed verification (not exact)", scale=1)
                 w = gr.Slider(0, 1, value=1.0, step=0.05, label=LOSSY_LABEL, visible=False, scale=2)
             with gr.Row():
@@ -175,9 +185,9 @@ def build_step_tab(ctx: UIContext) -> None:
             raise
 
     @gpu
-    def on_step(prompt, gamma, temperature, seed, lossy, w, key: str | None):
+    def on_step(prompt, gamma, temperature, seed, lossy, w, tree, key: str | None):
         try:
-            settings = _settings(ctx, prompt, gamma, temperature, seed, lossy, w)
+            settings = _settings(ctx, prompt, gamma, temperature, seed, lossy, w, tree)
             s, note = store.get(key), ""
             if s is not None and s.stepper.settings != settings:
                 store.pop(key)
@@ -206,7 +216,9 @@ def build_step_tab(ctx: UIContext) -> None:
                 note = f"{note} {lossy_note}".strip()
             say = say_html(s.stepper, s.pieces, rd, note)
             text_now = text_html(s.pieces, s.stepper.rounds, greedy)
-            return key, say, text_now, draws_html(rd, s.name, greedy, settings.relaxed_w), gr.Plot(fig, visible=True)
+            seq = s.stepper.prompt_ids + s.stepper.output_ids[: len(s.stepper.output_ids) - len(rd.tokens)]
+            draws = draws_html(rd, s.name, greedy, settings.relaxed_w, s.stepper.rounds, s.name(seq[-1]))
+            return key, say, text_now, draws, gr.Plot(fig, visible=True)
         except Exception as err:
             return key, _fail(err), gr.skip(), gr.skip(), gr.skip()
 
@@ -215,14 +227,15 @@ def build_step_tab(ctx: UIContext) -> None:
         return None, START, "", "", gr.Plot(None, visible=False)
 
     @gpu
-    def on_exactness(prompt, gamma, temperature, seed, draws, real, lossy=False, w=1.0):
+    def on_exactness(prompt, gamma, temperature, seed, draws, real, lossy=False, w=1.0, tree="off"):
         try:
-            st = _settings(ctx, prompt, gamma, temperature, seed, lossy, w)
+            st = _settings(ctx, prompt, gamma, temperature, seed, lossy, w, tree)
             p, q = ctx.pair()
             ids = _prompt_ids(ctx, p, prompt)
             pieces = Pieces(p.tokenizer)
             if st.temperature == 0:
-                gc = compute.call(greedy_check, p, q, ids, st.gamma, min(GREEDY_CHECK_TOKENS, st.max_new_tokens))
+                tokens = min(GREEDY_CHECK_TOKENS, st.max_new_tokens)
+                gc = compute.call(greedy_check, p, q, ids, st.gamma, tokens, st.tree)
                 return greedy_html(gc, pieces), gr.Plot(visible=False)
             draws, real = int(draws), int(real)
             if not (100 <= draws <= 2000 and 0 <= real <= 10):
@@ -247,7 +260,11 @@ def build_step_tab(ctx: UIContext) -> None:
 
     outs = [session, say, text, draws, cands]
     step_ev = nxt.click(
-        on_step, [prompt, gamma, temperature, seed, lossy, w, session], outs, api_name="step", concurrency_id="models"
+        on_step,
+        [prompt, gamma, temperature, seed, lossy, w, tree, session],
+        outs,
+        api_name="step",
+        concurrency_id="models",
     )
     step_ev.then(
         lambda key: downloads(step_recording(ctx, store.get(key)), "step"),
@@ -260,7 +277,7 @@ def build_step_tab(ctx: UIContext) -> None:
     lossy.change(lambda on: gr.Slider(visible=on is True, value=0.5 if on else 1.0), lossy, w, queue=False)
     check.click(
         on_exactness,
-        [prompt, gamma, temperature, seed, n_draws, n_real, lossy, w],
+        [prompt, gamma, temperature, seed, n_draws, n_real, lossy, w, tree],
         [exact_say, exact_plot],
         api_name="exactness",
         concurrency_id="models",

@@ -10,7 +10,7 @@ import html
 
 from ..events import Round
 from ..render import Pieces, round_html
-from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, label, prob
+from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, describe_tree_round, label, ordinal, prob
 
 START = '<div class="sv-say">Press <b>Next round</b> to let the draft make its first guesses.</div>'
 EXACT_HELP = (
@@ -67,6 +67,30 @@ CSS = """
 .sv-help { font-size: 17px; line-height: 1.45; margin: 0 0 6px; }
 .sv-cap { font-size: 16px; margin: 6px 0 0; opacity: 0.85; }
 .sv-out .sv-line { white-space: pre-wrap; border: 1px solid #ccc; border-radius: 6px; padding: 6px 10px; margin: 4px 0; }
+.sv-tree { display: flex; align-items: center; overflow-x: auto; font-size: 18px; padding: 8px 2px; }
+.sv-tree ul { list-style: none; margin: 0; padding: 0 0 0 22px; display: flex; flex-direction: column; }
+.sv-tree li { display: flex; align-items: center; position: relative; margin: 0; padding: 3px 0; font-size: 18px; }
+.sv-tree li::before { content: ""; position: absolute; left: -16px; top: 50%; width: 14px; border-top: 2px solid #999; }
+.sv-tree li::after { content: ""; position: absolute; left: -16px; top: 0; bottom: 0; border-left: 2px solid #999; }
+.sv-tree li:first-child::after { top: 50%; }
+.sv-tree li:last-child::after { bottom: 50%; }
+.sv-tree li:only-child::after { display: none; }
+.sv-tree li.sv-t-on::before { border-top: 5px solid #009E73; margin-top: -2px; }
+.sv-tn { display: inline-block; font-size: 18px; line-height: 1.3; padding: 2px 6px; border-radius: 6px; border: 2px solid #888; white-space: nowrap;
+  cursor: help; background: #fff; color: #000; }
+.sv-tn:hover, .sv-tn:focus { outline: 3px solid #000; outline-offset: 2px; }
+.sv-tn sup { font-size: 0.6em; margin-left: 3px; opacity: 0.85; }
+.sv-t-root { background: #eee; border-style: solid; font-style: italic; }
+.sv-t-kept { border: 3px solid #009E73; background: rgba(0, 158, 115, 0.16); font-weight: 700; }
+.sv-t-rejected { border: 2px dashed #D55E00; color: #a33f00; text-decoration: line-through 2px #D55E00; }
+.sv-t-untested { border: 2px dotted #999; color: #666; opacity: 0.75; }
+.sv-t-fix { border: 3px double #9a6a00; background: rgba(230, 159, 0, 0.30); font-weight: 700; }
+.sv-t-bonus { border: 2px solid #a3527f; background: rgba(204, 121, 167, 0.28); font-weight: 700; }
+.sv-tree-legend { font-size: 17px; display: flex; flex-wrap: wrap; gap: 6px 20px; margin: 4px 0 10px; }
+.sv-ranks { border-collapse: collapse; font-size: 18px; margin-top: 6px; }
+.sv-ranks th, .sv-ranks td { padding: 4px 10px; border-bottom: 1px solid #ddd; text-align: left; }
+.sv-bar { display: inline-block; height: 14px; background: #0072B2; vertical-align: middle; margin-right: 6px;
+  border: 1px solid #004a75; }
 """
 LEGEND = (
     '<div class="sv-legend-s"><span><span class="tok tok-accepted">kept</span> a guess the target kept</span>'
@@ -89,8 +113,124 @@ def text_html(pieces: Pieces, rounds: list[Round], greedy: bool) -> str:
     return f'<div class="sv-step-text"><span class="sv-old">{old}</span>{now}</div>{LEGEND}'
 
 
-def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0) -> str:
-    """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token."""
+TREE_LEGEND = (
+    '<div class="sv-tree-legend"><span><span class="sv-tn sv-t-kept">✓ kept</span> on the accepted path</span>'
+    '<span><span class="sv-tn sv-t-rejected">✗ no</span> turned down</span>'
+    '<span><span class="sv-tn sv-t-untested">· not reached</span> never tested</span>'
+    '<span><span class="sv-tn sv-t-fix">↻ fix</span> drawn where the walk stopped</span>'
+    '<span><span class="sv-tn sv-t-bonus">★ free</span> the bonus after a leaf</span>'
+    "<span><sup>2nd</sup> the draft's 2nd choice at that branch</span></div>"
+)
+
+
+def _node_title(rd: Round, i: int, name, greedy: bool) -> str:
+    """Hover text of a tree node: which choice it was, p, q, min(1, p/q) as tested, r, and what happened."""
+    t = rd.tree
+    lines = [f"“{name(t.tokens[i])}”: the draft's {ordinal(t.ranks[i])} choice here (depth {t.depths[i]})"]
+    lines.append(f"p(x) = {prob(t.p[i])} target · q(x) = {prob(t.q[i])} draft" + (" (read at T = 1)" if greedy else ""))
+    st, a, r = t.status[i], t.accept_prob[i], t.r[i]
+    if not st:
+        lines.append("not tested: the walk kept another guess before it, or never reached its branch")
+    elif greedy:
+        lines.append(
+            "kept: it is the target's top choice here" if st == "kept" else "turned down: not the target's top choice"
+        )
+    else:
+        lines.append(f"keep if r < min(1, p/q) = {prob(a) if a < 1 else '1'} (p as left by the siblings tested before)")
+        lines.append(f"r = {r:.2f} → {'kept' if st == 'kept' else 'turned down'}")
+    return "\n".join(lines)
+
+
+def tree_html(rd: Round, name, greedy: bool, last: str = "") -> str:
+    """The round's token tree: the text's last token as the root, each guess a node (hover: p, q, min(1, p/q), r),
+    the accepted path in green, turned-down guesses struck through, and the token drawn where the walk stopped."""
+    t = rd.tree
+    kids: dict[int, list[int]] = {}
+    for i, par in enumerate(t.parents):
+        kids.setdefault(par, []).append(i)
+    stop = t.path[-1] if t.path else -1
+    emitted = len(rd.tokens) == rd.n + 1
+
+    def node(i: int) -> str:
+        st = t.status[i] or "untested"
+        mark = {"kept": "✓", "rejected": "✗", "untested": "·"}[st]
+        r = t.ranks[i]
+        rank = f"<sup>{r + 1}{'nd' if r == 1 else 'rd' if r == 2 else 'th'}</sup>" if r else ""
+        title = html.escape(_node_title(rd, i, name, greedy), quote=True)
+        body = f'<span class="sv-tn sv-t-{st}" tabindex="0" title="{title}">{mark} {html.escape(name(t.tokens[i]))}{rank}</span>'
+        return f'<li class="{"sv-t-on" if st == "kept" else ""}">{body}{children(i)}</li>'
+
+    def children(u: int) -> str:
+        items = [node(i) for i in kids.get(u, [])]
+        if u == stop and emitted:  # where the walk stopped: the target's own token
+            bonus = not kids.get(u)
+            how = ("the target's top choice" if greedy else "drawn from p") if bonus else (
+                "the target's top choice" if greedy else "drawn from what was left of p")  # fmt: skip
+            what = "bonus: the branch ended with every guess kept" if bonus else "in place of the guesses turned down"
+            cls, mark = ("sv-t-bonus", "★") if bonus else ("sv-t-fix", "↻")
+            title = html.escape(f"“{name(rd.correction)}”: {what}; {how}", quote=True)
+            items.append(
+                f'<li class="sv-t-on"><span class="sv-tn {cls}" tabindex="0" title="{title}">{mark} '
+                f"{html.escape(name(rd.correction))}</span></li>"
+            )
+        return f"<ul>{''.join(items)}</ul>" if items else ""
+
+    root = f'<span class="sv-tn sv-t-root" title="the text so far ends here">…{html.escape(last)}</span>'
+    return f'<div class="sv-tree" role="group" aria-label="this round\'s tree of guesses">{root}{children(-1)}</div>'
+
+
+def ranks_html(rounds: list[Round]) -> str:
+    """A chart of the session's tree rounds: how often a guess was kept, by depth and by its rank at the branch."""
+    kept: dict[tuple[int, int], int] = {}
+    tested: dict[tuple[int, int], int] = {}
+    for rd in rounds:
+        t = rd.tree
+        if t is None:
+            continue
+        for i, st in enumerate(t.status):
+            if st:
+                key = (t.depths[i], min(t.ranks[i], 2))
+                tested[key] = tested.get(key, 0) + 1
+                kept[key] = kept.get(key, 0) + (st == "kept")
+    if not tested:
+        return ""
+    depths = sorted({d for d, _ in tested})
+    head = "<th>depth</th>" + "".join(f"<th>{w} choice</th>" for w in ("1st", "2nd", "3rd+"))
+    rows = []
+    for d in depths:
+        cells = []
+        for j in range(3):
+            n = tested.get((d, j), 0)
+            if not n:
+                cells.append("<td>–</td>")
+                continue
+            share = kept.get((d, j), 0) / n
+            cells.append(f'<td><span class="sv-bar" style="width:{80 * share:.0f}px"></span>{share:.0%} of {n}</td>')
+        rows.append(f"<tr><td>{d}</td>{''.join(cells)}</tr>")
+    return (
+        "<p class=\"sv-cap\"><b>Kept, by depth and by the draft's choice at the branch</b> (this run's tree rounds: "
+        "of the guesses the target tested, the share it kept)</p>"
+        f'<table class="sv-ranks"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+
+
+def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0, rounds: list[Round] | None = None,
+               last: str = "") -> str:  # fmt: skip
+    """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token.
+    A tree round shows its tree instead, and the chart of what was kept by depth and rank."""
+    if rd.tree is not None:
+        how = (
+            "Temperature 0: at each branch the walk keeps the guess that is the target's top choice."
+            if greedy
+            else "At each branch the walk tests the guesses in order, keeping one with chance min(1, p/q); after a "
+            "turned-down guess p becomes what is left, max(0, p − q), renormalised. Hover over a guess for its numbers."
+        )
+        return (
+            tree_html(rd, name, greedy, last)
+            + TREE_LEGEND
+            + f'<p class="sv-cap">{how}</p>'
+            + ranks_html(rounds or [rd])
+        )
     g, n = len(rd.drafted), rd.n
     if greedy:
         head = "<th>#</th><th>draft's guess</th><th>target's top choice</th><th>result</th>"
@@ -153,7 +293,10 @@ def say_html(st: Stepper, pieces: Pieces, rd: Round | None, note: str = "") -> s
     parts = []
     if note:
         parts.append(f"<p>{html.escape(note)}</p>")
-    if rd is not None:
+    if rd is not None and rd.tree is not None:
+        text = describe_tree_round(rd, pieces.text, st.settings.temperature == 0)
+        parts.append(f"<b>Round {rd.index + 1}.</b> {html.escape(text)}")
+    elif rd is not None:
         text = describe_round(rd, [pieces.text(t) for t in (*rd.drafted, rd.correction)], st.settings.temperature == 0)
         parts.append(f"<b>Round {rd.index + 1}.</b> {html.escape(text)}")
     if st.done is not None:

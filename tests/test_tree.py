@@ -1,0 +1,376 @@
+"""Token trees: the tree-masked forward and its cache, the walk's exactness (greedy equality with plain decoding,
+the sampled law at T = 1), the budget policy, settings and recordings."""
+
+import math
+
+import pytest
+import torch
+
+from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz.drafters import DraftContext, ModelDrafter
+from specviz.engine import eos_ids, speculative_decode
+from specviz.models import CachedModel
+from specviz.policies import GammaPolicy, TreePolicy
+from specviz.sampling import verify_tree_greedy, verify_tree_sampled
+
+PROMPTS = ["hello world", "the cat sat on the mat", "abc", "q", "what is 2+2?", "once upon a time", "x = (1, 2)"]
+
+
+def _fresh_logits(lm, ids):
+    run = CachedModel(lm, lm.vocab_size)
+    run.prefill(torch.tensor(ids))
+    return run.feed(torch.tensor(ids[-1:]))[-1]
+
+
+# --- the tree-masked forward ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_a_tree_forward_scores_each_node_as_its_own_line_and_the_kept_path_is_a_plain_cache(tiny_pair, impl):
+    p, _ = load_pair(*tiny_pair, device="cpu")
+    p.model.set_attn_implementation(impl)
+    try:
+        ids = [5, 9, 12, 30, 7, 8]
+        run = CachedModel(p, p.vocab_size)
+        run.prefill(torch.tensor(ids))
+        L = run.length  # the root (8) is fed first; then a=20 and b=21 under it, c=22 under a, d=23 under b
+        out = run.feed_tree(torch.tensor([8, 20, 21, 22, 23]), [L - 1, L, L, L + 1, L + 2])
+        for row, line in enumerate([[], [20], [21], [20, 22], [21, 23]]):
+            torch.testing.assert_close(out[row], _fresh_logits(p, ids + line), atol=1e-4, rtol=1e-4)
+        # a second call branching off rows of the first (as the draft reads one node per call)
+        more = run.feed_tree(torch.tensor([24, 25]), [L + 4, L + 1])
+        torch.testing.assert_close(more[0], _fresh_logits(p, ids + [21, 23, 24]), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(more[1], _fresh_logits(p, ids + [20, 25]), atol=1e-4, rtol=1e-4)
+        run.keep_path(L, [L, L + 2, L + 4, L + 5])  # root -> b -> d -> 24, gathered into place
+        assert run.length == L + 4 and not run.tree_rows
+        nxt = run.feed(torch.tensor([40]))[-1]
+        torch.testing.assert_close(nxt, _fresh_logits(p, ids + [21, 23, 24, 40]), atol=1e-4, rtol=1e-4)
+        with pytest.raises(ValueError):
+            run.keep_path(2, [5])  # not a path continuing the prefix
+    finally:
+        p.model.set_attn_implementation("sdpa")
+
+
+def test_the_draft_cache_after_a_tree_round_matches_a_fresh_encoding(loaded_pair):
+    """Greedy equality cannot see a wrong draft cache (it only changes the guesses): check it directly."""
+    p, q = loaded_pair
+    V = p.vocab_size
+    seq = p.tokenizer("the cat sat on")["input_ids"]
+    d = ModelDrafter(q, V)
+    d.begin(list(seq))
+    tree = TreePolicy(8, 8)
+    g = torch.Generator().manual_seed(0)
+    for step in range(4):
+        ctx = DraftContext(SamplingConfig(0.0), g, V, torch.device("cpu"), GammaPolicy(4), 50, need_q=False, tree=tree)
+        prop = d.propose(list(seq), ctx)
+        assert prop.is_tree
+        # take a path through a rank-1 node where there is one, then a token the tree lacks
+        node = next((i for i, r in enumerate(prop.ranks) if r == 1), 0)
+        path = []
+        while node >= 0:
+            path.insert(0, node)
+            node = prop.parents[node]
+        seq += [prop.tokens[i].item() for i in path] + [3 + step]
+        rest = d._sync(list(seq))  # what the next proposal does first
+        assert len(rest) < len(path) + 1 or not any(r > 0 for r in prop.ranks)  # some of the path was kept
+        got = d.run.feed(rest)[-1]
+        torch.testing.assert_close(got, _fresh_logits(q, seq), atol=2e-3, rtol=2e-3)
+        d.run.rollback(len(seq) - 1)  # back to the state the next proposal expects
+        d.confirmed = len(seq) - 1
+
+
+# --- the walk ------------------------------------------------------------------------------------------
+
+
+def test_the_greedy_walk_descends_into_the_argmax_child_and_stops_with_the_argmax():
+    V = 6
+    tokens = torch.tensor([1, 2, 3, 4])  # root -> 1, 2; 2 -> 3, 4
+    parents = (-1, -1, 1, 1)
+    logits = torch.full((5, V), -5.0)
+    logits[0, 2] = 5.0  # the target's choice after the root: 2 (the second child)
+    logits[2, 4] = 5.0  # after 2: 4 (the second grandchild)
+    logits[4, 0] = 5.0  # after 4 (a leaf): the bonus 0
+    v = verify_tree_greedy(tokens, parents, logits)
+    assert v.path == (1, 3) and v.correction == 0
+    assert v.status == ("rejected", "kept", "rejected", "kept")
+    logits[2, 4], logits[2, 5] = -5.0, 5.0  # now neither grandchild: stop at node 1 with 5
+    v = verify_tree_greedy(tokens, parents, logits)
+    assert v.path == (1,) and v.correction == 5 and v.status[3] == "rejected"
+
+
+@pytest.mark.parametrize("children", [2, 3])
+def test_the_sampled_walk_emits_the_target_law_with_children_drawn_without_replacement(children):
+    """Two levels: the root's children drawn from q without replacement (plus a point-mass guess), each with one
+    sampled child. The first two emitted tokens must follow p exactly (chi-square over the V * V pairs)."""
+    torch.manual_seed(1)
+    V = 5
+    p_root = torch.softmax(torch.randn(V) * 1.5, -1)
+    p_next = torch.softmax(torch.randn(V, V) * 1.5, -1)  # (V, V): p after each first token
+    q_root = torch.softmax(torch.randn(V) * 1.5, -1)
+    q_next = torch.softmax(torch.randn(V, V) * 1.5, -1)
+    g = torch.Generator().manual_seed(7)
+    n = 20_000
+    counts = torch.zeros(V * V)
+    for _ in range(n):
+        firsts = []
+        for _ in range(children):  # without replacement from q_root
+            w = q_root.clone()
+            w[firsts] = 0.0
+            firsts.append(int(torch.multinomial(w, 1, generator=g)))
+        point = next(t for t in range(V) if t not in firsts)  # one deterministic guess after them
+        tokens, parents, q_rows = list(firsts) + [point], [-1] * (children + 1), [q_root] * children
+        q_rows.append(torch.nn.functional.one_hot(torch.tensor(point), V).float())
+        for i, a in enumerate(list(tokens)):  # each first-level node gets one sampled child
+            tokens.append(int(torch.multinomial(q_next[a], 1, generator=g)))
+            parents.append(i)
+            q_rows.append(q_next[a])
+        p_rows = torch.cat([p_root[None], p_next[tokens[: children + 1]], p_next[tokens[children + 1 :]]])
+        v = verify_tree_sampled(torch.tensor(tokens), tuple(parents), torch.stack(q_rows), p_rows, g)
+        emitted = [tokens[i] for i in v.path] + [v.correction]
+        if len(emitted) < 2:  # stopped at the root: the second token is a plain step from p
+            emitted.append(int(torch.multinomial(p_next[emitted[0]], 1, generator=g)))
+        counts[emitted[0] * V + emitted[1]] += 1
+    law = (p_root[:, None] * p_next).flatten()
+    keep = law * n >= 5
+    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    draft_law = (q_root[:, None] * q_next).flatten()
+    assert 0.5 * float((counts / n - draft_law).abs().sum()) > 0.05  # the check has power
+
+
+# --- end to end: greedy equality and the sampled law ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("children", [2, 4])
+@pytest.mark.parametrize("drafter", ["model", "lookup+model"])
+def test_greedy_tree_decoding_equals_plain_decoding_token_for_token(loaded_pair, monkeypatch, children, drafter):
+    import specviz.drafters
+
+    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", children)
+    p, q = loaded_pair
+    plain = {pr: generate(pr, target=p, mode="ar", max_new_tokens=40).token_ids for pr in PROMPTS}
+    branched = off_first = 0
+    for tree in (2, 5, 16, "auto"):
+        for gamma in (1, 4):
+            for pr in PROMPTS:
+                events = list(
+                    speculative_decode(
+                        p, q, _ids(p, pr), SpecConfig(gamma=gamma, tree=tree, drafter=drafter, max_new_tokens=40)
+                    )
+                )
+                assert events[-1].token_ids == plain[pr], (tree, gamma, pr)
+                trees = [e.tree for e in events if isinstance(e, Round) and e.tree is not None]
+                branched += len(trees)
+                off_first += sum(t.ranks[i] > 0 for t in trees for i in t.path)
+    assert branched > 50 and off_first > 10  # trees were verified, and paths went through runner-ups
+
+
+def _ids(p, prompt):
+    from specviz.api import encode_prompt
+
+    return encode_prompt(p, prompt)
+
+
+def _exact_two_token_law(m, ids):
+    V = m.vocab_size
+    with torch.no_grad():
+        p1 = torch.softmax(m.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        nxt = torch.tensor([ids + [a] for a in range(V)])
+        p2 = torch.softmax(m.model(nxt).logits[:, -1].float(), -1)  # (V, V)
+    exact = (p1[:, None] * p2).flatten()
+    eos = eos_ids(m)
+    for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)
+        exact.view(V, V)[a] = 0
+    return torch.cat([exact, torch.tensor([float(p1[a]) if a in eos else 0.0 for a in range(V)])])
+
+
+@pytest.mark.parametrize("children", [2, 3])
+def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pair, monkeypatch, children):
+    """Vocabulary 8: the exact law of the first two tokens (64 outcomes) against tree runs at T = 1, whose first
+    round is a tree of depth 2 with `children` children per node."""
+    import specviz.drafters
+
+    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", children)
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    ids = [1, 5, 6]
+    V, n = p.vocab_size, 1000
+    counts = torch.zeros(V * V + V)
+    shapes = set()
+    for seed in range(n):
+        cfg = SpecConfig(gamma=2, tree=children * (children + 1), drafter="model", max_new_tokens=2, seed=seed,
+                         sampling=SamplingConfig(1.0))  # fmt: skip
+        events = list(speculative_decode(p, q, ids, cfg))
+        first = next(e for e in events if isinstance(e, Round))
+        if first.tree is not None:
+            shapes.add(max(first.tree.ranks))
+        t = events[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    assert shapes == {children - 1}  # the first round's tree had that many children at some node
+    law = _exact_two_token_law(p, ids)
+    keep = law * n >= 5
+    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    q_law = _exact_two_token_law(q, ids)
+    assert 0.5 * float((counts / n - q_law).abs().sum()) > 0.05  # the draft's own law is told apart
+
+
+def test_prompt_lookup_proposes_a_tree_where_the_text_continued_differently_before(loaded_pair):
+    from specviz.drafters import LookupDrafter
+
+    seq = [5, 6, 7, 8, 9, 5, 6, 3, 4, 5, 6, 7, 8, 1, 5, 6]  # "5 6" went on with 7 8 9 5 .., 3 4 5 6 .., 7 8 1 5 ..
+    d = LookupDrafter(max_matching_ngram_size=2)
+    g = torch.Generator().manual_seed(0)
+    ctx = DraftContext(SamplingConfig(0.0), g, 64, torch.device("cpu"), GammaPolicy(4), 50, need_q=False,
+                       tree=TreePolicy(9, 9))  # fmt: skip
+    prop = d.propose(seq, ctx)
+    assert prop.tokens.tolist() == [7, 8, 1, 5, 3, 4, 5, 6, 9]  # the most recent continuation whole, then the others
+    assert prop.parents == (-1, 0, 1, 2, -1, 4, 5, 6, 1) and prop.ranks == (0, 0, 0, 0, 1, 0, 0, 0, 1)
+    assert prop.sources == ("lookup",) * 9 and prop.key == "lookup:2"
+    assert torch.equal(prop.q, torch.nn.functional.one_hot(prop.tokens, 64).float())  # point masses
+    chain = LookupDrafter(max_matching_ngram_size=2).propose([5, 6, 7, 2, 5, 6], ctx)  # one occurrence: a chain
+    assert not chain.is_tree and chain.tokens.tolist() == [7, 2, 5, 6]
+    off = DraftContext(SamplingConfig(0.0), g, 64, torch.device("cpu"), GammaPolicy(4), 50)  # trees off: as ever
+    assert LookupDrafter(max_matching_ngram_size=2).propose(seq, off).tokens.tolist() == [7, 8, 1, 5]
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "lookup+model"])
+def test_greedy_lookup_trees_equal_plain_decoding(loaded_pair, drafter):
+    p, q = loaded_pair
+    prompts = ["the cat sat on the mat. the cat ran to the dog. the cat ate the fish. the cat", "ab ac ad ab ac ae ab"]
+    trees = 0
+    for pr in prompts:
+        plain = generate(pr, target=p, mode="ar", max_new_tokens=40, raw=True).token_ids
+        for tree in (3, 8, "auto"):
+            events = list(speculative_decode(p, q, p.tokenizer(pr)["input_ids"], SpecConfig(
+                gamma=4, tree=tree, drafter=drafter, max_new_tokens=40)))  # fmt: skip
+            assert events[-1].token_ids == plain, (pr, tree)
+            trees += sum(isinstance(e, Round) and e.tree is not None and e.tree.sources[0] == "lookup" for e in events)
+    assert trees > 0
+
+
+def test_sampled_lookup_trees_follow_the_target(small_vocab_pair):
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    ids = [5, 6, 7, 5, 6, 3, 5, 6]  # "5 6" went on with 7 and with 3: a lookup tree of point masses
+    V, n = p.vocab_size, 1000
+    counts = torch.zeros(V * V + V)
+    trees = 0
+    for seed in range(n):
+        cfg = SpecConfig(gamma=2, tree=4, drafter="lookup", max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+        events = list(speculative_decode(p, q, ids, cfg))
+        trees += any(isinstance(e, Round) and e.tree is not None for e in events)
+        t = events[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    assert trees == n  # the first round is a tree every time
+    law = _exact_two_token_law(p, ids)
+    keep = law * n >= 5
+    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+
+
+# --- the budget ----------------------------------------------------------------------------------------
+
+
+def _policy_with_curve(verify_s):
+    tree = TreePolicy(None, 8, verify_s, draft_step_s=0.01)
+    for _ in range(5):  # each node of the best-first tree promises less: 0.6, 0.3, 0.15 ...
+        tree.observe([0.6 * 0.5**k for k in range(8)], [1 + k // 2 for k in range(8)])
+    return tree
+
+
+def test_auto_grows_a_tree_where_verifying_more_positions_is_nearly_free_and_stays_small_where_it_is_not():
+    flat = _policy_with_curve([1.0] * 9)  # a verify of 9 positions costs what one does (a GPU)
+    steep = _policy_with_curve([1.0 + k for k in range(9)])  # each position costs a full step (a slow CPU)
+    assert flat.nodes() >= 5
+    assert steep.nodes() == 1
+    assert TreePolicy(5, 5).nodes() == 5  # a fixed budget is a fixed budget
+
+
+def test_the_calibration_learns_how_often_each_rank_is_kept():
+    tree = TreePolicy(4, 4)
+    for _ in range(50):  # the draft says 0.5 for its first choice and 0.2 for its second; kept 0.5 and 0.0
+        tree.update([0.5, 0.2], [0, 1], [-1, -1], [0], [True, False])
+        tree.update([0.5, 0.2], [0, 1], [-1, -1], [], [False, False])
+    assert abs(tree.cal(0) - 1.0) < 0.1 and tree.cal(1) < 0.3
+
+
+# --- settings, errors, the event ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, want", [("off", "off"), (0, "off"), (None, "off"), ("auto", "auto"), (7, 7),
+                                         ("12", 12)])  # fmt: skip
+def test_the_tree_setting(value, want):
+    assert SpecConfig(tree=value).tree == want
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        (dict(tree=33), "from 1 to 32"),
+        (dict(tree="wide"), "node budget"),
+        (dict(tree=2.5), "whole number"),
+        (dict(tree=4, drafter="head"), "grow from the draft model or prompt lookup"),
+        (dict(tree=4, drafter="lookup+head"), "grow from the draft model or prompt lookup"),
+        (dict(tree=4, relaxed_w=0.5), "turn tree off"),
+    ],
+)
+def test_a_bad_tree_setting_gets_one_sentence(kw, says):
+    with pytest.raises(SpecvizError, match=says):
+        SpecConfig(**kw)
+
+
+def test_a_tree_round_says_what_the_walk_did(loaded_pair):
+    p, q = loaded_pair
+    cfg = SpecConfig(gamma=3, tree=8, drafter="model", max_new_tokens=30, detail=4)
+    events = list(speculative_decode(p, q, _ids(p, "once upon a time"), cfg))
+    assert events[0].tree == "8"
+    rounds = [e for e in events if isinstance(e, Round) and e.tree is not None]
+    assert rounds
+    for rd in rounds:
+        t = rd.tree
+        assert len(t.tokens) == rd.proposed <= 8 and all(par < i for i, par in enumerate(t.parents))
+        assert rd.n == len(t.path) and all(t.status[i] == "kept" for i in t.path)
+        assert rd.drafted[: rd.n] == tuple(t.tokens[i] for i in t.path)
+        assert rd.tokens[: rd.n] == rd.drafted[: rd.n]
+        assert len(rd.candidates) == len(rd.drafted) + 1
+        assert max(t.depths) <= 3
+        if rd.kind == "resampled":  # the walk stopped where every child was turned down
+            stop = t.path[-1] if t.path else -1
+            assert all(t.status[i] == "rejected" for i, par in enumerate(t.parents) if par == stop)
+    done = events[-1]
+    assert done.stats["drafted"] >= sum(r.proposed for r in rounds)
+
+
+def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_pair, tmp_path):
+    from specviz import export_html, load_recording, record_run
+
+    rec = record_run("once upon a time", target=tiny_pair[0], draft=tiny_pair[1], device="cpu", drafter="model",
+                     gamma=3, tree=8, max_new_tokens=30)  # fmt: skip
+    path = tmp_path / "run.json"
+    rec.save(path)
+    back = load_recording(path)  # validated against the schema built from the events
+    rounds = [e for e in back.lanes["spec"] if isinstance(e, Round)]
+    original = [e for e in rec.lanes["spec"] if isinstance(e, Round)]
+    assert [r.tree for r in rounds] == [r.tree for r in original] and any(r.tree for r in rounds)
+    assert back.settings["tree"] == 8 and back.lanes["spec"][0].tree == "8"
+    export_html(back, tmp_path / "run.html")
+    page = (tmp_path / "run.html").read_text()
+    assert "sv-round" in page and ("tok-branch" in page) == any(r.tree and any(r.tree.ranks[i] for i in r.tree.path)
+                                                                  for r in rounds)  # fmt: skip
+
+
+def test_a_float16_draft_grows_trees_through_its_own_mask_dtype(tiny_pair, monkeypatch):
+    """The built-in draft runs in float16 where the CPU is faster at it: its tree mask is float16 too."""
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "1")
+    p, q = load_pair(*tiny_pair, device="cpu")
+    assert q.dtype == torch.float16
+    trees = 0
+    for pr in PROMPTS[:4]:
+        plain = generate(pr, target=p, mode="ar", max_new_tokens=32).token_ids
+        events = list(speculative_decode(p, q, _ids(p, pr), SpecConfig(gamma=3, tree=8, drafter="model",
+                                                                        max_new_tokens=32)))  # fmt: skip
+        assert events[-1].token_ids == plain
+        trees += sum(isinstance(e, Round) and e.tree is not None and max(e.tree.depths) > 1 for e in events)
+    assert trees > 0  # the draft read tree nodes (depth 2 needs a tree-masked draft call)

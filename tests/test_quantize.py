@@ -87,8 +87,10 @@ def test_a_device_bitsandbytes_cannot_serve_gets_one_sentence(wide_pair, monkeyp
         load_model(wide_pair[0], device="cpu", quantize="4bit")
 
 
-def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair):
+def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair, monkeypatch):
     from specviz.pairs import check_pair
+
+    monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "0")  # the draft's dtype is a per-CPU choice (kernels.draft_dtype)
     from specviz.ui.pair import report_html
 
     r = check_pair(*wide_pair, device="cpu", quantize="4bit", max_new_tokens=8, prompts=["hello world"])

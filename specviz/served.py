@@ -123,7 +123,7 @@ class Client:
             return json.loads(raw)
         except ValueError:
             raise SpecvizError(
-                f"The server at {self.base} sent {path} a reply that is not JSON; is it an OpenAI-compatible server?"
+                f"The server at {self.base} sent {path} a reply that is not JSON, so it is not an OpenAI-compatible server."
             ) from None
 
     def _send(self, req: urllib.request.Request) -> bytes:

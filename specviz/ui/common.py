@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
 from ..limits import Limits
 from ..models import LoadedModel, load_model, load_pair
+from ..served import ServedTarget, is_url, load_served_pair
 
 
 def gpu(fn):
@@ -55,7 +56,9 @@ class UIContext:
     default_target: str | None = field(default_factory=lambda: _env("SPECVIZ_TARGET"))
     default_draft: str | None = field(default_factory=lambda: _env("SPECVIZ_DRAFT"))
 
-    def pair(self, target: str | None = None, draft: str | None = None) -> tuple[LoadedModel, LoadedModel]:
+    def pair(
+        self, target: str | None = None, draft: str | None = None
+    ) -> tuple[LoadedModel | ServedTarget, LoadedModel]:
         """The pair a visitor asked for (None or "" means the default), checked against the deployment's limits.
 
         A load that takes longer than one request may ends this request with a sentence; it goes on loading, and
@@ -63,10 +66,14 @@ class UIContext:
         """
         t = self.limits.check_model(target or "") or self.default_target or BUILTIN_TARGET
         d = self.limits.check_model(draft or "") or self.default_draft or BUILTIN_DRAFT
+        if is_url(t):  # an allowed served target (limits.check_url) or the operator's SPECVIZ_TARGET
+            return load_served_pair(t, d, device=self.device, timeout_s=self.limits.request_timeout_s)
         return load_pair(t, d, device=self.device, timeout_s=self.limits.request_timeout_s)
 
-    def target(self, name: str | None = None) -> LoadedModel:
+    def target(self, name: str | None = None) -> LoadedModel | ServedTarget:
         t = self.limits.check_model(name or "") or self.default_target or BUILTIN_TARGET
+        if is_url(t):
+            return load_served_pair(t, need_draft=False, device=self.device)[0]
         return load_model(t, device=self.device, timeout_s=self.limits.request_timeout_s)
 
 

@@ -65,6 +65,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true", help="run plain and speculative decoding and print the speedup")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--record", metavar="RUN.json", help="also save the run (every event, timed) as a recording")
+    g.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
     _sampling_args(g)
     _model_args(g)
 
@@ -125,6 +126,7 @@ def _generate(a) -> dict:
         device=a.device,
         dtype=a.dtype,
         quantize=a.quantize,
+        tokenizer=a.tokenizer,
     )
     recorded = {}
     if a.record:  # one recorded run (both modes raced for --compare), read back below instead of generating
@@ -142,7 +144,8 @@ def _generate(a) -> dict:
             if a.mode == "spec":
                 line += f", acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_target_call']:.2f} tokens/call"
             print(line + "]", file=sys.stderr)
-        return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats}
+            _print_served(a, [r])
+        return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats, **_engine_panel(a)}
     ar = recorded.get("ar") or generate(a.prompt, mode="ar", **kw)
     sp = recorded.get("spec") or generate(a.prompt, mode="spec", **kw)
     speedup = ar.stats["wall_s"] / sp.stats["wall_s"] if sp.stats["wall_s"] else 0.0
@@ -154,11 +157,53 @@ def _generate(a) -> dict:
             f"speedup {speedup:.2f}x · acceptance {sp.stats['acceptance_rate']:.2f} · "
             f"identical output: {'yes' if ar.token_ids == sp.token_ids else 'no (sampling)'}"
         )
+        _print_served(a, [ar, sp])
     return {
+        **_engine_panel(a),
         "ar": {"text": ar.text, "stats": ar.stats},
         "spec": {"text": sp.text, "stats": sp.stats},
         "speedup": speedup,
     }
+
+
+def _print_served(a, results) -> None:
+    """For a served target: how it verified, the requests and their share of each run, and the engine's panel."""
+    from .served import is_url
+
+    if not is_url(a.target):
+        return
+    for r in results:
+        s = r.stats
+        share = s["request_s"] / s["wall_s"] if s["wall_s"] else 0.0
+        print(f"[{s['mode']} through {s['served']}: verify {s['verify']}, {s['requests']} requests, "
+              f"{s['request_s']:.2f} s in requests = {share:.0%} of the run]", file=sys.stderr)  # fmt: skip
+    panel = _engine_panel(a).get("engine_spec")
+    if panel is None:
+        print("[the server runs no speculative decoding of its own: /metrics has no vllm:spec_decode counters]",
+              file=sys.stderr)  # fmt: skip
+    else:
+        per_pos = " ".join(f"{x:.2f}" for x in panel["acceptance_per_pos"])
+        print(f"[the engine's own speculative decoding since it started: {panel['drafts']} drafts, acceptance per "
+              f"position {per_pos}, mean accepted length {panel['mean_accepted_length']:.2f}]", file=sys.stderr)  # fmt: skip
+    spec = next((r.stats for r in results if r.stats["mode"] == "spec"), None)
+    if spec is not None and spec["drafting_rounds"]:
+        alphas = " ".join(f"{x:.2f}" for x in spec["position_alphas"])
+        mean = 1 + spec["accepted"] / spec["drafting_rounds"]
+        print(f"[specviz's draft here: alpha_k by position {alphas}, mean accepted length {mean:.2f}]", file=sys.stderr)
+
+
+def _engine_panel(a) -> dict:
+    """{"engine_spec": the engine's own speculative decoding (served.EngineSpec) as a dict or None}; {} if local."""
+    from .served import connect, engine_spec, is_url
+
+    if not is_url(a.target):
+        return {}
+    spec = engine_spec(connect(a.target, a.tokenizer, device=a.device))
+    if spec is None:
+        return {"engine_spec": None}
+    return {"engine_spec": {"drafts": spec.drafts, "draft_tokens": spec.draft_tokens, "accepted": spec.accepted,
+                            "acceptance_per_pos": list(spec.acceptance_per_pos),
+                            "mean_accepted_length": spec.mean_accepted_length}}  # fmt: skip
 
 
 def _replay(a) -> dict:

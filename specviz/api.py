@@ -17,7 +17,7 @@ from .config import (
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
 from .models import LoadedModel, load_model, load_pair
-from .served import is_url, load_served_pair
+from .served import ServedTarget, is_url, load_served_pair
 
 MODES = ("spec", "ar")
 MAX_PROMPT_CHARS = 100_000  # far beyond any context window; guards the tokenizer against absurd input
@@ -98,7 +98,9 @@ def _prepare(
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
     cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, relaxed_w, allow_lossy, **drafting)
     no_draft = (mode == "ar" or cfg.drafter not in MODEL_DRAFTERS) and draft is None
-    if is_url(target):  # a served target: p scores on its server, q drafts here (served.py)
+    if is_url(target) or isinstance(
+        target, ServedTarget
+    ):  # a served target: p scores on its server, q drafts here (served.py)
         p, q = load_served_pair(target, draft, tokenizer=tokenizer, need_draft=not no_draft, device=device,
                                 dtype=dtype, quantize=quantize)  # fmt: skip
     elif no_draft:  # no draft model needed: don't load one

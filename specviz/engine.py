@@ -23,7 +23,7 @@ from .models import LoadedModel
 from .policies import make_policy
 from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
 from .served import ServedRun, ServedTarget, open_run
-from .theory import alpha
+from .theory import alpha, position_alphas
 
 
 class _Clock:
@@ -215,7 +215,7 @@ def speculative_decode(
 
     seq, out = list(prompt_ids), []
     counts = {"drafted": 0, "accepted": 0, "resampled": 0, "bonus": 0, "plain": 0, "draft_s": 0.0, "verify_s": 0.0}
-    index = 0
+    index, kn = 0, []  # kn: (proposed, accepted) per round, for alpha_k by position
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
         # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
         budget = cfg.max_new_tokens - len(out)
@@ -259,6 +259,7 @@ def speculative_decode(
         counts[kind] += 1 if len(tokens) == n + 1 else 0  # a correction cut off by EOS/max is not emitted
         counts["draft_s"] += draft_s
         counts["verify_s"] += verify_s
+        kn.append((k, n))
         cands = _detail(prop, p_logits, s, cfg.detail) if cfg.detail else ()
         clock.lap()
         yield Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
@@ -269,6 +270,7 @@ def speculative_decode(
         index += 1
 
     extra = {"rounds": index, "prefill_s": prefill_s, "calibration_s": calibration_s, **counts,
+             "position_alphas": position_alphas(kn), "drafting_rounds": sum(k > 0 for k, _ in kn),
              **_served_stats(p_run, s)}  # fmt: skip
     stats = _stats(
         "spec", len(out), p_run.calls, drafter.calls, counts["drafted"], counts["accepted"], extra, clock.total

@@ -182,6 +182,7 @@ class ServedTarget:
     quantize: str | None = None
     memory_bytes: int = 0  # nothing of it is held here
     max_model_len: int = 0
+    n_params: int = 0  # not known here: the weights live on the server
 
     @property
     def url(self) -> str:
@@ -553,7 +554,7 @@ def engine_spec(target: ServedTarget) -> EngineSpec | None:
 
 
 def load_served_pair(
-    url: str,
+    url: str | ServedTarget,
     draft=None,
     *,
     tokenizer: str | None = None,
@@ -574,7 +575,7 @@ def load_served_pair(
 
     if quantize:
         raise SpecvizError("Quantisation applies to a target loaded here; a served target is quantised by its server.")
-    p = connect(url, tokenizer, device=device)
+    p = url if isinstance(url, ServedTarget) else connect(url, tokenizer, device=device)
     if not need_draft and draft is None:
         return p, None
     q_dtype = dtype if dtype not in (None, "", "auto") else draft_dtype(_resolve_device(p.device)) or dtype

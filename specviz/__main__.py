@@ -73,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     _model_args(c)
     c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
     c.add_argument("--drafter", choices=CHECK_DRAFTERS, default="model", help="where guesses come from")
+    c.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
 
     r = sub.add_parser("replay", help="read a recording (no model needed): summarise it, export it as HTML")
     r.add_argument("recording", help="a JSON recording (from --record or the app's download button)")
@@ -101,11 +102,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json-out", help="write the table and machine facts as JSON")
     b.add_argument("--plots", help="folder for plotly charts (HTML, and PNG where kaleido works)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
     return ap
 
 
 def _generate(a) -> dict:
     from . import generate
+    from .served import is_url
 
     kw = dict(
         target=a.target,
@@ -128,13 +131,14 @@ def _generate(a) -> dict:
         quantize=a.quantize,
         tokenizer=a.tokenizer,
     )
-    recorded = {}
-    if a.record:  # one recorded run (both modes raced for --compare), read back below instead of generating
+    recorded, lanes = {}, {}
+    if a.record or is_url(a.target):  # one recorded run (both modes raced for --compare), read back below
         from .record import run
 
         rec = run(a.prompt, ("ar", "spec") if a.compare else (a.mode,), **kw)
-        rec.save(a.record)
-        recorded = {m: rec.result(m) for m in rec.lanes}
+        if a.record:
+            rec.save(a.record)
+        recorded, lanes = {m: rec.result(m) for m in rec.lanes}, rec.lanes
     if not a.compare:
         r = recorded.get(a.mode) or generate(a.prompt, mode=a.mode, **kw)
         if not a.json:
@@ -144,7 +148,7 @@ def _generate(a) -> dict:
             if a.mode == "spec":
                 line += f", acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_target_call']:.2f} tokens/call"
             print(line + "]", file=sys.stderr)
-            _print_served(a, [r])
+            _print_served(a, [r], lanes)
         return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats, **_engine_panel(a)}
     ar = recorded.get("ar") or generate(a.prompt, mode="ar", **kw)
     sp = recorded.get("spec") or generate(a.prompt, mode="spec", **kw)
@@ -157,7 +161,7 @@ def _generate(a) -> dict:
             f"speedup {speedup:.2f}x · acceptance {sp.stats['acceptance_rate']:.2f} · "
             f"identical output: {'yes' if ar.token_ids == sp.token_ids else 'no (sampling)'}"
         )
-        _print_served(a, [ar, sp])
+        _print_served(a, [ar, sp], lanes)
     return {
         **_engine_panel(a),
         "ar": {"text": ar.text, "stats": ar.stats},
@@ -166,9 +170,11 @@ def _generate(a) -> dict:
     }
 
 
-def _print_served(a, results) -> None:
+def _print_served(a, results, lanes: dict) -> None:
     """For a served target: how it verified, the requests and their share of each run, and the engine's panel."""
+    from .events import Round
     from .served import is_url
+    from .theory import position_alphas
 
     if not is_url(a.target):
         return
@@ -185,10 +191,10 @@ def _print_served(a, results) -> None:
         per_pos = " ".join(f"{x:.2f}" for x in panel["acceptance_per_pos"])
         print(f"[the engine's own speculative decoding since it started: {panel['drafts']} drafts, acceptance per "
               f"position {per_pos}, mean accepted length {panel['mean_accepted_length']:.2f}]", file=sys.stderr)  # fmt: skip
-    spec = next((r.stats for r in results if r.stats["mode"] == "spec"), None)
-    if spec is not None and spec["drafting_rounds"]:
-        alphas = " ".join(f"{x:.2f}" for x in spec["position_alphas"])
-        mean = 1 + spec["accepted"] / spec["drafting_rounds"]
+    rounds = [(len(ev.drafted), ev.n) for ev in lanes.get("spec", ()) if isinstance(ev, Round) and ev.drafted]
+    if rounds:
+        alphas = " ".join(f"{x:.2f}" for x in position_alphas(rounds))
+        mean = 1 + sum(n for _, n in rounds) / len(rounds)
         print(f"[specviz's draft here: alpha_k by position {alphas}, mean accepted length {mean:.2f}]", file=sys.stderr)
 
 
@@ -258,9 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         elif a.command == "check":
             from .pairs import check_pair
 
-            rep = check_pair(
-                a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens, drafter=a.drafter
-            )
+            rep = check_pair(a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens,
+                             drafter=a.drafter, tokenizer=a.tokenizer)  # fmt: skip
             out = rep.to_dict()
             if not a.json:
                 print(rep.report())

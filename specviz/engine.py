@@ -23,7 +23,7 @@ from .models import LoadedModel
 from .policies import make_policy
 from .sampling import greedy, relaxed, residual, sample, to_probs, verify_greedy, verify_sampled
 from .served import ServedRun, ServedTarget, open_run
-from .theory import alpha, position_alphas
+from .theory import alpha
 
 
 class _Clock:
@@ -109,7 +109,7 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     p_run.prefill(prompt)
     prefill_s = clock.lap()
     yield Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature, prefill_s=prefill_s,
-                verify=_served_note(target, s))  # fmt: skip
+                verify=_served_note(target, s, plain=True))  # fmt: skip
     clock.resume()
     pending, out = prompt[-1:], []
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
@@ -128,7 +128,9 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         clock.resume()
         pending = torch.tensor([token], device=dev)
     wall = clock.total
-    stats = _stats("ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s, **_served_stats(p_run, s)}, wall)
+    stats = _stats(
+        "ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s, **_served_stats(p_run, s, plain=True)}, wall
+    )
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -215,7 +217,7 @@ def speculative_decode(
 
     seq, out = list(prompt_ids), []
     counts = {"drafted": 0, "accepted": 0, "resampled": 0, "bonus": 0, "plain": 0, "draft_s": 0.0, "verify_s": 0.0}
-    index, kn = 0, []  # kn: (proposed, accepted) per round, for alpha_k by position
+    index = 0
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
         # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
         budget = cfg.max_new_tokens - len(out)
@@ -259,7 +261,6 @@ def speculative_decode(
         counts[kind] += 1 if len(tokens) == n + 1 else 0  # a correction cut off by EOS/max is not emitted
         counts["draft_s"] += draft_s
         counts["verify_s"] += verify_s
-        kn.append((k, n))
         cands = _detail(prop, p_logits, s, cfg.detail) if cfg.detail else ()
         clock.lap()
         yield Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
@@ -270,7 +271,6 @@ def speculative_decode(
         index += 1
 
     extra = {"rounds": index, "prefill_s": prefill_s, "calibration_s": calibration_s, **counts,
-             "position_alphas": position_alphas(kn), "drafting_rounds": sum(k > 0 for k, _ in kn),
              **_served_stats(p_run, s)}  # fmt: skip
     stats = _stats(
         "spec", len(out), p_run.calls, drafter.calls, counts["drafted"], counts["accepted"], extra, clock.total
@@ -278,15 +278,20 @@ def speculative_decode(
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
-def _served_note(target, s: SamplingConfig) -> str:
-    """How a served target verifies under s ("served greedy", "served exact", "served approximate: top-20");
-    "" for a local one."""
-    return f"served {target.verify_mode(s)}" if isinstance(target, ServedTarget) else ""
+def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:
+    """How a served target decides under s: "greedy", "exact", "approximate: top-20" (served.verify_mode), or for
+    the plain lane at T > 0 "engine sample" (the engine samples from its own p: exact at any temperature)."""
+    return "engine sample" if plain and not s.greedy else target.verify_mode(s)
 
 
-def _served_stats(p_run, s: SamplingConfig) -> dict:
-    """A served run's requests and their seconds, and how it verified; nothing for a local run."""
-    return {**p_run.stats, "verify": p_run.t.verify_mode(s)} if isinstance(p_run, ServedRun) else {}
+def _served_note(target, s: SamplingConfig, plain: bool = False) -> str:
+    """Start.verify: "served " + _served_mode for a served target; "" for a local one."""
+    return f"served {_served_mode(target, s, plain)}" if isinstance(target, ServedTarget) else ""
+
+
+def _served_stats(p_run, s: SamplingConfig, plain: bool = False) -> dict:
+    """A served run's requests and their seconds, and how it decided; nothing for a local run."""
+    return {**p_run.stats, "verify": _served_mode(p_run.t, s, plain)} if isinstance(p_run, ServedRun) else {}
 
 
 def _check_served(cfg: SpecConfig) -> None:

@@ -17,7 +17,8 @@ import torch
 
 from .config import CHECK_DRAFTERS, GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
-from .models import CachedModel, LoadedModel, load_pair, pair_dtypes
+from .models import LoadedModel, load_pair, pair_dtypes
+from .served import ServedTarget, engine_step_s, is_url, load_served_pair, open_run
 from .theory import alpha, cost_ratio, expected_speedup, expected_speedup_measured, speedup_table, wilson_interval  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
@@ -102,7 +103,7 @@ def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list
     The two models alternate step by step, so a busy machine slows both alike and c stays fair.
     """
     V = target.vocab_size  # CachedModel: the engine's own call path, cache, vocabulary mapping and all
-    runs = [(CachedModel(target, V), target.device), (CachedModel(draft, V), draft.device)]
+    runs = [(open_run(target, V), target.device), (open_run(draft, V), draft.device)]  # served: one request a step
     prompt = torch.tensor(prompt_ids, dtype=torch.long)
     times: list[list[float]] = [[], []]
     for run, dev in runs:
@@ -267,6 +268,14 @@ class PairReport:
     speedups_measured: tuple[float, ...] = field(default=())  # with those measured costs, gamma 1..8: the prediction
     best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
+    # A served target (served.py): target_step_s is then one request of one token (the round trip and the
+    # engine's step); engine_step_s the engine's own step inside one long request; engine_speedup the textbook
+    # speedup (a verify costs one engine step, no round trip per round) if the engine ran this draft itself at
+    # c = draft_step_s / engine_step_s, best over gamma 1..8
+    served: str = ""
+    engine_step_s: float | None = None
+    engine_speedup: float | None = None
+    engine_best_gamma: int | None = None
 
     @property
     def param_ratio(self) -> float:
@@ -326,6 +335,15 @@ class PairReport:
                 lines.append(
                     f"  gamma {g:2d}  {s:5.2f}x  (v = {v:.2f}, textbook {self.speedups[g - 1]:.2f}x)  {bar}{mark}"
                 )
+        if self.served and self.engine_step_s:
+            lines += [
+                f"served      {self.served}: a one-token request {self.target_step_s * 1e3:.1f} ms (round trip and "
+                f"step), the engine's own step {self.engine_step_s * 1e3:.1f} ms inside one request; every verify "
+                "request recomputes the prefix (prompt logprobs skip vLLM's prefix cache), as the v_g above include",
+                f"            this draft here, one request per round: {self.best_speedup:.2f}x at gamma {self.best_gamma}; "
+                f"the engine drafting with it itself (textbook, c = {self.draft_step_s / self.engine_step_s:.3f}): "
+                f"{self.engine_speedup:.2f}x at gamma {self.engine_best_gamma}",
+            ]
         lines.append(f"verdict     {self.verdict.upper()}")
         lines += [f"  - {r}" for r in self.reasons]
         if self.warnings:
@@ -414,10 +432,12 @@ def check_pair(
     prompts: list[str] | tuple[str, ...] | dict[str, tuple[str, ...]] | None = None,
     timeout_s: float | None = None,
     drafter: str = "model",
+    tokenizer: str | None = None,
 ) -> PairReport:
     """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
 
-    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
+    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair; target may be a served
+    target's address or ServedTarget (served.py; tokenizer: its tokenizer, default the server's model name).
     drafter: where the guesses come from (model, lookup, lookup+model); lookup alone costs no draft calls (c = 0).
     prompts: texts for the acceptance run, formatted as `generate` would: a list, or a dict kind -> texts
     (default: SAMPLE_PROMPTS, two each of chat, story, code and summarise; a is also given per kind).
@@ -438,7 +458,10 @@ def check_pair(
     texts = [x for v in kinds.values() for x in v]
     if not texts or not all(isinstance(x, str) and x.strip() for x in texts):
         raise SpecvizError("prompts must be a list of non-empty texts.")
-    p, q = load_pair(target, draft, device=device, dtype=dtype)
+    if is_url(target) or isinstance(target, ServedTarget):
+        p, q = load_served_pair(target, draft, tokenizer=tokenizer, device=device, dtype=dtype)
+    else:
+        p, q = load_pair(target, draft, device=device, dtype=dtype)
 
     t = compare_tokenizers(p.tokenizer, q.tokenizer)
     bad, warnings = _tokenizer_findings(t, q, p.vocab_size)
@@ -481,7 +504,15 @@ def check_pair(
     best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
     best = measured[best_gamma - 1]
     verdict, reasons = _worth(acc.a, c, best_gamma, best)
+    served = {}
+    if isinstance(p, ServedTarget):
+        e_step = engine_step_s(p, first)
+        e_speedups = speedup_table(acc.a, q_s / e_step, MEASURED_GAMMAS)
+        e_best = max(range(len(e_speedups)), key=e_speedups.__getitem__)
+        served = dict(served=p.url, engine_step_s=e_step, engine_speedup=e_speedups[e_best],
+                      engine_best_gamma=MEASURED_GAMMAS[e_best])  # fmt: skip
     return PairReport(
+        **served,
         verdict=verdict,
         reasons=tuple(reasons),
         drafter=drafter,

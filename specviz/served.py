@@ -584,3 +584,23 @@ def load_served_pair(
     if gap:
         raise SpecvizError(gap)
     return p, q
+
+
+def engine_step_s(target: ServedTarget, prompt_ids: list[int], n: int = 16, reps: int = 3) -> float:
+    """Seconds of one decoding step inside the engine, without a round trip: a request generating n tokens
+    against one generating 1 (same prompt, greedy, EOS ignored), interleaved, medians; (t_n - t_1) / (n - 1)."""
+    import statistics
+
+    def timed(tokens: int) -> float:
+        body = {"model": target.model, "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0.0,
+                "ignore_eos": True}  # fmt: skip
+        t0 = time.perf_counter()
+        target.client.post("/v1/completions", body)
+        return time.perf_counter() - t0
+
+    timed(n)  # warm-up
+    one, many = [], []
+    for _ in range(reps):
+        one.append(timed(1))
+        many.append(timed(n))
+    return max((statistics.median(many) - statistics.median(one)) / (n - 1), 1e-6)

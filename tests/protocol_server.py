@@ -100,6 +100,10 @@ class ProtocolServer:
         seed = body.get("seed")
         for i in range(int(body.get("n", 1))):
             token = self._sample(lp[-1], body, None if seed is None else seed + i)
+            more, seq = [], [*ids, token]
+            for _ in range(int(body.get("max_tokens", 1)) - 1):  # greedy after the first, as a timing load
+                more.append(int(self.logprobs(seq)[-1].argmax()))
+                seq.append(more[-1])
             k = body.get("logprobs")
             choice = {"index": i, "text": self.tokenizer.decode([token]), "finish_reason": "length"}
             if k is not None:
@@ -110,7 +114,7 @@ class ProtocolServer:
                     "top_logprobs": [{f"token_id:{t}": float(lp[-1, t]) for t in [token, *top]}],
                 }
             if body.get("return_token_ids") and self.fault != "no_token_ids":
-                choice["token_ids"] = [token]
+                choice["token_ids"] = [token, *more]
                 choice["prompt_token_ids"] = ids
             choice["prompt_logprobs"] = prompt_lp
             choices.append(choice)

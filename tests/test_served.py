@@ -5,6 +5,7 @@ the operator's allow-list and the metrics panel's parser."""
 from __future__ import annotations
 
 import math
+import re
 import socket
 from pathlib import Path
 
@@ -283,3 +284,39 @@ def test_engine_spec_reads_the_server_s_metrics(server):
     assert served.engine_spec(p).acceptance_per_pos == (0.8, 0.55, 0.3)
     server.metrics = "vllm:num_requests_running 0.0\n"
     assert served.engine_spec(p) is None
+
+
+def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
+    """The page's race handler with the operator's SPECVIZ_TARGET a served target: both lanes through the server,
+    the same text, and the served label and share of time in requests under each pane."""
+    from specviz.ui.common import UIContext
+    from specviz.ui.race import race_stream
+
+    ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
+    ctx.default_target, ctx.default_draft = server.url, tiny_pair[1]
+    outputs = list(race_stream(ctx, "the cat", 3, 0.0, 0, 1.0, 20, 0, "model", "constant"))
+    prompt_html, ar, spec, ar_stats, spec_stats, message = outputs[-1][:6]
+    assert "sv-error" not in message and 'data-state="done"' in spec
+    for stats in (ar_stats, spec_stats):
+        assert "<b>greedy</b><span>served target</span>" in stats and "of the time in requests" in stats
+    words = re.findall(r'class="tok tok-ar[^>]*>(.*?)</span>', ar)
+    spec_words = re.findall(r'class="tok tok-(?:accepted|resampled|bonus)[^>]*>(.*?)</span>', spec)
+    assert words and words == spec_words
+    sampled = list(race_stream(ctx, "the cat", 3, 0.7, 0, 1.0, 12, 0, "model", "constant"))[-1]
+    assert "<b>approximate: top-20</b><span>served target</span>" in sampled[4]
+    assert "<b>engine sample</b><span>served target</span>" in sampled[3]
+
+
+def test_the_pair_check_measures_a_served_target(server, tiny_pair):
+    """Alpha with its interval, the request and verify costs through the server, the expected speedup here and
+    the one the engine would get drafting itself; in the CLI's report and the page's."""
+    from specviz.pairs import check_pair
+    from specviz.ui.pair import report_html
+
+    r = check_pair(server.url, tiny_pair[1], device="cpu", max_new_tokens=12, prompts=["the cat", "a b c"])
+    assert r.served == served.base_url(server.url) and r.verdict in ("compatible", "not worth it")
+    assert 0 <= r.acceptance.low <= r.a <= r.acceptance.high <= 1 and r.acceptance.tested > 0
+    assert r.target_step_s > 0 and r.engine_step_s > 0 and len(r.verify_costs) == 8
+    assert r.engine_speedup > 0 and 1 <= r.engine_best_gamma <= 8 and r.best_speedup > 0
+    assert "the engine drafting with it itself" in r.report()
+    assert "If the engine drafted with it itself" in report_html(r)

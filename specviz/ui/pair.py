@@ -99,6 +99,15 @@ def report_html(r: PairReport) -> str:
             f"{r.plain_cost:.2f}. The textbook formula (a verify costs one step, nothing else costs anything) "
             f"gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma.</p>"
         )
+    if r.served and r.engine_step_s:
+        nums += (
+            f'<p class="sv-warn">Served target {html.escape(r.served)}: a one-token request takes '
+            f"{r.target_step_s * 1e3:.1f} ms (the round trip and the engine's step; the engine's own step inside one "
+            f"request is {r.engine_step_s * 1e3:.1f} ms), and each verify request recomputes the text so far "
+            f"(prompt logprobs skip vLLM's prefix cache). With this draft here, one request per round: "
+            f"{r.best_speedup:.2f}× at gamma {r.best_gamma}. If the engine drafted with it itself (no round trip "
+            f"per round, textbook costs): {r.engine_speedup:.2f}× at gamma {r.engine_best_gamma}.</p>"
+        )
     warn = ""
     if r.warnings:
         warn = (
@@ -118,7 +127,8 @@ def build_pair_tab(ctx: UIContext) -> None:
         max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
         drafter = gr.Dropdown(list(CHECK_DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
     with gr.Row():
-        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1)
+        target = gr.Textbox(first.target, label="Target p: a Hugging Face id, a folder, or a served target's "
+                            "address where the operator allows it (http://HOST:PORT/v1)", max_lines=1)  # fmt: skip
         draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
     run = gr.Button("Check pair", variant="primary", size="lg")
     verdict = gr.HTML(css_template=CSS, js_on_load=None)

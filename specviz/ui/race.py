@@ -81,12 +81,29 @@ class RaceView:
         rounds = [e for e in self.events[side] if isinstance(e, Round)]
         speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp and rate_ar else "—"
         return render.stats_html(
-            render.spec_stat_items(rounds, n_sp, rate_sp) + [(speedup, "speedup (tokens/s vs plain)")]
+            render.spec_stat_items(rounds, n_sp, rate_sp)
+            + [(speedup, "speedup (tokens/s vs plain)")]
+            + self._served_items(side)
         )
+
+    def _served_items(self, side: str) -> list[tuple[str, str]]:
+        """A served target (served.py): how it decided ("approximate: top-20" where it is not exact) and, once
+        the lane is done, the share of its time spent waiting on requests (both lanes pay the same round trip)."""
+        start = next((e for e in self.events[side] if isinstance(e, Start)), None)
+        if start is None or not start.verify:
+            return []
+        items = [(start.verify.removeprefix("served "), "served target")]
+        done = self.done[side]
+        if done is not None and done.stats.get("wall_s"):
+            items.append((f"{done.stats['request_s'] / done.stats['wall_s']:.0%}", "of the time in requests"))
+        return items
 
     def stats(self) -> tuple[str, str, str]:
         n_ar, rate_ar = self._rate("ar")
-        ar = render.stats_html([(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")])
+        ar = render.stats_html(
+            [(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")]
+            + self._served_items("ar")
+        )
         return ar, self._spec_stats("spec", rate_ar, n_ar), self._spec_stats("spec2", rate_ar, n_ar)
 
     def figures(self) -> tuple:

@@ -104,8 +104,6 @@ class Client:
         self.base = base_url(url)
         self.root = self.base[: -len("/v1")]
         self.timeout_s = timeout_s
-        self.requests = 0
-        self.request_s = 0.0
 
     def get(self, path: str) -> bytes:
         return self._send(urllib.request.Request(self.root + path, method="GET"))
@@ -127,7 +125,7 @@ class Client:
             ) from None
 
     def _send(self, req: urllib.request.Request) -> bytes:
-        where, t0 = self.base, time.perf_counter()
+        where = self.base
         try:
             with _OPENER.open(req, timeout=self.timeout_s) as resp:
                 return resp.read()
@@ -150,9 +148,6 @@ class Client:
             ) from None
         except (ConnectionError, OSError) as e:
             raise SpecvizError(f"The connection to the server at {where} failed ({_reason(e)}).") from None
-        finally:
-            self.requests += 1
-            self.request_s += time.perf_counter() - t0
 
 
 def _reason(reason) -> str:
@@ -233,17 +228,12 @@ class ServedRun:
         self.t = target
         self.ids: list[int] = []
         self.length = 0
-        self.calls = 0
-        self._requests0, self._request_s0 = target.client.requests, target.client.request_s
+        self.calls = 0  # requests this run sent (lanes racing on one target each count their own)
+        self.request_s = 0.0  # seconds this run waited on them
 
     @property
     def stats(self) -> dict:
-        c = self.t.client
-        return {
-            "served": self.t.url,
-            "requests": c.requests - self._requests0,
-            "request_s": c.request_s - self._request_s0,
-        }
+        return {"served": self.t.url, "requests": self.calls, "request_s": self.request_s}
 
     def prefill(self, prompt: torch.Tensor, hidden: bool = False) -> None:
         if hidden:
@@ -259,10 +249,14 @@ class ServedRun:
 
     def _complete(self, prompt: list[int], **fields) -> list[dict]:
         """POST /v1/completions with a token-id prompt; the choices, checked to carry what specviz reads."""
-        self.calls += 1
         body = {"model": self.t.model, "prompt": prompt, "max_tokens": 1, "return_token_ids": True,
                 "return_tokens_as_token_ids": True, "logprobs": 0, **fields}  # fmt: skip
-        data = self.t.client.post("/v1/completions", body)
+        t0 = time.perf_counter()
+        try:
+            data = self.t.client.post("/v1/completions", body)
+        finally:
+            self.calls += 1
+            self.request_s += time.perf_counter() - t0
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
             raise _missing(self.t, "choices")

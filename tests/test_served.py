@@ -320,3 +320,17 @@ def test_the_pair_check_measures_a_served_target(server, tiny_pair):
     assert r.engine_speedup > 0 and 1 <= r.engine_best_gamma <= 8 and r.best_speedup > 0
     assert "the engine drafting with it itself" in r.report()
     assert "If the engine drafted with it itself" in report_html(r)
+
+
+def test_the_bench_has_a_served_target_row(server, tiny_pair):
+    """Speedup over plain decoding through the same server, with the share of each lane's time in requests."""
+    from specviz.bench import format_table, run_bench
+
+    p, q = served.load_served_pair(server.url, tiny_pair[1], device="cpu")
+    table = run_bench(p, q, ["the cat sat", "hello hello"], [2, "auto"], [0.0], max_new_tokens=10, hf=False, raw=True)
+    assert list(table["verify"]) == ["greedy", "greedy"] and table["identical"].all()
+    assert ((0 < table["ar_request_share"]) & (table["ar_request_share"] <= 1)).all()
+    assert ((0 < table["spec_request_share"]) & (table["spec_request_share"] <= 1)).all()
+    assert (table["speedup_vs_ar"] > 0).all()
+    text = format_table(table)
+    assert "served verify" in text and "spec in requests" in text

@@ -128,3 +128,17 @@ def test_a_recorded_race_with_a_served_target_says_how_it_verified(vllm_target, 
     rec.save(tmp_path / "run.json")
     again = specviz.load_recording(tmp_path / "run.json")
     assert [lane[0].verify for lane in again.lanes.values()] == [s.verify for s in starts]
+
+
+def test_the_app_s_race_runs_against_vllm(vllm_target):
+    from specviz.limits import Limits
+    from specviz.ui.common import UIContext
+    from specviz.ui.race import race_stream
+
+    url, _ = vllm_target
+    ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
+    ctx.default_target = url
+    final = list(race_stream(ctx, "What is AI?", 3, 0.0, 0, 1.0, 16, 0, "lookup+model", "auto"))[-1]
+    _, ar, spec, ar_stats, spec_stats, message = final[:6]
+    assert "sv-error" not in message and 'data-state="done"' in ar and 'data-state="done"' in spec
+    assert "<b>greedy</b><span>served target</span>" in spec_stats and "of the time in requests" in ar_stats

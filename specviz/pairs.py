@@ -300,12 +300,14 @@ class PairReport:
     def report(self) -> str:
         """A readable summary for the terminal."""
         t = self.tokenizer
+        size = (f"{_params(self.target_params)} parameters, {_bytes(self.target_memory_bytes)}" if not self.served
+                else "served (its size is the server's business)")  # fmt: skip
+        ratio = f"{self.param_ratio:.3g}x the target's parameters" if not self.served else "a draft running here"
         lines = [
-            f"target      {self.target}: {_params(self.target_params)} parameters, {_bytes(self.target_memory_bytes)}"
-            f", output layer {self.target_vocab_rows:,} rows",
+            f"target      {self.target}: {size}, output layer {self.target_vocab_rows:,} rows",
             f"draft       {self.draft}: {_params(self.draft_params)} parameters, {_bytes(self.draft_memory_bytes)}"
             f", output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
-            f"            the draft has {self.param_ratio:.3g}x the target's parameters ({self.device}, {self.dtype})",
+            f"            the draft has {ratio} ({self.device}, {self.dtype})",
         ]
         if t.mismatches == 0:
             tok = f"identical over {t.compared:,} ids"

@@ -55,10 +55,11 @@ def _num(value: str, caption: str) -> str:
 def report_html(r: PairReport) -> str:
     """Verdict, reasons, the measured numbers and any warnings; every name and sentence escaped."""
     icon, color, words = BADGES.get(r.verdict, ("?", "#000000", r.verdict))
+    size = "a served target" if r.served else f"{r.param_ratio:.2g}× the target's size"
     head = (
         f'<span class="sv-badge" style="color:{color}">{icon} {html.escape(words)}</span>'
         f"<div>target p: <b>{html.escape(_short(r.target))}</b> · draft q: <b>{html.escape(_short(r.draft))}</b> "
-        f"({r.param_ratio:.2g}× the target's size; {html.escape(r.device)}, {html.escape(r.dtype)})</div>"
+        f"({size}; {html.escape(r.device)}, {html.escape(r.dtype)})</div>"
     )
     reasons = "".join(f"<li>{html.escape(x)}</li>" for x in r.reasons)
     nums = ""

@@ -294,6 +294,7 @@ def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
 
     ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
     ctx.default_target, ctx.default_draft = server.url, tiny_pair[1]
+    server.metrics = SPEC_METRICS
     outputs = list(race_stream(ctx, "the cat", 3, 0.0, 0, 1.0, 20, 0, "model", "constant"))
     prompt_html, ar, spec, ar_stats, spec_stats, message = outputs[-1][:6]
     assert "sv-error" not in message and 'data-state="done"' in spec
@@ -302,6 +303,8 @@ def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
     words = re.findall(r'class="tok tok-ar[^>]*>(.*?)</span>', ar)
     spec_words = re.findall(r'class="tok tok-(?:accepted|resampled|bonus)[^>]*>(.*?)</span>', spec)
     assert words and words == spec_words
+    assert "acceptance by position 0.80, 0.55, 0.30, mean accepted length 2.65 over 40 drafts" in message
+    assert "this draft&#x27;s alpha_k by position" in message
     sampled = list(race_stream(ctx, "the cat", 3, 0.7, 0, 1.0, 12, 0, "model", "constant"))[-1]
     assert "<b>approximate: top-20</b><span>served target</span>" in sampled[4]
     assert "<b>engine sample</b><span>served target</span>" in sampled[3]

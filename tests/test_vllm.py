@@ -136,9 +136,11 @@ def test_the_app_s_race_runs_against_vllm(vllm_target):
     from specviz.ui.race import race_stream
 
     url, _ = vllm_target
+    _engine_generates(url, "x y z x y z x y z x y z x y", 12)
     ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
     ctx.default_target = url
     final = list(race_stream(ctx, "What is AI?", 3, 0.0, 0, 1.0, 16, 0, "lookup+model", "auto"))[-1]
     _, ar, spec, ar_stats, spec_stats, message = final[:6]
     assert "sv-error" not in message and 'data-state="done"' in ar and 'data-state="done"' in spec
     assert "<b>greedy</b><span>served target</span>" in spec_stats and "of the time in requests" in ar_stats
+    assert "The engine&#x27;s own speculative decoding since it started: acceptance by position" in message

@@ -15,6 +15,8 @@ from .. import compute, plots, render
 from ..config import ASSETS, AUTO_GAMMA_MAX, DEFAULT_DRAFTER, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
+from ..served import EngineSpec, ServedTarget, engine_spec
+from ..theory import position_alphas
 from .common import UIContext, error_html, gpu
 from .inputs import NO_LANE, lane_drafter, note, prepare, run_config
 
@@ -133,7 +135,9 @@ class RaceView:
         spec2 = self.pane("spec2", waiting) if "spec2" in self.lanes else ""
         return (prompt, *panes, ar_stats, spec_stats, message, *f[:4], spec2, spec2_stats, *f[4:])
 
-    def summary(self) -> str:
+    def summary(self, engine: EngineSpec | None = None) -> str:
+        """The closing sentences; with `engine` (a served target's own speculative decoding, from its /metrics)
+        its acceptance per position and mean accepted length beside this draft's alpha_k."""
         if not all(self.done[k] for k in self.lanes):
             return ""
         a = self.done["ar"]
@@ -150,6 +154,15 @@ class RaceView:
             )
         if any(self._rate(k)[1] < rate_ar for k in self.lanes[1:]):
             parts.append("Slower means the guesses cost more than they saved here.")
+        if engine is not None and engine.drafts:
+            rounds = [(len(e.drafted), e.n) for e in self.events["spec"] if isinstance(e, Round) and e.drafted]
+            ours = ", ".join(f"{x:.2f}" for x in position_alphas(rounds)) or "none drafted"
+            per_pos = ", ".join(f"{x:.2f}" for x in engine.acceptance_per_pos)
+            parts.append(
+                f"The engine's own speculative decoding since it started: acceptance by position {per_pos}, mean "
+                f"accepted length {engine.mean_accepted_length:.2f} over {engine.drafts} drafts; this draft's "
+                f"alpha_k by position: {ours}."
+            )
         return note(" ".join(parts))
 
 
@@ -180,7 +193,7 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
                 with_plots = now - last_plots >= PLOTS_EVERY_S
                 last_html, last_plots = now, now if with_plots else last_plots
                 yield view.outputs(note("Racing…"), with_plots=with_plots)
-        yield view.outputs(view.summary())
+        yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None))
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
     return view  # the finished view, for the downloads (ui/replay.py)

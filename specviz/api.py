@@ -98,9 +98,7 @@ def _prepare(
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
     cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, relaxed_w, allow_lossy, **drafting)
     no_draft = (mode == "ar" or cfg.drafter not in MODEL_DRAFTERS) and draft is None
-    if is_url(target) or isinstance(
-        target, ServedTarget
-    ):  # a served target: p scores on its server, q drafts here (served.py)
+    if is_url(target) or isinstance(target, ServedTarget):  # p scores on its server, q drafts here (served.py)
         p, q = load_served_pair(target, draft, tokenizer=tokenizer, need_draft=not no_draft, device=device,
                                 dtype=dtype, quantize=quantize)  # fmt: skip
     elif no_draft:  # no draft model needed: don't load one
@@ -132,8 +130,9 @@ def generate(prompt: str, **options) -> Result:
 
     Options (all keyword): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
     built-in pair; target may also be a served target's address, "http://HOST:PORT/v1" (vLLM; served.py), with
-    tokenizer its tokenizer's hub id or folder (default: the server's model name); mode "spec" or "ar"; drafter "model" | "lookup" | "lookup+model" | "head" | "lookup+head"
-    (where guesses come from; head: the head drafters' head folder, "" = the built-in target's own head);
+    tokenizer its tokenizer's hub id or folder (default: the server's model name); mode "spec" or "ar"; drafter
+    "model" | "lookup" | "lookup+model" | "head" | "lookup+head" (where guesses come from; head: the head
+    drafters' head folder, "" = the built-in target's own head);
     gamma 1..16 or "auto"; gamma_policy "constant" | "heuristic" | "confidence" | "auto" (gamma is then the
     start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,
     max_matching_ngram_size (lookup); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);

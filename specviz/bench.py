@@ -88,16 +88,24 @@ def machine_info() -> dict:
     import transformers
 
     cpu = platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "vendor_id", "cpu family", "model", "flags"):
+                fields.setdefault(key.strip(), value.strip())
+            if not line.strip() and fields:
+                break  # the first processor tells
+    cpu = fields.get("model name", cpu)
+    flags = set(fields.get("flags", "").split())
+    vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     load = None
     with contextlib.suppress(OSError):
         load = Path("/proc/loadavg").read_text().split()[0]
     return {
         "cpu": cpu,
+        "cpu_id": f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}",
+        "cpu_vector": " ".join(vector) or "none of avx2/avx512",
         "cpu_count": os.cpu_count(),
         "load_avg_1min": load,  # the machine may be shared: read the numbers as ratios within one run
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -554,10 +562,6 @@ def format_table(table: pd.DataFrame) -> str:
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")  # Okabe-Ito: one per temperature
 
 
-def _line(fig, y, name: str, x, colour: str, t: float, dash: str = "solid", mode: str = "lines+markers") -> None:
-    fig.add_scatter(x=x, y=y, mode=mode, name=f"{name}, T={t:g}", line={"color": colour, "dash": dash})
-
-
 def _figures(table: pd.DataFrame) -> dict:
     """Speedup and acceptance per configuration: one colour per temperature; transformers' peers as lines."""
     import plotly.graph_objects as go
@@ -610,7 +614,7 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
 
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
-    from .models import load_pair, pair_dtypes
+    from .models import load_pair, pair_backend, pair_dtypes
     from .served import is_url, load_served_pair
 
     prompts = load_prompts(args.prompts, args.limit)
@@ -630,7 +634,7 @@ def main(args) -> dict:
     )  # fmt: skip
     table = summarise_runs(runs)
     facts = machine_info()
-    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), prompts=args.prompts, n_prompts=len(prompts),
+    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
                  max_new_tokens=args.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
@@ -652,8 +656,9 @@ def main(args) -> dict:
     if not args.json:
         print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
               f"{args.max_new_tokens} new tokens")  # fmt: skip
-        print(f"{facts['cpu']} · GPU {facts['gpu']} · torch {facts['torch']} ({facts['torch_threads']} threads) · "
-              f"transformers {facts['transformers']}")  # fmt: skip
+        print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
+              f"({facts['torch_threads']} threads) · transformers {facts['transformers']}")  # fmt: skip
+        print(f"On this CPU: {facts['backend']}")
         print(format_table(table))
         peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
         for t, r in peers.dropna(how="all").iterrows():  # none with --no-hf

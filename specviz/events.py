@@ -81,7 +81,7 @@ class Step:
 class Done:
     token_ids: tuple[int, ...]  # the new tokens
     finish_reason: Literal["eos", "length"]
-    stats: dict  # see metrics.stats_keys: target_calls, drafted, accepted, acceptance_rate, ...
+    stats: dict  # built by engine._stats: new_tokens, target_calls, drafted, accepted, acceptance_rate, alpha, ...
 
 
 Event = Union[Start, Round, Step, Done]

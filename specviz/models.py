@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
-from .kernels import draft_dtype, use_small_batch_gemm
+from .kernels import describe, draft_dtype, use_fast_linear
 from .limits import env_int
 
 HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
@@ -343,7 +343,7 @@ def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | N
         except (RuntimeError, TypeError) as e:
             raise SpecvizError(f"The model {name} could not be moved to {device}: {_first_line(e)}.") from None
     model.eval()
-    use_small_batch_gemm(model)
+    use_fast_linear(model)
     memory = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     return model, tokenizer, source, memory
 
@@ -471,7 +471,19 @@ def load_model(
 def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
     """The pair's dtypes in words: "float32", or "float32, draft float16" where the draft runs in another."""
     a, b = (str(m.dtype).removeprefix("torch.") for m in (p, q))
+    if not isinstance(p, LoadedModel):  # a served target (served.py): its dtype is the server's
+        return f"target served, draft {b}"
     return a if a == b else f"{a}, draft {b}"
+
+
+def pair_backend(p: LoadedModel, q: LoadedModel) -> str:
+    """How the pair's linear layers run here (kernels.py's choice), in words: "linear layers: specviz kernel
+    (AVX-512, 2 threads)", or with ", draft: PyTorch" where the draft's choice differs."""
+    b = describe(q.model)
+    if not isinstance(p, LoadedModel):  # a served target (served.py): its layers run on its server
+        return f"linear layers: the target's on its server, the draft's {b}"
+    a = describe(p.model)
+    return f"linear layers: {a}" if a == b else f"linear layers: {a}, draft: {b}"
 
 
 def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:

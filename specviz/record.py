@@ -173,12 +173,27 @@ def environment(target=None, draft=None) -> dict:
     from .bench import machine_info
 
     info = machine_info()
-    keys = ("cpu", "cpu_count", "gpu", "load_avg_1min", "torch", "transformers", "python", "platform")
+    keys = (
+        "cpu",
+        "cpu_id",
+        "cpu_vector",
+        "cpu_count",
+        "gpu",
+        "load_avg_1min",
+        "torch",
+        "transformers",
+        "python",
+        "platform",
+    )
     env = {k: info.get(k) for k in keys}  # the load: a shared machine's times are slower than its best
     if target is not None:
         env |= {"target": target.name, "target_params": target.n_params, "device": target.device.type}
     if draft is not None:
         env |= {"draft": draft.name, "draft_params": draft.n_params}
+    if target is not None and draft is not None:  # the per-machine choices (kernels.py): they set the recorded times
+        from .models import pair_backend, pair_dtypes
+
+        env |= {"dtypes": pair_dtypes(target, draft), "backend": pair_backend(target, draft)}
     env["recorded_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return env
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..config import ASSETS, SpecvizError
+from ..models import pair_backend, pair_dtypes
 from .common import UIContext, default_context, message
 
 log = logging.getLogger("specviz")
@@ -80,7 +81,8 @@ class Preloader:
         self.state = "ready"
         self.text = (
             f"Ready. Target p: {_short(p.name)} ({p.n_params / 1e6:.0f} M parameters); "
-            f"draft q: {_short(q.name)} ({q.n_params / 1e6:.0f} M); running on {p.device.type.upper()}."
+            f"draft q: {_short(q.name)} ({q.n_params / 1e6:.0f} M); running on {p.device.type.upper()}, "
+            f"{pair_dtypes(p, q)}, {pair_backend(p, q)}."
         )
 
     def html(self) -> str:

@@ -12,7 +12,16 @@ import time
 import gradio as gr
 
 from .. import compute, plots, render
-from ..config import ASSETS, AUTO_GAMMA_MAX, DEFAULT_DRAFTER, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
+from ..config import (
+    ASSETS,
+    AUTO_GAMMA_MAX,
+    DEFAULT_DRAFTER,
+    DEFAULT_GAMMA,
+    DRAFTERS,
+    GAMMA_POLICIES,
+    TEMPERATURE_MAX,
+    SpecConfig,
+)
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
 from ..served import EngineSpec, ServedTarget, engine_spec
@@ -38,10 +47,19 @@ def examples() -> list[str]:
 
 
 class RaceView:
-    """What the page shows of one race, built up event by event. Lanes: "ar", "spec" and maybe "spec2"."""
+    """What the page shows of one race, built up event by event. Lanes: "ar", "spec" and maybe "spec2".
 
-    def __init__(self, prompt: str = "", gamma: int = DEFAULT_GAMMA, labels: dict[str, str] | None = None):
+    `configs` are the SpecConfigs the speculative lanes run with (a recording's settings come from them)."""
+
+    def __init__(
+        self,
+        prompt: str = "",
+        gamma: int = DEFAULT_GAMMA,
+        labels: dict[str, str] | None = None,
+        configs: dict[str, SpecConfig] | None = None,
+    ):
         self.prompt, self.gamma = prompt if isinstance(prompt, str) else "", gamma
+        self.configs = configs or {}
         self.labels = labels or {"spec": "model, gamma 3"}
         self.lanes = ("ar", *(k for k in SPEC_LANES if k in self.labels))
         self.events: dict[str, list] = {k: [] for k in ("ar", *SPEC_LANES)}
@@ -177,7 +195,7 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         if second is not None:
             cfg2 = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, second, policy2)
             cfgs["spec2"] = cfg2
-        view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()})
+        view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()}, cfgs)
         yield view.outputs(note("Loading the models…"), waiting="waiting for the models…")
         p, q, ids = prepare(ctx, prompt, cfg)
         view.pieces = render.Pieces(p.tokenizer)
@@ -309,8 +327,8 @@ def build_race_tab(ctx: UIContext) -> None:
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
     race_ev.then(
-        lambda view, *a: downloads(race_recording(ctx, view, *a), "race"),
-        [race_done, *inputs],
+        lambda view: downloads(race_recording(ctx, view), "race"),
+        [race_done],
         list(race_dl),
         **private,
     )

@@ -94,11 +94,11 @@ class Limits:
     max_loaded_models: int = 4
     allowed_models: tuple[str, ...] | None = None  # None: any hub id; the built-in pair is always allowed
     model_dirs: tuple[str, ...] | None = None  # None: visitors may not load local folders
-    target_urls: tuple[str, ...] | None = None  # None: visitors may not name served targets
     # Step-through sessions hold KV caches between clicks: a class opening the tab at once must not exhaust memory
     session_idle_s: int = 300
     max_sessions: int = 100
     session_memory_mb: int = 1024
+    target_urls: tuple[str, ...] | None = None  # None: visitors may not name served targets (served.py)
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -113,10 +113,10 @@ class Limits:
             max_loaded_models=env_int("SPECVIZ_MAX_LOADED_MODELS", 4),
             allowed_models=_list("SPECVIZ_ALLOWED_MODELS"),
             model_dirs=_list("SPECVIZ_MODEL_DIRS"),
-            target_urls=_list("SPECVIZ_TARGET_URLS"),
             session_idle_s=env_int("SPECVIZ_SESSION_IDLE_S", 300),
             max_sessions=env_int("SPECVIZ_MAX_SESSIONS", 100),
             session_memory_mb=env_int("SPECVIZ_SESSION_MEMORY_MB", 1024),
+            target_urls=_list("SPECVIZ_TARGET_URLS"),
         )
 
     # --- models ---------------------------------------------------------------------------------

@@ -195,9 +195,10 @@ class ServedTarget:
         return ServedRun(self)
 
 
-def _sampling_body(s: SamplingConfig, gen: torch.Generator) -> dict:
+def _sampling_body(s: SamplingConfig, gen: torch.Generator | None = None) -> dict:
     """The request's sampling fields, every one explicit: a server's defaults (from the model's
-    generation_config) must never filter p behind our back."""
+    generation_config: a top-p, a repetition penalty) must never change p behind our back. gen: the run's
+    generator, which seeds the engine's sample (not needed when greedy)."""
     body = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or 0, "min_p": 0.0,
             "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}  # fmt: skip
     if not s.greedy:  # the engine's sample is drawn from a seed taken from the run's one generator
@@ -315,7 +316,9 @@ class ServedRun:
         start = self.length + 1
         self._set(self.ids + new)
         k = len(new) - 1
-        (choice,) = self._complete(self.ids, temperature=0.0, **({"prompt_logprobs": 1} if k else {}))
+        (choice,) = self._complete(
+            self.ids, **_sampling_body(SamplingConfig()), **({"prompt_logprobs": 1} if k else {})
+        )
         rows = self._rows(choice, start, k) if k else []
         token, lp, top = self._generated(choice)
         logits = self._logits([*rows, top])

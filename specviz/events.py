@@ -25,6 +25,9 @@ class Start:
     calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
     translation: str = ""  # a draft with another tokenizer: how its guesses become the target's tokens
     tree: str = ""  # spec: "" (chains), or the token trees' node budget: "auto" or a number
+    # a served target (served.py): "served greedy" | "served exact" | "served approximate: top-20" | "served
+    # engine sample" (the plain lane at T > 0); "" for a target run here
+    verify: str = ""
 
 
 @dataclass(frozen=True)

@@ -463,7 +463,9 @@ def load_model(
 
 def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
     """The pair's dtypes in words: "float32", or "float32, draft float16" where the draft runs in another;
-    a quantised target: "NF4, bitsandbytes; draft float16"."""
+    a quantised target: "NF4, bitsandbytes; draft float16"; a served target: "target served, draft float16"."""
+    if not isinstance(p, LoadedModel):  # a served target (served.py): its dtype is the server's
+        return f"target served, draft {q.precision}"
     a, b = p.precision, q.precision
     return a if a == b else f"{a}; draft {b}" if p.quantize else f"{a}, draft {b}"
 
@@ -471,7 +473,10 @@ def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
 def pair_backend(p: LoadedModel, q: LoadedModel) -> str:
     """How the pair's linear layers run here (kernels.py's choice), in words: "linear layers: specviz kernel
     (AVX-512, 2 threads)", or with ", draft: PyTorch" where the draft's choice differs."""
-    a, b = describe(p.model), describe(q.model)
+    b = describe(q.model)
+    if not isinstance(p, LoadedModel):  # a served target (served.py): its layers run on its server
+        return f"linear layers: the target's on its server, the draft's {b}"
+    a = describe(p.model)
     return f"linear layers: {a}" if a == b else f"linear layers: {a}, draft: {b}"
 
 

@@ -17,7 +17,8 @@ import torch
 
 from .config import AUTO_GAMMA_MAX, CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
-from .models import CachedModel, LoadedModel, load_pair, pair_dtypes, vocab_gap
+from .models import LoadedModel, load_pair, pair_dtypes, vocab_gap
+from .served import ServedTarget, engine_step_s, is_url, load_served_pair, open_run
 from .theory import (  # noqa: F401  (expected_speedup: re-exported)
     alpha,
     cost_ratio,
@@ -117,7 +118,7 @@ def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list
 
     V = target.vocab_size  # CachedModel: the engine's own call path, cache, vocabulary mapping and all
     V_q = draft.vocab_size if needs_translation(target, draft) else V  # another tokenizer: its own vocabulary
-    runs = [(CachedModel(target, V), target.device), (CachedModel(draft, V_q), draft.device)]
+    runs = [(open_run(target, V), target.device), (open_run(draft, V_q), draft.device)]  # served: one request a step
     prompts = [torch.tensor(ids, dtype=torch.long) for ids in (prompt_ids, draft_ids(target, draft, prompt_ids))]
     times: list[list[float]] = [[], []]
     for (run, dev), prompt in zip(runs, prompts):
@@ -366,6 +367,14 @@ class PairReport:
     translate_cost: float | None = None  # re-tokenising, in target forward steps per round (measured)
     trees: tuple[TreeTrial, ...] = field(default=())  # token trees of TREE_BUDGETS nodes, measured (model drafters)
     tree_advice: str = ""  # whether a tree pays here, in one sentence
+    # A served target (served.py): target_step_s is then one request of one token (the round trip and the
+    # engine's step); engine_step_s the engine's own step inside one long request; engine_speedup the textbook
+    # speedup (a verify costs one engine step, no round trip per round) if the engine ran this draft itself at
+    # c = draft_step_s / engine_step_s, best over gamma 1..8
+    served: str = ""
+    engine_step_s: float | None = None
+    engine_speedup: float | None = None
+    engine_best_gamma: int | None = None
 
     @property
     def param_ratio(self) -> float:
@@ -390,12 +399,14 @@ class PairReport:
     def report(self) -> str:
         """A readable summary for the terminal."""
         t = self.tokenizer
+        size = (f"{_params(self.target_params)} parameters, {self.target_precision}, {_bytes(self.target_memory_bytes)}" if not self.served
+                else "served (its size is the server's business)")  # fmt: skip
+        ratio = f"{self.param_ratio:.3g}x the target's parameters" if not self.served else "a draft running here"
         lines = [
-            f"target      {self.target}: {_params(self.target_params)} parameters, {self.target_precision}, "
-            f"{_bytes(self.target_memory_bytes)}, output layer {self.target_vocab_rows:,} rows",
+            f"target      {self.target}: {size}, output layer {self.target_vocab_rows:,} rows",
             f"draft       {self.draft}: {_params(self.draft_params)} parameters, {self.draft_precision}, "
             f"{_bytes(self.draft_memory_bytes)}, output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
-            f"            the draft has {self.param_ratio:.3g}x the target's parameters ({self.device}, {self.dtype})",
+            f"            the draft has {ratio} ({self.device}, {self.dtype})",
         ]
         if t.mismatches == 0:
             tok = f"identical over {t.compared:,} ids"
@@ -441,6 +452,15 @@ class PairReport:
                     f"  tree {t.budget:2d}  {t.speedup:5.2f}x  ({t.tokens_per_call:.2f} tokens per call, "
                     f"{t.nodes_per_call:.1f} nodes; verify {t.verify_cost:.2f}, drafting {t.draft_cost:.2f} steps)"
                 )
+        if self.served and self.engine_step_s:
+            lines += [
+                f"served      {self.served}: a one-token request {self.target_step_s * 1e3:.1f} ms (round trip and "
+                f"step), the engine's own step {self.engine_step_s * 1e3:.1f} ms inside one request; every verify "
+                "request recomputes the prefix (prompt logprobs skip vLLM's prefix cache), as the v_g above include",
+                f"            this draft here, one request per round: {self.best_speedup:.2f}x at gamma {self.best_gamma}; "
+                f"the engine drafting with it itself (textbook, c = {self.draft_step_s / self.engine_step_s:.3f}): "
+                f"{self.engine_speedup:.2f}x at gamma {self.engine_best_gamma}",
+            ]
         lines.append(f"verdict     {self.verdict.upper()}")
         lines += [f"  - {r}" for r in self.reasons]
         if self.warnings:
@@ -555,10 +575,12 @@ def check_pair(
     timeout_s: float | None = None,
     drafter: str = "model",
     quantize: str | None = None,
+    tokenizer: str | None = None,
 ) -> PairReport:
     """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
 
-    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
+    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair; target may be a served
+    target's address or ServedTarget (served.py; tokenizer: its tokenizer, default the server's model name).
     drafter: where the guesses come from (model, lookup, lookup+model); lookup alone costs no draft calls (c = 0).
     prompts: texts for the acceptance run, formatted as `generate` would: a list, or a dict kind -> texts
     (default: SAMPLE_PROMPTS, two each of chat, story, code and summarise; a is also given per kind).
@@ -580,7 +602,10 @@ def check_pair(
     texts = [x for v in kinds.values() for x in v]
     if not texts or not all(isinstance(x, str) and x.strip() for x in texts):
         raise SpecvizError("prompts must be a list of non-empty texts.")
-    p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize, check_vocab=False)
+    if is_url(target) or isinstance(target, ServedTarget):
+        p, q = load_served_pair(target, draft, tokenizer=tokenizer, device=device, dtype=dtype)
+    else:
+        p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize, check_vocab=False)
 
     t = compare_tokenizers(p.tokenizer, q.tokenizer)
     translated, extra = needs_translation(p, q), {}
@@ -636,13 +661,21 @@ def check_pair(
     if translated:
         base["translate_cost"] = acc.translate_s / max(acc.rounds, 1) / step
     trees, advice = (), ""
-    if drafter in TREE_DRAFTERS:
+    if drafter in TREE_DRAFTERS and not isinstance(p, ServedTarget):  # a served target takes chains only
         few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
         trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
         advice = _tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))
         if verdict == "compatible":
             reasons.append(advice)
+    served = {}
+    if isinstance(p, ServedTarget):
+        e_step = engine_step_s(p, first)
+        e_speedups = speedup_table(acc.a, q_s / e_step, MEASURED_GAMMAS)
+        e_best = max(range(len(e_speedups)), key=e_speedups.__getitem__)
+        served = dict(served=p.url, engine_step_s=e_step, engine_speedup=e_speedups[e_best],
+                      engine_best_gamma=MEASURED_GAMMAS[e_best])  # fmt: skip
     return PairReport(
+        **served,
         verdict=verdict,
         reasons=tuple(reasons),
         drafter=drafter,

@@ -300,6 +300,7 @@ def run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options) -> Reco
     from .config import SamplingConfig, SpecConfig
     from .engine import race
     from .models import load_pair
+    from .served import is_url, load_served_pair
 
     modes = tuple(modes)
     if modes not in (("spec",), ("ar",), ("ar", "spec")):
@@ -310,7 +311,11 @@ def run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options) -> Reco
     sampling = {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
     cfg = SpecConfig(**cfg, sampling=SamplingConfig(**sampling))  # bad numbers fail here, before any loading
     load = {k: options.pop(k) for k in ("device", "dtype", "quantize") if k in options}
-    p, q = load_pair(options.pop("target", None), options.pop("draft", None), **load)
+    target, draft = options.pop("target", None), options.pop("draft", None)
+    if is_url(target):  # a served target (served.py): p scores on its server
+        p, q = load_served_pair(target, draft, tokenizer=options.get("tokenizer"), **load)
+    else:
+        p, q = load_pair(target, draft, **load)
     runs = {mode: stream(prompt, mode=mode, target=p, draft=q, **options) for mode in modes}
     if len(modes) == 2:
         merged = list(race(runs["ar"], runs["spec"]))

@@ -15,7 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..config import ASSETS, SpecvizError
-from ..models import pair_backend
+from ..models import LoadedModel, pair_backend
 from .common import UIContext, default_context, message
 
 log = logging.getLogger("specviz")
@@ -80,7 +80,7 @@ class Preloader:
             return
         self.state = "ready"
         self.text = (
-            f"Ready. Target p: {_short(p.name)} ({p.describe()}); "
+            f"Ready. Target p: {_short(p.name)} ({p.describe() if isinstance(p, LoadedModel) else 'served'}); "
             f"draft q: {_short(q.name)} ({q.describe()}); running on {p.device.type.upper()}, "
             f"{pair_backend(p, q)}."
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
 from ..limits import Limits
 from ..models import QUANTIZE, LoadedModel, load_model, load_pair
+from ..served import ServedTarget, is_url, load_served_pair
 
 NO_QUANTIZE = "none"  # the page's word for full-precision weights
 
@@ -61,7 +62,7 @@ class UIContext:
 
     def pair(
         self, target: str | None = None, draft: str | None = None, quantize: str | None = None
-    ) -> tuple[LoadedModel, LoadedModel]:
+    ) -> tuple[LoadedModel | ServedTarget, LoadedModel]:
         """The pair a visitor asked for (None or "" means the default), checked against the deployment's limits.
         quantize: the target's weights ("4bit", "8bit", "none"; None: this deployment's default).
 
@@ -70,11 +71,15 @@ class UIContext:
         """
         t = self.limits.check_model(target or "") or self.default_target or BUILTIN_TARGET
         d = self.limits.check_model(draft or "") or self.default_draft or BUILTIN_DRAFT
+        if is_url(t):  # an allowed served target (limits.check_url) or the operator's SPECVIZ_TARGET
+            return load_served_pair(t, d, device=self.device, timeout_s=self.limits.request_timeout_s)
         quant = self.quantize if quantize is None else quantize_choice(quantize)
         return load_pair(t, d, device=self.device, quantize=quant, timeout_s=self.limits.request_timeout_s)
 
-    def target(self, name: str | None = None) -> LoadedModel:
+    def target(self, name: str | None = None) -> LoadedModel | ServedTarget:
         t = self.limits.check_model(name or "") or self.default_target or BUILTIN_TARGET
+        if is_url(t):
+            return load_served_pair(t, need_draft=False, device=self.device)[0]
         return load_model(t, device=self.device, quantize=self.quantize, timeout_s=self.limits.request_timeout_s)
 
 

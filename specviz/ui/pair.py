@@ -55,13 +55,14 @@ def _num(value: str, caption: str) -> str:
 def report_html(r: PairReport) -> str:
     """Verdict, reasons, the measured numbers and any warnings; every name and sentence escaped."""
     icon, color, words = BADGES.get(r.verdict, ("?", "#000000", r.verdict))
+    size = "a served target" if r.served else f"{r.param_ratio:.2g}× the target's size"
     head = (
         f'<span class="sv-badge" style="color:{color}">{icon} {html.escape(words)}</span>'
         f"<div>target p: <b>{html.escape(_short(r.target))}</b> "
-        f"({html.escape(memory_words(r.target_params, r.target_precision, r.target_memory_bytes))}) · "
+        f"({html.escape('served' if r.served else memory_words(r.target_params, r.target_precision, r.target_memory_bytes))}) · "
         f"draft q: <b>{html.escape(_short(r.draft))}</b> "
         f"({html.escape(memory_words(r.draft_params, r.draft_precision, r.draft_memory_bytes))}; "
-        f"{r.param_ratio:.2g}× the target's size; {html.escape(r.device)})</div>"
+        f"{size}; {html.escape(r.device)})</div>"
     )
     reasons = "".join(f"<li>{html.escape(x)}</li>" for x in r.reasons)
     nums = ""
@@ -111,6 +112,15 @@ def report_html(r: PairReport) -> str:
             f"vocabulary by string ({r.draft_share:.0%} of its own tokens are the target's). Greedy: "
             f"{html.escape(r.translation)}. At temperature above 0: {html.escape(r.sampling_translation)}.{cost}</p>"
         )
+    if r.served and r.engine_step_s:
+        nums += (
+            f'<p class="sv-warn">Served target {html.escape(r.served)}: a one-token request takes '
+            f"{r.target_step_s * 1e3:.1f} ms (the round trip and the engine's step; the engine's own step inside one "
+            f"request is {r.engine_step_s * 1e3:.1f} ms), and each verify request recomputes the text so far "
+            f"(prompt logprobs skip vLLM's prefix cache). With this draft here, one request per round: "
+            f"{r.best_speedup:.2f}× at gamma {r.best_gamma}. If the engine drafted with it itself (no round trip "
+            f"per round, textbook costs): {r.engine_speedup:.2f}× at gamma {r.engine_best_gamma}.</p>"
+        )
     warn = ""
     if r.warnings:
         warn = (
@@ -130,7 +140,8 @@ def build_pair_tab(ctx: UIContext) -> None:
         max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
         drafter = gr.Dropdown(list(CHECK_DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
     with gr.Row():
-        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1)
+        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1,
+                            info="or a served target's address where the operator allows it: http://HOST:PORT/v1")  # fmt: skip
         draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
     with gr.Accordion("Advanced", open=False):
         quantize = gr.Dropdown(

@@ -180,6 +180,11 @@ class ServedTarget:
     n_params: int = 0  # not known here: the weights live on the server
 
     @property
+    def precision(self) -> str:
+        """How its weights are held, in words (LoadedModel.precision's counterpart): the server's business."""
+        return "served"
+
+    @property
     def url(self) -> str:
         return self.client.base
 

@@ -80,7 +80,7 @@ class Preloader:
             return
         self.state = "ready"
         self.text = (
-            f"Ready. Target p: {_short(p.name)} ({p.describe() if isinstance(p, LoadedModel) else 'served'}); "
+            f"Ready. Target p: {_short(p.name)} ({p.describe() if isinstance(p, LoadedModel) else p.precision}); "
             f"draft q: {_short(q.name)} ({q.describe()}); running on {p.device.type.upper()}, "
             f"{pair_backend(p, q)}."
         )

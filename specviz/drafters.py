@@ -14,6 +14,11 @@ from, and is told after each verify how many were accepted (n) and which token t
 - `LookupModelDrafter` ("lookup+model", "lookup+head"): lookup where the text has a match, the model (or
   the head) otherwise.
 
+With a tree policy in the context (`SpecConfig.tree`), the model and lookup drafters may propose a token tree
+instead of a chain (`Proposal.parents`): the model grows one best-first, reading the nodes it expands in cached,
+tree-masked calls; lookup proposes the trie of several earlier continuations. A tree that never branched is
+returned as the chain it is.
+
 How many tokens a drafter may propose in a round is the gamma policy's call (`policies.py`); a drafter asks
 it per source (`ctx.k_for(source)`), so "auto" can keep separate estimates for free and paid guesses.
 A proposal may be empty: the round is then one plain target step.
@@ -268,6 +273,8 @@ class ModelDrafter(Drafter):
                 if g.depth[i] < depth_max:
                     heapq.heappush(g.heap, (-score * ctx.tree.first(), g.next_order(), i, 1))
         ctx.tree.observe(g.curve, g.spent)
+        if not g.tokens:  # no candidate at all (cannot happen with a softmax row, but never stack nothing)
+            return _empty(ctx, 0, STOP_TREE)
         self.tree = {}
         for i, par in enumerate(g.parents):
             self.tree.setdefault(par, []).append((g.tokens[i], g.rows.get(i, -1), i))
@@ -428,7 +435,6 @@ class LookupDrafter(Drafter):
         q = torch.nn.functional.one_hot(t, ctx.V).float() if ctx.need_q else None  # (k, V) point masses
         stop = why if len(found) == k else (STOP_GAMMA if len(found) == k_eff else STOP_MATCH_END)
         return Proposal(t, q, (self.name,) * len(found), k, stop, estimate=self.key(n))
-
 
     def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal | None:
         """Where the text's last tokens occurred several times with different continuations: their trie, the most

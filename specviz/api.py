@@ -17,6 +17,7 @@ from .config import (
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
 from .models import LoadedModel, load_model, load_pair
+from .served import ServedTarget, is_url, load_served_pair
 
 MODES = ("spec", "ar")
 MAX_PROMPT_CHARS = 100_000  # far beyond any context window; guards the tokenizer against absurd input
@@ -88,6 +89,7 @@ def _prepare(
     device,
     dtype,
     quantize,
+    tokenizer,
     **drafting,
 ):
     # everything a caller can get wrong is checked before a model is loaded (which may take seconds)
@@ -95,7 +97,11 @@ def _prepare(
     if mode not in MODES:
         raise SpecvizError(f"Unknown mode {mode!r}; use 'spec' (speculative) or 'ar' (plain decoding).")
     cfg = _config(gamma, temperature, top_k, top_p, max_new_tokens, seed, detail, relaxed_w, allow_lossy, **drafting)
-    if (mode == "ar" or cfg.drafter not in MODEL_DRAFTERS) and draft is None:  # no draft model needed: don't load one
+    no_draft = (mode == "ar" or cfg.drafter not in MODEL_DRAFTERS) and draft is None
+    if is_url(target) or isinstance(target, ServedTarget):  # p scores on its server, q drafts here (served.py)
+        p, q = load_served_pair(target, draft, tokenizer=tokenizer, need_draft=not no_draft, device=device,
+                                dtype=dtype, quantize=quantize)  # fmt: skip
+    elif no_draft:  # no draft model needed: don't load one
         p, q = load_model(target or BUILTIN_TARGET, device=device, dtype=dtype, quantize=quantize), None
     else:
         p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize)
@@ -123,15 +129,17 @@ def generate(prompt: str, **options) -> Result:
     """Decode `prompt` with the target (mode="ar") or speculatively with target and draft (mode="spec").
 
     Options (all keyword): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
-    built-in pair; mode "spec" or "ar"; drafter "model" | "lookup" | "lookup+model" | "head" | "lookup+head"
-    (where guesses come from; head: the head drafters' head folder, "" = the built-in target's own head);
+    built-in pair; target may also be a served target's address, "http://HOST:PORT/v1" (vLLM; served.py), with
+    tokenizer its tokenizer's hub id or folder (default: the server's model name); mode "spec" or "ar"; drafter
+    "model" | "lookup" | "lookup+model" | "head" | "lookup+head" (where guesses come from; head: the head
+    drafters' head folder, "" = the built-in target's own head);
     gamma 1..16 or "auto"; gamma_policy "constant" | "heuristic" | "confidence" | "auto" (gamma is then the
     start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,
     max_matching_ngram_size (lookup); tree "off" | a node budget 1..32 | "auto" (token trees from the draft
     model, verified in one call; drafters model and lookup+model; depth at most gamma); temperature 0 (greedy) .. 2; top_k (0 off); top_p (1 off);
     max_new_tokens; seed; raw (skip the chat template); detail (top candidates per drafted position, 0 off);
     relaxed_w (below 1: verify against w·p + (1 − w)·q, NOT exact; refused unless allow_lossy=True);
-    device, dtype, quantize ("4bit"/"8bit", CUDA only). Raises SpecvizError on anything a caller can fix.
+    device, dtype, quantize ("4bit" NF4 / "8bit" int8 with bitsandbytes, on any device it serves: CUDA, CPU ...). Raises SpecvizError on anything a caller can fix.
     """
     p, events = _prepare(prompt, **_options(options, "generate"))
     done = next(ev for ev in events if isinstance(ev, Done))
@@ -164,4 +172,5 @@ _DEFAULTS = dict(
     device=None,
     dtype=None,
     quantize=None,
+    tokenizer=None,
 )

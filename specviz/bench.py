@@ -45,6 +45,7 @@ from .engine import autoregressive_decode, eos_ids, speculative_decode
 from .events import Done, Step
 from .models import LoadedModel
 from .theory import alpha, cost_ratio, expected_speedup  # noqa: F401  (expected_speedup: re-exported)
+from .translate import needs_translation
 
 log = logging.getLogger("specviz")
 
@@ -88,16 +89,24 @@ def machine_info() -> dict:
     import transformers
 
     cpu = platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "vendor_id", "cpu family", "model", "flags"):
+                fields.setdefault(key.strip(), value.strip())
+            if not line.strip() and fields:
+                break  # the first processor tells
+    cpu = fields.get("model name", cpu)
+    flags = set(fields.get("flags", "").split())
+    vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     load = None
     with contextlib.suppress(OSError):
         load = Path("/proc/loadavg").read_text().split()[0]
     return {
         "cpu": cpu,
+        "cpu_id": f"{fields.get('vendor_id', '?')} family {fields.get('cpu family', '?')} model {fields.get('model', '?')}",
+        "cpu_vector": " ".join(vector) or "none of avx2/avx512",
         "cpu_count": os.cpu_count(),
         "load_avg_1min": load,  # the machine may be shared: read the numbers as ratios within one run
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
@@ -151,8 +160,18 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
     same architecture built on the meta device, given q's blocks, an input embedding that maps ids and an
     output layer that scatters logits into the target's V (exactly what our engine does). Its own generation
     config fixes gamma: num_assistant_tokens=gamma, schedule "constant", no confidence early stop.
+
+    A draft with another tokenizer is given to transformers as it is (a shallow copy with its own generation
+    config): its Universal Assisted Generation translates through text itself (`assist_kwargs`).
     """
     m, V = draft.model, target.vocab_size
+    if needs_translation(target, draft):
+        view = copy.copy(m)  # the same modules; only the generation config is its own
+        view.generation_config = copy.deepcopy(m.generation_config)
+        view.generation_config.num_assistant_tokens = gamma
+        view.generation_config.num_assistant_tokens_schedule = "constant"
+        view.generation_config.assistant_confidence_threshold = 0.0
+        return view
     cfg = copy.deepcopy(m.config)
     cfg.vocab_size = V
     prefix = getattr(m, "base_model_prefix", "model")
@@ -176,6 +195,16 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
     view.generation_config.num_assistant_tokens_schedule = "constant"
     view.generation_config.assistant_confidence_threshold = 0.0  # draft exactly gamma, like ours
     return view.eval()
+
+
+def assist_kwargs(target: LoadedModel, draft: LoadedModel, view: torch.nn.Module) -> dict:
+    """generate()'s keywords for assisted generation with `view`: with another tokenizer also both tokenizers,
+    which makes it transformers' Universal Assisted Generation (greedy; at T > 0 its heterogeneous-vocabulary
+    speculative sampling, the token-level intersection)."""
+    kw = {"assistant_model": view}
+    if needs_translation(target, draft):
+        kw.update(tokenizer=target.tokenizer, assistant_tokenizer=draft.tokenizer)
+    return kw
 
 
 # --- one timed run per method ---------------------------------------------------------------------
@@ -202,6 +231,10 @@ def _ours(events_fn) -> dict:
         "verify_s": s["verify_s"],
         "other_s": s["other_s"],
         "step_s": statistics.median(steps) if steps else float("nan"),
+        # a served target (served.py): its requests, their seconds, and how it decided; nan / "" for a local one
+        "requests": done.stats.get("requests", 0),
+        "request_s": done.stats.get("request_s", float("nan")),
+        "verify": done.stats.get("verify", ""),
     }
 
 
@@ -296,7 +329,8 @@ def _shared_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool) ->
         try:
             default = hf_assistant(draft, target, 20)
             default.generation_config.assistant_confidence_threshold = 0.4  # transformers' own defaults
-            runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, assistant_model=default)
+            assist = assist_kwargs(target, draft, default)
+            runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, **assist)
         except SpecvizError as e:
             notes["hf_assist"] = f"n/a: {e}"
     runners["hf_lookup"] = lambda ids, cfg: _hf(target, ids, cfg, prompt_lookup_num_tokens=HF_LOOKUP_TOKENS)
@@ -323,7 +357,8 @@ def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, co
             except SpecvizError as e:
                 notes["hf_spec"] = f"n/a: {e}"
                 continue
-            kw = dict(assistant_model=view, num_assistant_tokens=int(c.gamma), num_assistant_tokens_schedule="constant")
+            kw = dict(**assist_kwargs(target, draft, view), num_assistant_tokens=int(c.gamma),
+                      num_assistant_tokens_schedule="constant")  # fmt: skip
             out.append((c, "hf_spec", lambda ids, cfg, kw=kw: _hf(target, ids, cfg, **kw)))
     return out, notes
 
@@ -502,6 +537,9 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 **_where_time_goes(spec, ar, gamma if constant else 1, c),
                 "identical": ok,
                 "differences": "; ".join(diffs),
+                "verify": first["verify"],  # a served target: greedy | exact | approximate: top-20
+                "ar_request_share": float(ar["request_s"].sum() / ar["seconds"].sum()),
+                "spec_request_share": float(spec["request_s"].sum() / spec["seconds"].sum()),
             }
             row["note"] = _note(row) if constant and row["tree"] == "off" else ""
             table.append(row)
@@ -592,19 +630,21 @@ SHOW = {
     "measured_over_theory": "meas/theory",
     "identical": "identical",
 }
+SHOW_SERVED = {
+    "verify": "served verify",
+    "ar_request_share": "ar in requests",
+    "spec_request_share": "spec in requests",
+}
 
 
 def format_table(table: pd.DataFrame) -> str:
-    shown = table[list(SHOW)].rename(columns=SHOW).copy()
+    show = {**SHOW, **SHOW_SERVED} if (table["verify"] != "").any() else SHOW  # a served target's row
+    shown = table[list(show)].rename(columns=show).copy()
     shown["identical"] = shown["identical"].map({True: "yes", False: "NO", None: "n/a (sampled)"})
     return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a")
 
 
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")  # Okabe-Ito: one per temperature
-
-
-def _line(fig, y, name: str, x, colour: str, t: float, dash: str = "solid", mode: str = "lines+markers") -> None:
-    fig.add_scatter(x=x, y=y, mode=mode, name=f"{name}, T={t:g}", line={"color": colour, "dash": dash})
 
 
 def _figures(table: pd.DataFrame) -> dict:
@@ -659,7 +699,8 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
 
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
-    from .models import load_pair, pair_dtypes
+    from .models import load_pair, pair_backend, pair_dtypes
+    from .served import is_url, load_served_pair
 
     prompts = load_prompts(args.prompts, args.limit)
     gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
@@ -668,14 +709,18 @@ def main(args) -> dict:
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     trees = parse_trees(getattr(args, "trees", "off"))
     configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
-    p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    if is_url(args.target):  # p scores on its server, both lanes through the same endpoint; no transformers peers
+        p, q = load_served_pair(args.target, args.draft, tokenizer=getattr(args, "tokenizer", None),
+                                device=args.device, dtype=args.dtype, quantize=args.quantize)  # fmt: skip
+    else:
+        p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    hf = not args.no_hf and not is_url(args.target)
     runs = measure(
-        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=not args.no_hf,
-        progress=True,
+        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=hf, progress=True
     )  # fmt: skip
     table = summarise_runs(runs)
     facts = machine_info()
-    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), prompts=args.prompts, n_prompts=len(prompts),
+    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
                  max_new_tokens=args.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
@@ -697,8 +742,9 @@ def main(args) -> dict:
     if not args.json:
         print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
               f"{args.max_new_tokens} new tokens")  # fmt: skip
-        print(f"{facts['cpu']} · GPU {facts['gpu']} · torch {facts['torch']} ({facts['torch_threads']} threads) · "
-              f"transformers {facts['transformers']}")  # fmt: skip
+        print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
+              f"({facts['torch_threads']} threads) · transformers {facts['transformers']}")  # fmt: skip
+        print(f"On this CPU: {facts['backend']}")
         print(format_table(table))
         peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
         for t, r in peers.dropna(how="all").iterrows():  # none with --no-hf

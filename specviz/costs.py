@@ -14,7 +14,8 @@ import weakref
 
 import torch
 
-from .models import CachedModel, LoadedModel
+from .models import LoadedModel
+from .served import open_run
 
 
 @torch.inference_mode()
@@ -26,7 +27,8 @@ def forward_times(
     This is the verify pass's shape: a cache holding the text so far, and a block of new tokens.
     The sizes are interleaved within each repetition so a busy machine slows all of them alike.
     """
-    run = CachedModel(lm, vocab_size or lm.vocab_size)  # a trimmed-vocabulary draft needs the target's size
+    run = open_run(lm, vocab_size or lm.vocab_size)  # a trimmed-vocabulary draft needs the target's size; a served
+    # target times its requests (each one a verify's: the text, the block, prompt logprobs)
     prompt = torch.tensor(prompt_ids, device=lm.device)
     run.prefill(prompt)
     base = run.length
@@ -82,10 +84,11 @@ def calibration(lm: LoadedModel, prompt_ids: list[int], max_tokens: int, vocab_s
 
     Returns (times, seconds spent measuring now: 0 when they were already known).
     """
-    known = _MEMO.get(lm.model)
+    key = lm.model if isinstance(lm, LoadedModel) else lm  # a served target: itself
+    known = _MEMO.get(key)
     if known is not None and len(known) >= max_tokens:
         return known[:max_tokens], 0.0
     t0 = time.perf_counter()
     times = forward_times(lm, prompt_ids, max_tokens, reps=2, vocab_size=vocab_size)
-    _MEMO[lm.model] = times
+    _MEMO[key] = times
     return times, time.perf_counter() - t0

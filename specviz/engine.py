@@ -19,7 +19,7 @@ import torch
 
 from .config import TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .costs import calibration, head_calibration
-from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter
+from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter, translation_of
 from .events import Candidates, Done, Event, Round, Start, Step, TreeRound
 from .head import head_for
 from .models import CachedModel, LoadedModel
@@ -35,7 +35,9 @@ from .sampling import (
     verify_tree_greedy,
     verify_tree_sampled,
 )
+from .served import ServedRun, ServedTarget, open_run
 from .theory import alpha
+from .translate import draft_ids
 
 
 class _Clock:
@@ -59,7 +61,9 @@ class _Clock:
         self._t = time.perf_counter()
 
 
-def eos_ids(lm: LoadedModel) -> frozenset[int]:
+def eos_ids(lm: LoadedModel | ServedTarget) -> frozenset[int]:
+    if isinstance(lm, ServedTarget):  # read from its tokenizer's config when it connected
+        return lm.eos
     ids = set()
     for src in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
         e = getattr(src, "eos_token_id", None)
@@ -114,19 +118,22 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     s, eos, dev = cfg.sampling, eos_ids(target), target.device
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
-    p_run = CachedModel(target, target.vocab_size)
+    p_run = open_run(target, target.vocab_size)
     prompt = torch.tensor(prompt_ids, device=dev)
     p_run.prefill(prompt)
     prefill_s = clock.lap()
-    yield Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature, prefill_s=prefill_s)
+    yield Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature, prefill_s=prefill_s,
+                verify=_served_note(target, s, plain=True))  # fmt: skip
     clock.resume()
     pending, out = prompt[-1:], []
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
-        logits = p_run.feed(pending)[-1]  # (V,)
-        if s.greedy:
+        if isinstance(p_run, ServedRun):  # the engine's own greedy token or sample, one request
+            token, p_x = p_run.next_token(pending.tolist(), s, gen)
+        elif s.greedy:
+            logits = p_run.feed(pending)[-1]  # (V,)
             token, p_x = int(greedy(logits)), 1.0
         else:
-            probs = to_probs(logits, s)
+            probs = to_probs(p_run.feed(pending)[-1], s)  # (V,)
             token = sample(probs, gen)
             p_x = float(probs[token])
         dt = clock.lap()
@@ -135,7 +142,9 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         clock.resume()
         pending = torch.tensor([token], device=dev)
     wall = clock.total
-    stats = _stats("ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s}, wall)
+    stats = _stats(
+        "ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s, **_served_stats(p_run, s, plain=True)}, wall
+    )
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -162,10 +171,12 @@ def make_run(
     Returns (drafter, gamma policy, tree policy or None, seconds spent measuring now).
     """
     V = target.vocab_size
+    if isinstance(target, ServedTarget):
+        _check_served(cfg)
     lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
                   max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
-    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, **lookup)
+    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
     tree_auto = cfg.tree == "auto"
     if cfg.gamma_policy == "auto" or tree_auto:
@@ -174,7 +185,7 @@ def make_run(
             (step_s,), spent_q = head_calibration(head)
             spent, paid = spent + spent_q, "head"
         elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
-            (step_s,), spent_q = calibration(draft, prompt_ids, 1, vocab_size=V)
+            (step_s,), spent_q = calibration(draft, draft_ids(target, draft, prompt_ids), 1, vocab_size=V)
             spent += spent_q
     policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
     tree = None
@@ -214,7 +225,7 @@ def speculative_decode(
     drafter, policy, tree, calibration_s = make_run(target, draft, prompt_ids, cfg, drafter)
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
-    p_run = CachedModel(target, V)
+    p_run = open_run(target, V)
     prompt_h = p_run.prefill(torch.tensor(prompt_ids, device=dev), hidden=drafter.wants_hidden)
     if tree is not None and not p_run.supports_trees:
         raise SpecvizError(
@@ -224,7 +235,8 @@ def speculative_decode(
     prefill_s = clock.lap()
     yield Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
                 prefill_s=prefill_s, drafter=drafter.name, gamma_policy=policy.name,
-                calibration_s=calibration_s, tree=tree.name if tree is not None else "")  # fmt: skip
+                calibration_s=calibration_s, translation=translation_of(drafter, s),
+                tree=tree.name if tree is not None else "", verify=_served_note(target, s))  # fmt: skip
     clock.resume()
 
     seq, out = list(prompt_ids), []
@@ -258,15 +270,18 @@ def speculative_decode(
 
         # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
         fed = torch.tensor(seq[-1:], device=dev)
-        if drafter.wants_hidden:
+        v, hidden = None, None
+        if isinstance(p_run, ServedRun):  # 2-3 in one request: the engine scores, its numbers decide (served.py)
+            v, p_logits = p_run.verify(seq[-1:], x.tolist(), prop.q if k and not s.greedy else None, s, gen)
+        elif drafter.wants_hidden:
             p_logits, hidden = p_run.feed(torch.cat([fed, x]), hidden=True)
         else:
-            p_logits, hidden = p_run.feed(torch.cat([fed, x])), None  # (k+1, V)
+            p_logits = p_run.feed(torch.cat([fed, x]))  # (k+1, V)
 
         # 3. accept / resample (k = 0: a plain target step)
-        if s.greedy:
+        if v is None and s.greedy:
             v = verify_greedy(x, p_logits)
-        else:
+        elif v is None:
             q = prop.q if k else p_logits.new_zeros(0, V)  # (k, V): exactly what the drafter drew from
             p_probs = to_probs(p_logits, s)  # (k+1, V)
             if cfg.relaxed_w < 1.0:  # the lossy teaching switch: guessed positions checked against w·p + (1-w)·q
@@ -293,11 +308,12 @@ def speculative_decode(
         yield Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
                     correction=v.correction, kind=kind, tokens=tuple(tokens), draft_s=draft_s, verify_s=verify_s,
                     elapsed_s=clock.total, candidates=cands, sources=prop.sources, planned=prop.planned,
-                    stop=prop.stop)  # fmt: skip
+                    stop=prop.stop, origins=prop.origins)  # fmt: skip
         clock.resume()
         index += 1
 
-    extra = {"rounds": index, "prefill_s": prefill_s, "calibration_s": calibration_s, **counts}
+    extra = {"rounds": index, "prefill_s": prefill_s, "calibration_s": calibration_s, **counts,
+             **_served_stats(p_run, s)}  # fmt: skip
     stats = _stats(
         "spec", len(out), p_run.calls, drafter.calls, counts["drafted"], counts["accepted"], extra, clock.total
     )
@@ -361,6 +377,38 @@ def _tree_detail(prop: Proposal, line: list[int], p_logits: torch.Tensor, s: Sam
     p = to_probs(p_logits[rows], s_view)  # (L + 1, V)
     q = torch.cat([prop.q[line], prop.q.new_zeros(1, prop.q.shape[1])]) if line else prop.q.new_zeros(1, p.shape[1])
     return _candidates(p, q, k)
+
+
+def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:
+    """How a served target decides under s: "greedy", "exact", "approximate: top-20" (served.verify_mode), or for
+    the plain lane at T > 0 "engine sample" (the engine samples from its own p: exact at any temperature)."""
+    return "engine sample" if plain and not s.greedy else target.verify_mode(s)
+
+
+def _served_note(target, s: SamplingConfig, plain: bool = False) -> str:
+    """Start.verify: "served " + _served_mode for a served target; "" for a local one."""
+    return f"served {_served_mode(target, s, plain)}" if isinstance(target, ServedTarget) else ""
+
+
+def _served_stats(p_run, s: SamplingConfig, plain: bool = False) -> dict:
+    """A served run's requests and their seconds, and how it decided; nothing for a local run."""
+    return {**p_run.stats, "verify": _served_mode(p_run.t, s, plain)} if isinstance(p_run, ServedRun) else {}
+
+
+def _check_served(cfg: SpecConfig) -> None:
+    if cfg.drafter.endswith("head"):
+        raise SpecvizError(
+            "The head drafters read the target's hidden states, which a served target does not send; "
+            "use model, lookup or lookup+model."
+        )
+    if cfg.relaxed_w < 1.0:
+        raise SpecvizError(
+            "Relaxed verification needs all of p at every position, which a served target does not send."
+        )
+    if cfg.tree != "off":
+        raise SpecvizError(
+            "Token trees need a tree-masked verify, which a served target's API does not offer; use chains."
+        )
 
 
 def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:

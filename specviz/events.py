@@ -23,7 +23,11 @@ class Start:
     drafter: str = ""  # spec: model | lookup | lookup+model
     gamma_policy: str = ""  # spec: constant | heuristic | confidence | auto
     calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
+    translation: str = ""  # a draft with another tokenizer: how its guesses become the target's tokens
     tree: str = ""  # spec: "" (chains), or the token trees' node budget: "auto" or a number
+    # a served target (served.py): "served greedy" | "served exact" | "served approximate: top-20" | "served
+    # engine sample" (the plain lane at T > 0); "" for a target run here
+    verify: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class Round:
     sources: tuple[str, ...] = field(default=())  # which drafter proposed each token: "model" | "lookup"
     planned: int = 0  # the most tokens the gamma policy allowed this round
     stop: str = ""  # why the proposal ended where it did: gamma | budget | confidence | no match | match end
+    origins: tuple[str, ...] = field(default=())  # a translated guess: the draft's own tokens behind each proposal
     # a tree round: every node and the walk (drafted, q, p, accept_prob, r then hold the walked line: the
     # accepted path, then the first child turned down where the walk stopped, if it stopped at a node with children)
     tree: TreeRound | None = None
@@ -118,7 +123,7 @@ class Step:
 class Done:
     token_ids: tuple[int, ...]  # the new tokens
     finish_reason: Literal["eos", "length"]
-    stats: dict  # see metrics.stats_keys: target_calls, drafted, accepted, acceptance_rate, ...
+    stats: dict  # built by engine._stats: new_tokens, target_calls, drafted, accepted, acceptance_rate, alpha, ...
 
 
 Event = Union[Start, Round, Step, Done]

@@ -1,30 +1,32 @@
-"""Faster CPU paths: the linear layers of a call holding a few tokens, and a draft's weights in float16.
+"""Faster CPU paths for the linear layers, chosen per machine by timing: a call of a few tokens, and a draft in float16.
 
-1. A few tokens (a verify, a prefill chunk).
+1. The linear layers (`use_fast_linear`). Speculative decoding counts on a verify of gamma + 1 tokens costing
+about one single-token step: both read every weight once, and at these sizes reading the weights is the work.
+PyTorch's BLAS paths do not behave so for 2-8 rows, and how far off they are depends on the CPU:
+- on an AMD EPYC (MKL), `F.linear` for 2-16 rows took about twice a one-row call; the transposed product
+  (W·xᵀ)ᵀ got the 3-token call from 86 to 40 ms on SmolLM2-135M;
+- on an Intel Xeon with the same MKL the transposed product does the opposite (2 tokens 34 -> 70 ms), while
+  `F.linear` keeps 2-3 rows near one step but jumps at 4 (about 1.7 one-row products over the built-in
+  target's layers).
+So there are three paths, and by default (SPECVIZ_CPU_GEMM=auto) each is timed once per process on the
+model's own layers, one row and four rows (a plain step and a typical verify), and the fastest in sum is used:
+- "torch": `F.linear` as PyTorch runs it;
+- "transposed": (W·xᵀ)ᵀ for 2-64 rows, `F.linear` otherwise;
+- "kernel": specviz's own few-token kernel (native.py, csrc/few_rows.c) for 1-8 rows, which streams the weights
+  once and is near the memory-bound limit for any M up to 8; `F.linear` for longer calls (a prompt's prefill).
+  Where it is chosen a plain step uses it too, so a token's logits are the same bit for bit whether it was
+  computed alone or inside a verify.
+SPECVIZ_CPU_GEMM=torch / transposed / kernel forces one (0 and 1, the older spellings, mean torch and
+transposed). The result is the same product up to float32 rounding; quantised layers, GPUs and other dtypes are
+left alone. The same loaded model serves every lane, so comparisons stay fair.
 
-On the CPUs measured here (AMD EPYC, torch 2.13 with MKL), `F.linear(x, W)` = x·Wᵀ for 2-16 rows of float32
-takes a slow path: a 3-token call costs about twice a 1-token one, although both read the same weights once.
-Computing the same product as (W·xᵀ)ᵀ lets MKL use its fast small-N kernel, and a verify of gamma + 1 tokens
-then costs about one single-token step, which is what speculative decoding counts on (measured, 2 threads,
-SmolLM2-135M: 3 tokens 86 ms -> 40 ms, 1 token 42 ms either way). One token keeps `F.linear`.
-
-Other CPUs differ: on an Intel Xeon with the same torch and MKL (measured 23 Nov 2026) the trick does the
-opposite (a 2-token call 34 -> 70 ms), while plain `F.linear` already verifies 2-3 tokens for about one
-step. So by default (SPECVIZ_CPU_GEMM=auto) the two ways are timed once per process on the model's largest
-layer with 2, 4 and 8 rows, and the transposed product is used only where it is clearly faster here.
-SPECVIZ_CPU_GEMM=1 forces it on, 0 off.
-
-The result is the same product up to float32 rounding. It is applied to plain `nn.Linear` layers of float32
-models on the CPU only (quantised layers and GPUs are left alone). The same loaded model serves every
-method, so comparisons stay fair.
-
-2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound
-by memory traffic: the built-in draft (15 M parameters) took 4.1 ms a step in float32 and 1.6 ms in float16
-on the EPYC here (2 threads; bfloat16 2.2 ms), which cuts c, the draft's cost in target steps, by more than
-half. CPUs that convert float16 slowly can lose instead, so by default (SPECVIZ_CPU_HALF_DRAFT=auto) a
-one-token product with float16 and float32 weights is timed once per process and a draft loaded without an
-explicit dtype takes float16 only where it is clearly faster; `1` forces it, `0` never. The target keeps
-float32: only the guesses change, and speculative decoding's output does not depend on them.
+2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound by
+memory traffic: in half precision it reads half the bytes (the built-in draft: 4.1 -> 1.6 ms a step on an EPYC),
+which cuts c, the draft's cost in target steps. CPUs that convert float16 slowly can lose instead, so by default
+(SPECVIZ_CPU_HALF_DRAFT=auto) a one-token product with float16 and with float32 weights is timed once per
+process, each by its fastest path (the kernel converts half weights in registers), and a draft loaded without
+an explicit dtype takes float16 only where it is clearly faster; `1` forces it, `0` never. The target keeps its
+dtype: only the guesses change, and speculative decoding's output does not depend on them.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ import functools
 import os
 import time
 import types
+import weakref
 
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 64  # past a few dozen rows MKL's usual path is fine again (a long prompt's prefill)
+from . import native
+
+MAX_ROWS = 64  # the transposed product's range: past a few dozen rows MKL's usual path is fine again (a prefill)
+PATHS = ("torch", "transposed", "kernel")
+_DTYPES = (torch.float32, torch.float16)
 
 
-def _linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def _transposed(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // self.in_features if x.dim() else 0
     if not 2 <= rows <= MAX_ROWS or x.dtype != torch.float32 or x.device.type != "cpu":
         return F.linear(x, self.weight, self.bias)
@@ -50,60 +57,124 @@ def _linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], self.out_features)
 
 
+def _kernel(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // self.in_features if x.dim() else 0
+    w = self.weight
+    if (
+        not 1 <= rows <= native.MAX_ROWS
+        or x.device.type != "cpu"
+        or w.dtype not in _DTYPES
+        or not w.is_contiguous()
+        or (w.requires_grad and torch.is_grad_enabled())  # training: autograd needs PyTorch's op
+    ):
+        return F.linear(x, w, self.bias)
+    y = native.few_rows(x.reshape(rows, self.in_features).to(torch.float32).contiguous(), w)  # (rows, N) float32
+    if self.bias is not None:
+        y += self.bias
+    return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+
+_FORWARDS = {"torch": None, "transposed": _transposed, "kernel": _kernel}
+
+
 def mode() -> str:
-    """SPECVIZ_CPU_GEMM: "auto" (default: time both ways once), "1" (always the transposed product), "0" (never)."""
+    """SPECVIZ_CPU_GEMM: "auto" (default: time the paths once), or one path forced: torch, transposed, kernel."""
     v = os.environ.get("SPECVIZ_CPU_GEMM", "auto").strip().lower()
-    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+    if v in ("0", "false", "no", "off", "torch"):
+        return "torch"
+    if v in ("1", "true", "yes", "on", "transposed"):
+        return "transposed"
+    return "kernel" if v == "kernel" else "auto"
 
 
-def _seconds(fn, x: torch.Tensor, reps: int = 7, calls: int = 10) -> float:
-    """The best of `reps` timings of `calls` calls (the least disturbed by other work on the machine)."""
+def candidates(dtype: torch.dtype) -> list[str]:
+    """The paths that can run layers of this dtype here."""
+    out = ["torch"]
+    if dtype == torch.float32:
+        out.append("transposed")
+    if native.library() is not None:
+        out.append("kernel")
+    return out
+
+
+def _seconds(fn, reps: int = 5) -> float:
+    """The best of `reps` timings of fn() after one warm-up (the least disturbed by other work on the machine)."""
+    fn()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(x)
+        fn()
         best = min(best, time.perf_counter() - t0)
     return best
 
 
-def _time_both(layer: torch.nn.Linear, x: torch.Tensor) -> tuple[float, float]:
-    """Seconds of F.linear and of the transposed product on x (rows, in_features)."""
-    return _seconds(lambda v: F.linear(v, layer.weight, layer.bias), x), _seconds(lambda v: _linear(layer, v), x)
-
-
-_FASTER: dict[tuple[int, int], bool] = {}  # weight shape -> whether the transposed product wins on this CPU
+def _call(path: str, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    forward = _FORWARDS[path]
+    return F.linear(x, layer.weight, layer.bias) if forward is None else forward(layer, x)
 
 
 @torch.inference_mode()
-def transposed_is_faster(layer: torch.nn.Linear) -> bool:
-    """Whether (W·xᵀ)ᵀ beats F.linear for 2, 4 and 8 rows on this machine (timed once per weight shape)."""
-    key = tuple(layer.weight.shape)
-    if key not in _FASTER:
-        plain, fast = 0.0, 0.0
-        for rows in (2, 4, 8):
-            x = torch.randn(rows, layer.in_features, dtype=layer.weight.dtype)  # explicit: see _time_halves
-            p, f = _time_both(layer, x)
-            plain, fast = plain + p, fast + f
-        _FASTER[key] = fast < 0.8 * plain  # clearly faster, not a tie decided by noise
-    return _FASTER[key]
+def time_paths(layers: list[torch.nn.Linear], paths: list[str], rows: tuple[int, ...] = (1, 4)) -> dict[str, list]:
+    """Seconds of one pass over `layers` in order (as a forward pass reads them) for each path and row count.
+
+    Paths are interleaved within each repetition, so a busy machine slows all of them alike.
+    Returns {path: [seconds at rows[0], seconds at rows[1], ...]}.
+    """
+    dtype = layers[0].weight.dtype  # explicit dtypes: transformers may set another default while it builds a model
+    inputs = {m: [torch.randn(m, layer.in_features, dtype=dtype) for layer in layers] for m in rows}
+    out: dict[str, list] = {p: [float("inf")] * len(rows) for p in paths}
+    for _ in range(3):
+        for p in paths:
+            for i, m in enumerate(rows):
+                t = _seconds(lambda p=p, m=m: [_call(p, layer, x) for layer, x in zip(layers, inputs[m])], reps=2)
+                out[p][i] = min(out[p][i], t)
+    return out
 
 
-def use_small_batch_gemm(model: torch.nn.Module) -> int:
-    """Switch the float32 CPU `nn.Linear` layers of `model` to the few-token path where it pays; returns how many."""
+_CHOSEN: dict[tuple, str] = {}  # (dtype, layer shapes) -> the path chosen for them in this process
+_USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> path it runs
+
+
+def choose(layers: list[torch.nn.Linear]) -> str:
+    """The path for these layers on this machine: forced by SPECVIZ_CPU_GEMM, or timed once per set of shapes."""
+    dtype = layers[0].weight.dtype
+    allowed = candidates(dtype)
     how = mode()
+    if how != "auto":
+        return how if how in allowed else "torch"  # a forced path this machine cannot run: PyTorch's own
+    key = (dtype, tuple(tuple(layer.weight.shape) for layer in layers))
+    if key not in _CHOSEN:
+        times = time_paths(layers, allowed)
+        _CHOSEN[key] = min(allowed, key=lambda p: sum(times[p]))
+    return _CHOSEN[key]
+
+
+def use_fast_linear(model: torch.nn.Module) -> str:
+    """Switch the CPU `nn.Linear` layers of `model` (float32 or float16) to the fastest path here; returns its name."""
     layers = [
         mod
         for mod in model.modules()
-        if type(mod) is torch.nn.Linear and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu"
+        if type(mod) is torch.nn.Linear and mod.weight.dtype in _DTYPES and mod.weight.device.type == "cpu"
     ]
-    if how == "0" or not layers:
-        return 0
-    if how == "auto" and not transposed_is_faster(max(layers, key=lambda m: m.weight.numel())):
-        return 0
+    if not layers or len({layer.weight.dtype for layer in layers}) > 1:
+        return "torch"
+    path = choose(layers)
+    forward = _FORWARDS[path]
     for mod in layers:
-        mod.forward = types.MethodType(_linear, mod)
-    return len(layers)
+        if forward is None:
+            mod.__dict__.pop("forward", None)  # back to nn.Linear's own
+        else:
+            mod.forward = types.MethodType(forward, mod)
+    _USED[model] = path
+    return path
+
+
+def describe(model: torch.nn.Module) -> str:
+    """The linear-layer path a loaded model runs, in words for headers, benches and recordings."""
+    path = _USED.get(model, "torch")
+    if path == "kernel":
+        return f"specviz kernel ({native.isa()}, {torch.get_num_threads()} threads)"
+    return {"transposed": "PyTorch, transposed product"}.get(path, "PyTorch")
 
 
 def half_mode() -> str:
@@ -112,19 +183,19 @@ def half_mode() -> str:
     return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
 
 
+@torch.inference_mode()
 def _time_halves(rows: int = 16384, cols: int = 576) -> tuple[float, float]:
-    """Seconds of a one-token product with float32 and with float16 weights: 38 MB in float32, more than most
-    CPUs' last-level cache, so memory-bound like a real draft's step (the built-in one reads 60 MB)."""
-    # Explicit dtypes: transformers sets the process-wide default dtype while it builds a model, so on the app's
-    # loading threads a float16 draft being built would otherwise turn these into float16 tensors.
-    w = torch.randn(rows, cols, dtype=torch.float32)
-    x = torch.randn(1, cols, dtype=torch.float32)
-    w16, x16 = w.half(), x.half()
-    return _seconds(lambda v: F.linear(v, w), x), _seconds(lambda v: F.linear(v, w16), x16)
+    """Seconds of a one-token product with float32 and with float16 weights, each by its fastest path here: 38 MB
+    in float32, more than most CPUs' last-level cache, so memory-bound like a real draft's step (the built-in one
+    reads 60 MB)."""
+    layer = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float32)  # explicit: see time_paths
+    full = time_paths([layer], candidates(torch.float32), rows=(1,))
+    layer.to(torch.float16)
+    half = time_paths([layer], candidates(torch.float16), rows=(1,))
+    return min(t[0] for t in full.values()), min(t[0] for t in half.values())
 
 
 @functools.cache
-@torch.inference_mode()
 def half_is_faster() -> bool:
     """Whether float16 weights clearly beat float32 for one token on this CPU (timed once per process, ~0.2 s)."""
     full, half = _time_halves()

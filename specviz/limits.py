@@ -11,6 +11,7 @@
 | SPECVIZ_MAX_QUEUE            | 64      | requests waiting in the queue at most; past that, "queue full" |
 | SPECVIZ_ALLOWED_MODELS       | (any)   | comma-separated hub ids visitors may load; "builtin" = built-in only |
 | SPECVIZ_MODEL_DIRS           | (none)  | comma-separated folders whose sub-folders visitors may load    |
+| SPECVIZ_TARGET_URLS          | (none)  | comma-separated served targets (http://HOST:PORT/v1) visitors may name |
 | SPECVIZ_MAX_LOADED_MODELS    | 4       | models kept in memory (least recently used evicted)            |
 | SPECVIZ_SESSION_IDLE_S       | 300     | a step-through session unused this long is freed               |
 | SPECVIZ_MAX_SESSIONS         | 100     | step-through sessions kept at once (least recently used freed) |
@@ -24,6 +25,8 @@ variable: a typo in a security setting must not silently fall back to a default.
 Model names a visitor types go through `Limits.check_model`: a hub id must be on the allowlist (when there is
 one), and a folder must resolve (symlinks followed) to a sub-folder of one of SPECVIZ_MODEL_DIRS. The built-in
 pair is always allowed. Visitors can never turn on trust_remote_code: nothing here or in the UI passes it.
+A served target's address (served.py) must be one of SPECVIZ_TARGET_URLS, compared after normalising (scheme, host,
+port, path), so nothing a visitor types reaches a host the operator did not list.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .config import BUILTIN_DRAFT, BUILTIN_TARGET, GAMMA_MAX, SpecvizError
+from .served import base_url, is_url
 
 T = TypeVar("T")
 
@@ -94,6 +98,7 @@ class Limits:
     session_idle_s: int = 300
     max_sessions: int = 100
     session_memory_mb: int = 1024
+    target_urls: tuple[str, ...] | None = None  # None: visitors may not name served targets (served.py)
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -111,6 +116,7 @@ class Limits:
             session_idle_s=env_int("SPECVIZ_SESSION_IDLE_S", 300),
             max_sessions=env_int("SPECVIZ_MAX_SESSIONS", 100),
             session_memory_mb=env_int("SPECVIZ_SESSION_MEMORY_MB", 1024),
+            target_urls=_list("SPECVIZ_TARGET_URLS"),
         )
 
     # --- models ---------------------------------------------------------------------------------
@@ -130,12 +136,27 @@ class Limits:
             return name
         if len(name) > _MAX_NAME or not name.isprintable():
             raise SpecvizError("That model name is not valid.")
+        if is_url(name):
+            return self.check_url(name)
         exists_here = os.path.lexists(name)  # transformers loads an existing folder before it asks the hub
         if _HUB_ID.fullmatch(name) and ".." not in name and "--" not in name and not exists_here:
             return self._check_hub_id(name)
         if exists_here or name.startswith((".", "~")) or "/" in name or "\\" in name:
             return self._check_folder(name)
         raise SpecvizError("That model name is not valid; use a Hugging Face id such as owner/name.")
+
+    def check_url(self, url: str) -> str:
+        """A served target's address, normalised, if it is one of SPECVIZ_TARGET_URLS; else one SpecvizError."""
+        if not self.target_urls:
+            raise SpecvizError("This deployment does not allow served targets.")
+        try:
+            base = base_url(url)
+            allowed = {base_url(u) for u in self.target_urls}
+        except SpecvizError:
+            raise SpecvizError("That server address is not valid; use http://HOST:PORT/v1.") from None
+        if base not in allowed:
+            raise SpecvizError("This deployment does not allow that server; ask its operator for the list.")
+        return base
 
     def _check_hub_id(self, name: str) -> str:
         if self.allowed_models is not None and name not in self.allowed_models:

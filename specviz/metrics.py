@@ -17,21 +17,6 @@ from .events import Done, Event, Round, Start, Step
 from .theory import accepted_histogram as theory_histogram
 from .theory import alpha, position_alphas
 
-# The keys of Done.stats (both modes; the spec-only ones are 0 for "ar").
-stats_keys = (
-    "mode",
-    "new_tokens",
-    "target_calls",
-    "draft_calls",
-    "drafted",
-    "accepted",
-    "acceptance_rate",
-    "tokens_per_target_call",
-    "wall_s",
-    "tokens_per_s",
-    "prefill_s",
-)
-
 COLUMNS = (
     "side",  # "spec" or "ar" (the Start's mode, or the side race() gave)
     "index",  # round / step number, from 0

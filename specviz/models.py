@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 
 from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
-from .kernels import draft_dtype, use_small_batch_gemm
+from .kernels import describe, draft_dtype, use_fast_linear
 from .limits import env_int
+from .quant import QUANT_LABELS, QUANTIZE, exact_cpu_layers, quant_state_bytes, weights_held  # noqa: F401 (QUANTIZE)
+from .quant import quant_config as _quant_config
 
 HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
 HUB_PROBE_TTL_S = 60.0  # remember the answer a minute, so a UI does not probe on every load
 
-QUANTIZE = (None, "4bit", "8bit")
 # transformers' from_pretrained swaps process-wide state while it builds a model (the default dtype, a meta-device
 # mode, patched init and tie functions) and restores it after: two at once can leave the patches in place. So
 # models are built one at a time; the cache's own lock is never held meanwhile (see ModelCache).
@@ -86,7 +87,8 @@ class LoadedModel:
 
     @property
     def n_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Parameters; a 4-bit layer's counted as the weights it holds (bitsandbytes packs two to a byte)."""
+        return sum(weights_held(p) for p in self.model.parameters())
 
     def to_target_logits(self, logits: torch.Tensor, V: int) -> torch.Tensor:
         """(L, Vm) logits in this model's vocabulary -> (L, V) in the target's: a trimmed vocabulary is scattered
@@ -99,6 +101,15 @@ class LoadedModel:
         if vm < V:
             return torch.nn.functional.pad(logits, (0, V - vm), value=-torch.inf)
         return logits
+
+    @property
+    def precision(self) -> str:
+        """How its weights are held, in words: "float32", or "NF4, bitsandbytes" for a 4-bit target."""
+        return QUANT_LABELS[self.quantize] if self.quantize else str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        """Its size in words for a header: "135 M parameters, NF4, bitsandbytes, 158 MiB"."""
+        return f"{self.n_params / 1e6:.0f} M parameters, {self.precision}, {self.memory_bytes / 2**20:.0f} MiB"
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -208,27 +219,6 @@ def hub_reachable() -> bool:
     ok = answer.get("ok", False)
     _probe.update(at=time.monotonic(), ok=ok)
     return ok
-
-
-def _quant_config(quantize: str | None, device: torch.device):
-    if quantize is None:
-        return None
-    if quantize not in QUANTIZE:
-        raise SpecvizError(f"Unknown quantisation {quantize!r}; use 4bit or 8bit.")
-    if device.type != "cuda":
-        raise SpecvizError(
-            f"bitsandbytes 4-bit/8-bit loading needs a CUDA GPU and this run is on {device.type}; "
-            "load without --quantize here."
-        )
-    try:
-        import accelerate  # noqa: F401
-        import bitsandbytes  # noqa: F401
-        from transformers import BitsAndBytesConfig
-    except ImportError:
-        raise SpecvizError("Quantised loading needs the bitsandbytes and accelerate packages.") from None
-    if quantize == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
-    return BitsAndBytesConfig(load_in_8bit=True)
 
 
 def _load_vocab_map(name: str, source: str, device: torch.device, rows: int) -> tuple:
@@ -343,7 +333,7 @@ def _load(name: str, device: torch.device, dtype: torch.dtype, quantize: str | N
         except (RuntimeError, TypeError) as e:
             raise SpecvizError(f"The model {name} could not be moved to {device}: {_first_line(e)}.") from None
     model.eval()
-    use_small_batch_gemm(model)
+    use_fast_linear(model)
     memory = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     return model, tokenizer, source, memory
 
@@ -441,6 +431,9 @@ def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, o
 
     def make() -> LoadedModel:
         model, tokenizer, source, memory = _load(name, dev, dt, quantize, trust_remote_code)
+        if quantize and dev.type == "cpu":  # float32 products, so a verify block computes as single steps do
+            exact_cpu_layers(model)
+        memory += quant_state_bytes(model)  # scales bitsandbytes keeps outside the parameters
         rows = int(model.get_output_embeddings().weight.shape[0])
         vocab_map, input_map, blocked = _load_vocab_map(name, source, dev, rows)
         return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked)
@@ -469,17 +462,37 @@ def load_model(
 
 
 def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
-    """The pair's dtypes in words: "float32", or "float32, draft float16" where the draft runs in another."""
-    a, b = (str(m.dtype).removeprefix("torch.") for m in (p, q))
-    return a if a == b else f"{a}, draft {b}"
+    """The pair's dtypes in words: "float32", or "float32, draft float16" where the draft runs in another;
+    a quantised target: "NF4, bitsandbytes; draft float16"; a served target: "target served, draft float16"."""
+    if not isinstance(p, LoadedModel):  # a served target (served.py): its dtype is the server's
+        return f"target served, draft {q.precision}"
+    a, b = p.precision, q.precision
+    return a if a == b else f"{a}; draft {b}" if p.quantize else f"{a}, draft {b}"
+
+
+def pair_backend(p: LoadedModel, q: LoadedModel) -> str:
+    """How the pair's linear layers run here (kernels.py's choice), in words: "linear layers: specviz kernel
+    (AVX-512, 2 threads)", or with ", draft: PyTorch" where the draft's choice differs."""
+    b = describe(q.model)
+    if not isinstance(p, LoadedModel):  # a served target (served.py): its layers run on its server
+        return f"linear layers: the target's on its server, the draft's {b}"
+    a = describe(p.model)
+    return f"linear layers: {a}" if a == b else f"linear layers: {a}, draft: {b}"
 
 
 def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:
     """Why the draft q cannot serve the target p, in one sentence; None when it can.
 
     A trimmed draft must propose only ids the target has; any other draft must be able to read every id the
-    target's tokenizer can write (ids it lacks would index past its embedding).
+    target's tokenizer can write (ids it lacks would index past its embedding). A draft with another tokenizer
+    guesses through text (translate.py): refused only when its tokenizer cannot write ordinary text or shares
+    no token with the target's.
     """
+    from .translate import needs_translation, translator
+
+    if needs_translation(p, q):
+        tr = translator(p.tokenizer, q.tokenizer)
+        return tr.gap(p.name, q.name, tr.shared(q.vocab_size))
     if q.vocab_map is not None and q.vocab_map.numel() and int(q.vocab_map.max()) >= p.vocab_size:
         top = int(q.vocab_map.max())
         why = f"its trimmed vocabulary includes token id {top:,} and the target has only {p.vocab_size:,} token ids"
@@ -499,11 +512,12 @@ def load_pair(
     quantize: str | None = None,
     trust_remote_code: bool = False,
     timeout_s: float | None = None,
+    check_vocab: bool = True,
 ) -> tuple[LoadedModel, LoadedModel]:
     """The target p and the draft q; None means the built-in pair. Quantisation applies to the target only.
 
     A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
-    pair gives the same sentence. timeout_s caps the wait for both loads together (see `load_model`). Without
+    pair gives the same sentence (the pair check, check_vocab=False, reports it as its verdict instead). timeout_s caps the wait for both loads together (see `load_model`). Without
     an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -526,7 +540,7 @@ def load_pair(
     q = load_model(
         draft, device=q_device or p.device, dtype=q_dtype, trust_remote_code=trust_remote_code, timeout_s=left
     )
-    gap = vocab_gap(p, q)
+    gap = vocab_gap(p, q) if check_vocab else None
     if gap:
         raise SpecvizError(gap)
     return p, q

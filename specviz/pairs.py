@@ -17,7 +17,8 @@ import torch
 
 from .config import AUTO_GAMMA_MAX, CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
-from .models import CachedModel, LoadedModel, load_pair, pair_dtypes
+from .models import LoadedModel, load_pair, pair_dtypes, vocab_gap
+from .served import ServedTarget, engine_step_s, is_url, load_served_pair, open_run
 from .theory import (  # noqa: F401  (expected_speedup: re-exported)
     alpha,
     cost_ratio,
@@ -28,6 +29,7 @@ from .theory import (  # noqa: F401  (expected_speedup: re-exported)
     speedup_table,
     wilson_interval,
 )
+from .translate import needs_translation
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
     "chat": ("Tell me about gravity.", "What is the capital of France, and why is it famous?"),
@@ -112,15 +114,18 @@ def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list
 
     The two models alternate step by step, so a busy machine slows both alike and c stays fair.
     """
+    from .translate import draft_ids, needs_translation
+
     V = target.vocab_size  # CachedModel: the engine's own call path, cache, vocabulary mapping and all
-    runs = [(CachedModel(target, V), target.device), (CachedModel(draft, V), draft.device)]
-    prompt = torch.tensor(prompt_ids, dtype=torch.long)
+    V_q = draft.vocab_size if needs_translation(target, draft) else V  # another tokenizer: its own vocabulary
+    runs = [(open_run(target, V), target.device), (open_run(draft, V_q), draft.device)]  # served: one request a step
+    prompts = [torch.tensor(ids, dtype=torch.long) for ids in (prompt_ids, draft_ids(target, draft, prompt_ids))]
     times: list[list[float]] = [[], []]
-    for run, dev in runs:
+    for (run, dev), prompt in zip(runs, prompts):
         run.feed(prompt.to(dev), last_only=True)
     for step in range(TIMING_WARMUP + TIMING_STEPS):
         for k, (run, dev) in enumerate(runs):
-            x = prompt[-1:].to(dev)
+            x = prompts[k][-1:].to(dev)
             _sync(dev)
             t0 = time.perf_counter()
             run.feed(x, last_only=True)
@@ -154,6 +159,7 @@ class Acceptance:
     draft_s: float = 0.0  # seconds the drafter took over all rounds (its catching up included)
     decode_s: float = 0.0  # seconds of the decode loops, prefills excluded
     block_sizes: tuple[int, ...] = ()  # rounds that proposed k = 0, 1, ... tokens
+    translate_s: float = 0.0  # a draft with another tokenizer: of draft_s, the seconds spent re-tokenising
 
 
 def measure_acceptance(
@@ -171,15 +177,23 @@ def measure_acceptance(
     accepted / drafted (the engine's acceptance_rate) would count proposals after a rejection as failures
     although nobody looked at them, which understates a: at a = 0.8 and gamma 4 it reads 0.59.
     """
+    from .drafters import make_drafter
     from .engine import speculative_decode
     from .events import Done, Round
+    from .translate import needs_translation
 
     cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
     accepted = tested = drafted = rounds = new = 0
-    draft_s = decode_s = 0.0
+    draft_s = decode_s = translate_s = 0.0
     sizes = [0] * (CHECK_GAMMA + 1)
+    translated = drafter != "lookup" and needs_translation(target, draft)
     for ids in prompt_ids:
-        for ev in speculative_decode(target, draft, ids, cfg):
+        made = None
+        if translated:  # built here, so its re-tokenising time can be read after the run
+            lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
+                          max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
+            made = make_drafter(drafter, draft, target.vocab_size, target=target, **lookup)
+        for ev in speculative_decode(target, draft, ids, cfg, drafter=made):
             if deadline is not None and time.monotonic() > deadline:
                 raise SpecvizError(
                     "The pair check ran past this server's time limit and was stopped; try fewer tokens."
@@ -196,9 +210,12 @@ def measure_acceptance(
             elif isinstance(ev, Done):
                 new += len(ev.token_ids)
                 decode_s += ev.stats["wall_s"] - ev.stats["prefill_s"]
+        translate_s += getattr(getattr(made, "model", made), "translate_s", 0.0)
     low, high = wilson_interval(accepted, tested)
     a = alpha(accepted, tested - accepted)
-    return Acceptance(a, accepted, tested, drafted, rounds, new, low, high, (), draft_s, decode_s, tuple(sizes))
+    return Acceptance(
+        a, accepted, tested, drafted, rounds, new, low, high, (), draft_s, decode_s, tuple(sizes), translate_s
+    )
 
 
 def acceptance_by_kind(
@@ -223,7 +240,7 @@ def acceptance_by_kind(
     times = [sum(x.draft_s for x in parts.values()), sum(x.decode_s for x in parts.values())]
     return Acceptance(
         a, tot["accepted"], tot["tested"], tot["drafted"], tot["rounds"], tot["new_tokens"], low, high, kinds,
-        *times, sizes,
+        *times, sizes, sum(x.translate_s for x in parts.values()),
     )  # fmt: skip
 
 
@@ -340,8 +357,24 @@ class PairReport:
     speedups_measured: tuple[float, ...] = field(default=())  # with those measured costs, gamma 1..8: the prediction
     best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
+    target_precision: str = ""  # how each model's weights are held: "float32", "NF4, bitsandbytes" ...
+    draft_precision: str = ""
+    # A draft with another tokenizer (translate.py): how its guesses become the target's tokens, greedy and at T > 0
+    translation: str = ""
+    sampling_translation: str = ""
+    coverage: float | None = None  # the share of the target's vocabulary the draft has, by string
+    draft_share: float | None = None  # the share of the draft's vocabulary the target has
+    translate_cost: float | None = None  # re-tokenising, in target forward steps per round (measured)
     trees: tuple[TreeTrial, ...] = field(default=())  # token trees of TREE_BUDGETS nodes, measured (model drafters)
     tree_advice: str = ""  # whether a tree pays here, in one sentence
+    # A served target (served.py): target_step_s is then one request of one token (the round trip and the
+    # engine's step); engine_step_s the engine's own step inside one long request; engine_speedup the textbook
+    # speedup (a verify costs one engine step, no round trip per round) if the engine ran this draft itself at
+    # c = draft_step_s / engine_step_s, best over gamma 1..8
+    served: str = ""
+    engine_step_s: float | None = None
+    engine_speedup: float | None = None
+    engine_best_gamma: int | None = None
 
     @property
     def param_ratio(self) -> float:
@@ -366,12 +399,14 @@ class PairReport:
     def report(self) -> str:
         """A readable summary for the terminal."""
         t = self.tokenizer
+        size = (f"{_params(self.target_params)} parameters, {self.target_precision}, {_bytes(self.target_memory_bytes)}" if not self.served
+                else "served (its size is the server's business)")  # fmt: skip
+        ratio = f"{self.param_ratio:.3g}x the target's parameters" if not self.served else "a draft running here"
         lines = [
-            f"target      {self.target}: {_params(self.target_params)} parameters, {_bytes(self.target_memory_bytes)}"
-            f", output layer {self.target_vocab_rows:,} rows",
-            f"draft       {self.draft}: {_params(self.draft_params)} parameters, {_bytes(self.draft_memory_bytes)}"
-            f", output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
-            f"            the draft has {self.param_ratio:.3g}x the target's parameters ({self.device}, {self.dtype})",
+            f"target      {self.target}: {size}, output layer {self.target_vocab_rows:,} rows",
+            f"draft       {self.draft}: {_params(self.draft_params)} parameters, {self.draft_precision}, "
+            f"{_bytes(self.draft_memory_bytes)}, output layer {self.draft_vocab_rows:,} rows{' (trimmed vocabulary)' if self.draft_trimmed else ''}",
+            f"            the draft has {ratio} ({self.device}, {self.dtype})",
         ]
         if t.mismatches == 0:
             tok = f"identical over {t.compared:,} ids"
@@ -379,6 +414,17 @@ class PairReport:
             tok = f"{t.mismatches:,} of {t.compared:,} ids differ ({t.mismatch_fraction:.1%})"
         sizes = f"target {t.target_size:,} tokens, draft {t.draft_size:,}"
         lines.append(f"tokenizers  {tok} ({sizes}); chat template {'same' if t.chat_template_same else 'differs'}")
+        if self.translation:
+            lines += [
+                f"translated  the draft has {self.coverage:.1%} of the target's vocabulary by string "
+                f"({self.draft_share:.1%} of its own tokens are the target's)",
+                f"            greedy: {self.translation}",
+                f"            T > 0:  {self.sampling_translation}",
+            ]
+            if self.translate_cost is not None:
+                lines.append(
+                    f"            re-tokenising costs {self.translate_cost:.3f} target steps a round (measured)"
+                )
         if self.c is not None and self.acceptance is not None:
             acc = self.acceptance
             lines += [
@@ -406,6 +452,15 @@ class PairReport:
                     f"  tree {t.budget:2d}  {t.speedup:5.2f}x  ({t.tokens_per_call:.2f} tokens per call, "
                     f"{t.nodes_per_call:.1f} nodes; verify {t.verify_cost:.2f}, drafting {t.draft_cost:.2f} steps)"
                 )
+        if self.served and self.engine_step_s:
+            lines += [
+                f"served      {self.served}: a one-token request {self.target_step_s * 1e3:.1f} ms (round trip and "
+                f"step), the engine's own step {self.engine_step_s * 1e3:.1f} ms inside one request; every verify "
+                "request recomputes the prefix (prompt logprobs skip vLLM's prefix cache), as the v_g above include",
+                f"            this draft here, one request per round: {self.best_speedup:.2f}x at gamma {self.best_gamma}; "
+                f"the engine drafting with it itself (textbook, c = {self.draft_step_s / self.engine_step_s:.3f}): "
+                f"{self.engine_speedup:.2f}x at gamma {self.engine_best_gamma}",
+            ]
         lines.append(f"verdict     {self.verdict.upper()}")
         lines += [f"  - {r}" for r in self.reasons]
         if self.warnings:
@@ -418,6 +473,11 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
 
 
+def memory_words(params: int, precision: str, memory_bytes: int) -> str:
+    """One model's size for a reader: "135.0M parameters, NF4, bitsandbytes, 158.2 MiB"."""
+    return f"{_params(params)} parameters, {precision}, {_bytes(memory_bytes)}"
+
+
 def _bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
@@ -426,8 +486,9 @@ def _tok(s: str | None) -> str:
     return "nothing" if s is None else repr(s)
 
 
-def _tokenizer_findings(t: TokenizerCheck, draft: LoadedModel, target_rows: int) -> tuple[list[str], list[str]]:
-    """(reasons it is incompatible, warnings)."""
+def _tokenizer_findings(t: TokenizerCheck) -> tuple[list[str], list[str]]:
+    """(reasons it is incompatible, warnings). A draft whose vocabulary cannot serve the target never gets here:
+    check_pair refuses it first (models.vocab_gap), as load_pair does on every other path."""
     bad, warn = [], []
     if not t.compatible:
         i, p_tok, q_tok = t.examples[0] if t.examples else (None, None, None)
@@ -439,11 +500,6 @@ def _tokenizer_findings(t: TokenizerCheck, draft: LoadedModel, target_rows: int)
     elif t.mismatches:
         ex = ", ".join(f"id {i}: {_tok(p)} vs {_tok(q)}" for i, p, q in t.examples)
         warn.append(f"{t.mismatches} token ids differ ({ex}); drafts of those tokens will be rejected.")
-    if draft.vocab_map is not None and draft.vocab_map.numel() and int(draft.vocab_map.max()) >= target_rows:
-        bad.append(
-            f"The draft's trimmed vocabulary points at id {int(draft.vocab_map.max())}, "
-            f"past the target's {target_rows} output rows."
-        )
     if t.compatible and t.target_size != t.draft_size:
         side = "target" if t.target_size > t.draft_size else "draft"
         warn.append(
@@ -464,10 +520,34 @@ def _tokenizer_findings(t: TokenizerCheck, draft: LoadedModel, target_rows: int)
     return bad, warn
 
 
-def _worth(a: float, c: float, best_gamma: int, best: float) -> tuple[str, list[str]]:
+def _translation_findings(p: LoadedModel, q: LoadedModel, t: TokenizerCheck) -> tuple[list[str], list[str], dict]:
+    """(reasons it cannot work, warnings, the report's translation fields) for a draft with another tokenizer."""
+    from .translate import METHODS, sampling_method, translator
+
+    tr = translator(p.tokenizer, q.tokenizer)
+    shared = tr.shared(q.vocab_size)
+    gap = tr.gap(p.name, q.name, shared)
+    m = sampling_method(shared)
+    extra = dict(translation=f"text: {METHODS['text']}", sampling_translation=f"{m}: {METHODS[m]}",
+                 coverage=shared.coverage, draft_share=shared.draft_share)  # fmt: skip
+    warn = [
+        f"The tokenizers differ ({t.mismatches:,} of {t.compared:,} token ids mean other tokens), so the draft's "
+        f"guesses are translated through text: it has {shared.coverage:.0%} of the target's vocabulary by string "
+        f"(after mapping the space marker), and {shared.draft_share:.0%} of its own tokens are the target's. "
+        "Each model reads the prompt through its own chat template."
+    ]
+    return ([gap] if gap else []), warn, extra
+
+
+def _worth(a: float, c: float, best_gamma: int, best: float, translated: bool = False) -> tuple[str, list[str]]:
     if best >= MIN_SPEEDUP:
+        how = (
+            "The draft's guesses are translated from its own tokens, and it"
+            if translated
+            else "The tokenizers match and the draft"
+        )
         return "compatible", [
-            f"The tokenizers match and the draft is expected to make greedy decoding {best:.2f}x faster "
+            f"{how} is expected to make greedy decoding {best:.2f}x faster "
             f"at gamma {best_gamma} (acceptance a = {a:.2f}, cost ratio c = {c:.2f})."
         ]
     why = []
@@ -494,14 +574,18 @@ def check_pair(
     prompts: list[str] | tuple[str, ...] | dict[str, tuple[str, ...]] | None = None,
     timeout_s: float | None = None,
     drafter: str = "model",
+    quantize: str | None = None,
+    tokenizer: str | None = None,
 ) -> PairReport:
     """Load p and q, compare their tokenizers, then (if they match) measure c and a; see PairReport.
 
-    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair.
+    target/draft: a hub id, a folder, a LoadedModel, or None for the built-in pair; target may be a served
+    target's address or ServedTarget (served.py; tokenizer: its tokenizer, default the server's model name).
     drafter: where the guesses come from (model, lookup, lookup+model); lookup alone costs no draft calls (c = 0).
     prompts: texts for the acceptance run, formatted as `generate` would: a list, or a dict kind -> texts
     (default: SAMPLE_PROMPTS, two each of chat, story, code and summarise; a is also given per kind).
     timeout_s: a cap on the measuring, from the call on (loading included); past it, one SpecvizError.
+    quantize: "4bit" (NF4) or "8bit" (int8) loads the target with bitsandbytes (the draft stays as it is).
     """
     from .api import encode_prompt
 
@@ -518,10 +602,20 @@ def check_pair(
     texts = [x for v in kinds.values() for x in v]
     if not texts or not all(isinstance(x, str) and x.strip() for x in texts):
         raise SpecvizError("prompts must be a list of non-empty texts.")
-    p, q = load_pair(target, draft, device=device, dtype=dtype)
+    if is_url(target) or isinstance(target, ServedTarget):
+        p, q = load_served_pair(target, draft, tokenizer=tokenizer, device=device, dtype=dtype)
+    else:
+        p, q = load_pair(target, draft, device=device, dtype=dtype, quantize=quantize, check_vocab=False)
 
     t = compare_tokenizers(p.tokenizer, q.tokenizer)
-    bad, warnings = _tokenizer_findings(t, q, p.vocab_size)
+    translated, extra = needs_translation(p, q), {}
+    if translated:  # another tokenizer: the guesses go through text (translate.py); refused only if that cannot work
+        bad, warnings, extra = _translation_findings(p, q, t)
+    else:
+        gap = vocab_gap(p, q)
+        if gap:  # what load_pair refuses for every other path
+            raise SpecvizError(gap)
+        bad, warnings = _tokenizer_findings(t)
     base = dict(
         target=p.name,
         draft=q.name,
@@ -532,10 +626,13 @@ def check_pair(
         draft_params=q.n_params,
         target_memory_bytes=p.memory_bytes,
         draft_memory_bytes=q.memory_bytes,
+        target_precision=p.precision,
+        draft_precision=q.precision,
         target_vocab_rows=p.vocab_size,
         draft_vocab_rows=q.vocab_size,
         draft_trimmed=q.vocab_map is not None,
         warnings=tuple(warnings),
+        **extra,
     )
     if bad:  # nothing to measure: the target cannot read the draft's proposals
         return PairReport(verdict="incompatible", reasons=tuple(bad), **base)
@@ -560,15 +657,25 @@ def check_pair(
     )
     best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
     best = measured[best_gamma - 1]
-    verdict, reasons = _worth(acc.a, c, best_gamma, best)
+    verdict, reasons = _worth(acc.a, c, best_gamma, best, translated)
+    if translated:
+        base["translate_cost"] = acc.translate_s / max(acc.rounds, 1) / step
     trees, advice = (), ""
-    if drafter in TREE_DRAFTERS:
+    if drafter in TREE_DRAFTERS and not isinstance(p, ServedTarget):  # a served target takes chains only
         few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
         trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
         advice = _tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))
         if verdict == "compatible":
             reasons.append(advice)
+    served = {}
+    if isinstance(p, ServedTarget):
+        e_step = engine_step_s(p, first)
+        e_speedups = speedup_table(acc.a, q_s / e_step, MEASURED_GAMMAS)
+        e_best = max(range(len(e_speedups)), key=e_speedups.__getitem__)
+        served = dict(served=p.url, engine_step_s=e_step, engine_speedup=e_speedups[e_best],
+                      engine_best_gamma=MEASURED_GAMMAS[e_best])  # fmt: skip
     return PairReport(
+        **served,
         verdict=verdict,
         reasons=tuple(reasons),
         drafter=drafter,

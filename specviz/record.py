@@ -173,12 +173,27 @@ def environment(target=None, draft=None) -> dict:
     from .bench import machine_info
 
     info = machine_info()
-    keys = ("cpu", "cpu_count", "gpu", "load_avg_1min", "torch", "transformers", "python", "platform")
+    keys = (
+        "cpu",
+        "cpu_id",
+        "cpu_vector",
+        "cpu_count",
+        "gpu",
+        "load_avg_1min",
+        "torch",
+        "transformers",
+        "python",
+        "platform",
+    )
     env = {k: info.get(k) for k in keys}  # the load: a shared machine's times are slower than its best
     if target is not None:
         env |= {"target": target.name, "target_params": target.n_params, "device": target.device.type}
     if draft is not None:
         env |= {"draft": draft.name, "draft_params": draft.n_params}
+    if target is not None and draft is not None:  # the per-machine choices (kernels.py): they set the recorded times
+        from .models import pair_backend, pair_dtypes
+
+        env |= {"dtypes": pair_dtypes(target, draft), "backend": pair_backend(target, draft)}
     env["recorded_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return env
 
@@ -285,6 +300,7 @@ def run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options) -> Reco
     from .config import SamplingConfig, SpecConfig
     from .engine import race
     from .models import load_pair
+    from .served import is_url, load_served_pair
 
     modes = tuple(modes)
     if modes not in (("spec",), ("ar",), ("ar", "spec")):
@@ -295,7 +311,11 @@ def run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options) -> Reco
     sampling = {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
     cfg = SpecConfig(**cfg, sampling=SamplingConfig(**sampling))  # bad numbers fail here, before any loading
     load = {k: options.pop(k) for k in ("device", "dtype", "quantize") if k in options}
-    p, q = load_pair(options.pop("target", None), options.pop("draft", None), **load)
+    target, draft = options.pop("target", None), options.pop("draft", None)
+    if is_url(target):  # a served target (served.py): p scores on its server
+        p, q = load_served_pair(target, draft, tokenizer=options.get("tokenizer"), **load)
+    else:
+        p, q = load_pair(target, draft, **load)
     runs = {mode: stream(prompt, mode=mode, target=p, draft=q, **options) for mode in modes}
     if len(modes) == 2:
         merged = list(race(runs["ar"], runs["spec"]))

@@ -86,6 +86,8 @@ def _draft_title(rnd: Round, i: int, greedy: bool, accepted: bool, shown: str, t
     head = f"round {rnd.index + 1}, proposal {i + 1} of {len(rnd.drafted)}: {shown}"
     if _source(rnd, i) in SOURCES:
         head += f"\n{SOURCES[_source(rnd, i)]}"
+    if i < len(rnd.origins) and rnd.origins[i]:  # a draft with another tokenizer: what it wrote in its own tokens
+        head += f"\ntranslated from the draft's own tokens: {rnd.origins[i]}"
     if greedy:
         why = (
             "greedy: accepted because it equals the target's top token"
@@ -261,5 +263,7 @@ def legend_html() -> str:
     return (
         f'<div class="sv-legend"><ul>{items}{rounds}</ul>'
         "<p>Hover over a token to see the draft's probability q(x), the target's p(x), the chance "
-        "min(1, p/q) of keeping it and the random draw r that decided.</p></div>"
+        "min(1, p/q) of keeping it and the random draw r that decided. A draft with another tokenizer than the "
+        "target's writes in its own tokens; its text is translated into the target's, and the hover shows the "
+        "draft's own tokens each guess came from.</p></div>"
     )

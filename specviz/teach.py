@@ -228,6 +228,13 @@ def position_probs(
     target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], sampling: SamplingConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """p and q (V,) for the first new token, computed with the engine's own calls (so bit for bit its numbers)."""
+    from .translate import needs_translation
+
+    if needs_translation(target, draft):
+        raise SpecvizError(
+            "This check compares p and q over the target's tokens, and this draft writes other tokens (its guesses "
+            "are translated); the race, the step-through and the greedy check work with it."
+        )
     V, dev = target.vocab_size, target.device
     p_run, q_run = CachedModel(target, V), CachedModel(draft, V)
     prompt = torch.tensor(prompt_ids, device=dev)

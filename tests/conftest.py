@@ -67,11 +67,11 @@ def make_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) ->
     return model.eval()
 
 
-def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3):
+def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3, hidden: int = 32):
     """A target and a draft that is the target plus noise (so it agrees often, not always)."""
     tok = make_tokenizer(vocab_size, chat)
-    target = make_model(vocab_size, seed=0)
-    draft = make_model(vocab_size, seed=0)
+    target = make_model(vocab_size, seed=0, hidden=hidden)
+    draft = make_model(vocab_size, seed=0, hidden=hidden)
     with torch.no_grad():  # the draft is the target with a noisy output layer: agrees often, not always
         g = torch.Generator().manual_seed(1)
         head = target.lm_head.weight
@@ -102,3 +102,24 @@ def loaded_pair(tiny_pair):
     from specviz import load_pair
 
     return load_pair(*tiny_pair, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def vllm_target(tmp_path_factory):
+    """vLLM's real CPU server on the built-in target's converted folder: (url, folder), once per session.
+
+    It runs its own speculative decoding (n-gram, 3 tokens: the built-in draft's trimmed vocabulary is no vLLM draft
+    model), so /metrics carries the counters the engine panel reads; prompt-logprob requests work the same.
+    """
+    from vllm_server import VLLMServer
+
+    from specviz.builtin import ensure_target
+
+    folder = str(ensure_target())
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
+    server = VLLMServer(folder, tmp_path_factory.mktemp("vllm") / "server.log", "--speculative-config", spec)
+    try:
+        server.wait()
+        yield server.url, folder
+    finally:
+        server.stop()

@@ -1,5 +1,6 @@
 """The built-in pair, for real: the target converted from the PyPI package offline, the shipped draft, exactness."""
 
+import itertools
 import os
 
 import pytest
@@ -69,3 +70,43 @@ def test_greedy_speculative_equals_greedy_target_on_the_real_pair(builtin_pair, 
         ar = specviz.generate(prompt, target=p, mode="ar", max_new_tokens=40)
         sp = specviz.generate(prompt, target=p, draft=q, gamma=gamma, max_new_tokens=40)
         assert sp.token_ids == ar.token_ids, prompt
+
+
+@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
+def test_the_builtin_target_quantised_on_the_cpu_is_exact_with_the_builtin_draft(quantize):
+    """bitsandbytes NF4 / int8 on the CPU: speculative greedy output equals the same quantised target's plain one."""
+    pytest.importorskip("bitsandbytes")
+    import specviz
+
+    p, q = specviz.load_pair(device="cpu", quantize=quantize)
+    full, _ = specviz.load_pair(device="cpu")
+    assert p.quantize == quantize and p.n_params == full.n_params and p.memory_bytes < 0.5 * full.memory_bytes
+    accepted = 0
+    for prompt in ["What is AI?", "def fibonacci(n):", "Give me three tips for sleeping well."]:
+        ar = specviz.generate(prompt, target=p, mode="ar", max_new_tokens=40)
+        sp = specviz.generate(prompt, target=p, draft=q, drafter="model", gamma=3, max_new_tokens=40)
+        assert sp.token_ids == ar.token_ids, prompt
+        accepted += sp.stats["accepted"]
+    assert accepted > 0  # the draft's guesses were kept: the quantised target verified blocks, not only steps
+
+
+def test_the_builtin_target_with_a_draft_of_another_tokenizer_is_exact(builtin_pair, tmp_path):
+    """A tiny ▁-style (SentencePiece-like) draft trained here on the built-in target's own replies: its guesses
+    are translated into SmolLM2's byte-level tokens, and greedy output stays the target's token for token."""
+    from cross_pair import corpus, metaspace_tokenizer, save, train_lm
+
+    import specviz
+
+    p, _ = builtin_pair
+    prompts = ["What is AI?", "def fibonacci(n):", "Give me three tips for sleeping well."]
+    plain = {x: specviz.generate(x, target=p, mode="ar", max_new_tokens=40) for x in prompts}
+    replies = [r.text for r in plain.values()]
+    tok = metaspace_tokenizer(replies + corpus(100), 400)
+    draft = save(tmp_path / "draft", train_lm(tok, replies * 8, seed=0, steps=200), tok)
+    p, q = specviz.load_pair(p, draft, device="cpu")
+    accepted = 0
+    for prompt, gamma in itertools.product(prompts, (2, 4)):
+        sp = specviz.generate(prompt, target=p, draft=q, drafter="model", gamma=gamma, max_new_tokens=40)
+        assert sp.token_ids == plain[prompt].token_ids, (prompt, gamma)
+        accepted += sp.stats["accepted"]
+    assert accepted > 0  # the draft's translated guesses were kept: blocks verified, not only single steps

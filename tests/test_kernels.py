@@ -1,33 +1,74 @@
-"""specviz.kernels: the few-token CPU path for linear layers computes the same product as nn.Linear."""
+"""specviz.kernels and specviz.native: every CPU path for linear layers computes nn.Linear's product, the
+few-token kernel gives a row the same bits whatever the call's size, the choice follows the timings, and decoding
+is exact on every path the choice can pick."""
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import specviz.kernels as kernels
-from specviz.kernels import MAX_ROWS, use_small_batch_gemm
+from specviz import SamplingConfig, SpecConfig, generate, native
+from specviz.engine import eos_ids, speculative_decode
+
+PATHS = ["torch", "transposed", "kernel"]
+PROMPTS = ["hello world", "the cat sat on the mat", "abc", "what is 2+2?", "once upon a time", "x = (1, 2)"]
 
 
-@pytest.fixture(autouse=True)
-def forced_on(monkeypatch):
-    """The product tests need the path on, whatever this CPU prefers (the choice itself is tested below)."""
-    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "1")
+def isas() -> list[str]:
+    """The instruction sets the kernel can run on this CPU: its best and every lower one."""
+    best = native.isa()
+    return ["AVX-512", "AVX2"] if best == "AVX-512" else [best]
 
 
-def _pair(bias: bool, dtype=torch.float32):
+@pytest.fixture
+def isa(request):
+    native.use_isa(request.param)
+    yield request.param
+    native.use_isa(None)
+
+
+def test_the_kernel_builds_and_loads_on_this_machine():
+    """The dev setup installs a C compiler, and CI's CPUs have AVX2 at least: a missing kernel here is a bug."""
+    assert native.library() is not None, native.why_not()
+    assert native.why_not() is None and native.isa() in ("AVX-512", "AVX2")
+
+
+@pytest.mark.parametrize("isa", isas(), indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("k, n", [(32, 64), (37, 101), (48, 96), (576, 1536), (1536, 5)])
+def test_the_kernel_computes_the_product_and_a_row_gets_the_same_bits_in_any_call(isa, dtype, k, n):
     torch.manual_seed(0)
-    plain = torch.nn.Linear(48, 96, bias=bias).to(dtype)
-    fast = torch.nn.Linear(48, 96, bias=bias).to(dtype)
+    w = torch.randn(n, k).to(dtype)
+    x = torch.randn(native.MAX_ROWS, k)
+    want = F.linear(x.double(), w.double()).float()
+    alone = [native.few_rows(x[i : i + 1].contiguous(), w) for i in range(native.MAX_ROWS)]
+    for m in range(1, native.MAX_ROWS + 1):
+        got = native.few_rows(x[:m].contiguous(), w)
+        torch.testing.assert_close(got, want[:m], rtol=1e-4, atol=1e-4 * math.sqrt(k))
+        for i in range(m):  # a verify's row i is bit for bit what a one-token step computes
+            assert torch.equal(got[i], alone[i][0]), (m, i)
+
+
+def _pair(bias: bool, dtype=torch.float32, shape=(48, 96)):
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(*shape, bias=bias).to(dtype)
+    fast = torch.nn.Linear(*shape, bias=bias).to(dtype)
     fast.load_state_dict(plain.state_dict())
     return plain, fast
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 1, 48), (1, 2, 48), (1, 5, 48), (3, 48), (2, 7, 48), (1, MAX_ROWS + 3, 48)])
-def test_same_product_for_any_number_of_rows(bias, shape):
+@pytest.mark.parametrize("shape", [(1, 1, 48), (1, 2, 48), (1, 5, 48), (3, 48), (2, 7, 48), (1, 9, 48), (1, 70, 48)])
+def test_every_path_computes_the_same_product_for_any_number_of_rows(monkeypatch, path, bias, shape):
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", path)
     plain, fast = _pair(bias)
-    assert use_small_batch_gemm(fast) == 1
+    assert kernels.use_fast_linear(torch.nn.Sequential(fast)) == path
     x = torch.randn(*shape)
     with torch.inference_mode():
         want, got = plain(x), fast(x)
@@ -35,49 +76,86 @@ def test_same_product_for_any_number_of_rows(bias, shape):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_used_for_a_few_rows_and_not_for_one(monkeypatch):
+def test_a_float16_layer_on_the_kernel_keeps_its_dtype(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
+    plain, fast = _pair(True, torch.float16)
+    assert kernels.use_fast_linear(fast) == "kernel"
+    x = torch.randn(1, 3, 48, dtype=torch.float16)
+    with torch.inference_mode():
+        got = fast(x)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(
+        got.float(), F.linear(x.float(), plain.weight.float(), plain.bias.float()), rtol=2e-3, atol=2e-3
+    )
+
+
+def test_the_kernel_serves_one_to_eight_rows_and_pytorch_the_rest(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     _, fast = _pair(False)
-    use_small_batch_gemm(fast)
+    kernels.use_fast_linear(fast)
     calls = []
-    real_mm = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda *a: calls.append(1) or real_mm(*a))
-    fast(torch.randn(1, 1, 48))
-    assert calls == []  # one token: F.linear, which is fast already
-    fast(torch.randn(1, 4, 48))
-    assert calls == [1]
+    real = native.few_rows
+    monkeypatch.setattr(native, "few_rows", lambda x, w: calls.append(x.shape[0]) or real(x, w))
+    with torch.inference_mode():
+        for rows in (1, 4, 8, 9, 40):
+            fast(torch.randn(1, rows, 48))
+    assert calls == [1, 4, 8]
+
+
+def test_training_keeps_autograd(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
+    _, fast = _pair(False)
+    kernels.use_fast_linear(fast)
+    fast(torch.randn(2, 48)).sum().backward()  # the kernel has no gradient: a trainable call must skip it
+    assert fast.weight.grad is not None
 
 
 def test_left_alone_for_other_dtypes_subclasses_and_when_turned_off(monkeypatch):
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     _, half = _pair(False, torch.bfloat16)
-    assert use_small_batch_gemm(half) == 0
+    assert kernels.use_fast_linear(half) == "torch" and "forward" not in half.__dict__
 
     class Quantised(torch.nn.Linear):  # bitsandbytes' layers subclass nn.Linear
         pass
 
-    assert use_small_batch_gemm(torch.nn.Sequential(Quantised(4, 4))) == 0
+    q = torch.nn.Sequential(Quantised(4, 4))
+    assert kernels.use_fast_linear(q) == "torch" and "forward" not in q[0].__dict__
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "0")
-    assert use_small_batch_gemm(torch.nn.Linear(4, 4)) == 0
+    lin = torch.nn.Linear(4, 4)
+    assert kernels.use_fast_linear(lin) == "torch" and "forward" not in lin.__dict__
 
 
-def test_models_loaded_by_specviz_use_it(tiny_pair):
-    from specviz.models import CACHE, load_model
-
-    CACHE.clear()  # loaded now, with the path forced on
-    m = load_model(tiny_pair[0], device="cpu")
-    lin = [mod for mod in m.model.modules() if type(mod) is torch.nn.Linear]
-    assert lin and all("_linear" in getattr(mod.forward, "__name__", "") for mod in lin)
-    CACHE.clear()
-
-
-@pytest.mark.parametrize("faster", [True, False])
-def test_auto_uses_the_path_only_where_it_is_faster_here(monkeypatch, faster):
+@pytest.mark.parametrize("fastest", PATHS)
+def test_auto_takes_the_path_timed_fastest_here(monkeypatch, fastest):
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "auto")
-    monkeypatch.setattr(kernels, "_FASTER", {})
-    # staged timings: the transposed product takes a quarter (or four times) the time of F.linear
-    monkeypatch.setattr(kernels, "_time_both", lambda layer, x: (1.0, 0.25 if faster else 4.0))
+    monkeypatch.setattr(kernels, "_CHOSEN", {})
+    # staged timings (one row, four rows): the fastest in sum wins, whatever it costs for one row alone
+    staged = {p: [1.0, 3.0] for p in PATHS} | {fastest: [1.2, 1.3]}
+    seen = []
+    monkeypatch.setattr(kernels, "time_paths", lambda layers, paths: seen.append(paths) or staged)
     _, layer = _pair(False)
-    assert (use_small_batch_gemm(torch.nn.Sequential(layer)) == 1) is faster
-    assert kernels._FASTER[(96, 48)] is faster  # decided once per weight shape, then remembered
+    assert kernels.use_fast_linear(torch.nn.Sequential(layer)) == fastest
+    assert kernels.use_fast_linear(torch.nn.Sequential(_pair(False)[1])) == fastest
+    assert seen == [PATHS]  # timed once per set of shapes, then remembered
+
+
+def test_without_a_compiler_the_kernel_is_off_with_a_reason_and_auto_keeps_pytorch(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECVIZ_HOME", str(tmp_path))  # no built library to fall back on
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    native.library.cache_clear()
+    try:
+        assert native.library() is None
+        assert "compiler" in native.why_not()
+        assert kernels.candidates(torch.float32) == ["torch", "transposed"]
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")  # forced but impossible here: PyTorch's own path
+        assert kernels.use_fast_linear(_pair(False)[1]) == "torch"
+        monkeypatch.setenv("CC", "false")  # a compiler that fails
+        native.library.cache_clear()
+        assert native.library() is None and "build failed" in native.why_not()
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+    assert native.library() is not None
 
 
 @pytest.mark.parametrize("faster", [True, False])
@@ -99,14 +177,75 @@ def test_timings_keep_their_dtypes_while_another_thread_builds_a_float16_model(m
     """transformers sets the process-wide default dtype while it builds a model, and the app builds the float16
     draft on one thread while the target's layers are timed on another: the timings must not take that dtype
     (a float16 input for a float32 layer raised "expected m1 and m2 to have the same dtype" at startup)."""
-    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "auto")
-    monkeypatch.setattr(kernels, "_FASTER", {})
     layer = torch.nn.Linear(48, 96, bias=False)  # float32, made before the default changes
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float16)  # as during another thread's float16 build
     try:
-        kernels.transposed_is_faster(layer)  # raised RuntimeError before
+        times = kernels.time_paths([layer], kernels.candidates(torch.float32))  # raised RuntimeError before
         plain, half = kernels._time_halves(rows=256, cols=64)
     finally:
         torch.set_default_dtype(old)
-    assert (96, 48) in kernels._FASTER and plain > 0 and half > 0
+    assert set(times) == set(kernels.candidates(torch.float32)) and plain > 0 and half > 0
+
+
+@pytest.fixture
+def pair_on(tiny_pair, monkeypatch):
+    """load_pair with the linear path forced, loaded afresh (the model cache does not key on the path)."""
+    from specviz import load_pair
+    from specviz.models import CACHE, pair_backend
+
+    def load(path: str, half: str = "0", pair=tiny_pair):
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", path)
+        monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
+        CACHE.clear()
+        p, q = load_pair(*pair, device="cpu")
+        assert ("specviz kernel" in pair_backend(p, q)) is (path == "kernel")
+        return p, q
+
+    yield load
+    CACHE.clear()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_greedy_spec_equals_greedy_plain_on_every_path(pair_on, path):
+    p, q = pair_on(path, half="1")
+    rejections = 0
+    for gamma, prompt in itertools.product((1, 3, 7), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=40)
+        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=40)
+        assert sp.token_ids == ar.token_ids, (gamma, prompt)
+        rejections += sp.stats["drafted"] - sp.stats["accepted"]
+    assert rejections > 0
+
+
+def test_every_path_writes_the_same_greedy_text(pair_on):
+    """Whatever this CPU picks, a visitor sees the same tokens (the paths differ by float32 rounding only)."""
+    outs = {}
+    for path in PATHS:
+        p, q = pair_on(path)
+        outs[path] = [generate(pr, target=p, draft=q, gamma="auto", max_new_tokens=40).token_ids for pr in PROMPTS]
+    assert outs["kernel"] == outs["torch"] == outs["transposed"]
+
+
+def test_sampled_spec_on_the_kernel_follows_the_target_distribution(pair_on, small_vocab_pair):
+    """The chi-square test of the engine's sampled law (tests/test_engine.py), both models on the kernel."""
+    p, q = pair_on("kernel", half="1", pair=small_vocab_pair)
+    ids, V = [1, 5, 6], p.vocab_size
+    with torch.inference_mode():
+        p1 = torch.softmax(p.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        p2 = torch.softmax(p.model(torch.tensor([ids + [a] for a in range(V)])).logits[:, -1].float(), -1)
+    eos = eos_ids(p)
+    law = torch.cat([(p1[:, None] * p2).flatten(), torch.zeros(V)])
+    for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)
+        law[a * V : a * V + V] = 0
+        law[V * V + a] = p1[a]
+    N = 3000
+    counts = torch.zeros(V * V + V)
+    for seed in range(N):
+        cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+        t = list(speculative_decode(p, q, ids, cfg))[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    keep = law * N >= 5
+    chi2 = float((((counts[keep] - N * law[keep]) ** 2) / (N * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)

@@ -25,6 +25,7 @@ ENV = [
     "SPECVIZ_SESSION_IDLE_S",
     "SPECVIZ_MAX_SESSIONS",
     "SPECVIZ_SESSION_MEMORY_MB",
+    "SPECVIZ_TARGET_URLS",
 ]
 
 
@@ -53,8 +54,11 @@ def test_from_env_reads_every_variable(clean_env):
     clean_env.setenv("SPECVIZ_MODEL_DIRS", "/srv/m1,/srv/m2")
     for k, v in zip(ENV[10:], ["60", "12", "256"]):
         clean_env.setenv(k, v)
+    clean_env.setenv("SPECVIZ_TARGET_URLS", "http://10.0.0.5:8000/v1, http://gpu:8000")
     lim = Limits.from_env()
-    assert lim == Limits(32, 100, 6, 3, 20, 2, 10, 2, ("a/b", "c/d"), ("/srv/m1", "/srv/m2"), 60, 12, 256)
+    assert lim == Limits(32, 100, 6, 3, 20, 2, 10, 2, ("a/b", "c/d"), ("/srv/m1", "/srv/m2"), 60, 12, 256,
+                         ("http://10.0.0.5:8000/v1", "http://gpu:8000"))  # fmt: skip
+    assert lim.check_model("http://gpu:8000/v1/") == "http://gpu:8000/v1"
 
 
 def test_gamma_cap_never_exceeds_the_engine_maximum(clean_env):

@@ -461,7 +461,8 @@ HOSTILE_PROMPTS = [
 
 def race_http(url: str, *args) -> list:
     """/race through raw HTTP (JSON escapes let it carry lone surrogates, which gradio_client cannot send)."""
-    args = list(args) + ["model", "constant", "none", "auto"][max(len(args) - 7, 0) :]  # the lane inputs
+    lanes = ["model", "constant", "none", "auto", "off", "off"]  # drafter, policy, third lane, trees
+    args = list(args) + lanes[max(len(args) - 7, 0) :]  # raw HTTP callers send every input
     body = json.dumps({"data": args})  # ASCII JSON: a lone surrogate travels as a \\udXXX escape
     r = httpx.post(f"{url}gradio_api/call/race", content=body, headers={"content-type": "application/json"}, timeout=10)
     stream = httpx.get(f"{url}gradio_api/call/race/{r.json()['event_id']}", timeout=60).text
@@ -494,32 +495,41 @@ def _call(url: str, api: str, body: str) -> tuple[int, str]:
 
 RAW_BODIES = [
     (
-        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "extra", 5]}',
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "off", "off", "extra", 5]}',
         "Done.",
     ),  # extra values: ignored
     ('{"data": ["hello", 4]}', None),  # too few
     ('{"data": "hello"}', None),  # not a list
-    ('{"data": [{"a": 1}, 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto"]}', "The prompt must be text"),
     (
-        '{"data": ["hello", 4, Infinity, 0, 1.0, 8, 0, "model", "constant", "none", "auto"]}',
+        '{"data": [{"a": 1}, 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "off", "off"]}',
+        "The prompt must be text",
+    ),
+    (
+        '{"data": ["hello", 4, Infinity, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "off", "off"]}',
         "temperature must be a finite number",
     ),
     (
-        '{"data": ["hello", 4, 0.0, -Infinity, 1.0, 8, 0, "model", "constant", "none", "auto"]}',
+        '{"data": ["hello", 4, 0.0, -Infinity, 1.0, 8, 0, "model", "constant", "none", "auto", "off", "off"]}',
         "top_k must be a finite number",
     ),
-    ('{"data": ["hello", 4, 0.0, 0, NaN, 8, 0, "model", "constant", "none", "auto"]}', "top_p must be a finite number"),
-    ('{"data": ["hello", 4, 0.0, 0, 1.0, 1e308, 0, "model", "constant", "none", "auto"]}', "capped at 64"),
     (
-        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 1e30, "model", "constant", "none", "auto"]}',
+        '{"data": ["hello", 4, 0.0, 0, NaN, 8, 0, "model", "constant", "none", "auto", "off", "off"]}',
+        "top_p must be a finite number",
+    ),
+    (
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 1e308, 0, "model", "constant", "none", "auto", "off", "off"]}',
+        "capped at 64",
+    ),
+    (
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 1e30, "model", "constant", "none", "auto", "off", "off"]}',
         "seed must be a whole number",
     ),
     (
-        '{"data": ["hello", [4], 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto"]}',
+        '{"data": ["hello", [4], 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "off", "off"]}',
         "gamma must be a number",
     ),
     (
-        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto"], "trust_remote_code": true, "fn_index": 99}',
+        '{"data": ["hello", 4, 0.0, 0, 1.0, 8, 0, "model", "constant", "none", "auto", "off", "off"], "trust_remote_code": true, "fn_index": 99}',
         "Done.",
     ),  # unknown keys
     ("not json at all", None),

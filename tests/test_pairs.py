@@ -125,8 +125,22 @@ def test_compare_tokenizers_identical_superset_and_template():
     assert make_tokenizer(V, True).convert_ids_to_tokens(i) == p_tok != q_tok
 
 
-def test_different_token_ids_are_incompatible_and_nothing_is_measured(tiny_pair, tmp_path, monkeypatch):
+def test_different_token_ids_with_the_same_strings_are_translated_and_measured(tiny_pair, tmp_path):
+    """Other ids for the same tokens: once "incompatible", now the draft's guesses go through text (translate.py)."""
     draft = save(tmp_path / "draft", make_model(V, seed=3), permuted_tokenizer(V))
+    rep = check_pair(tiny_pair[0], draft, device="cpu", max_new_tokens=8, prompts=["hello world"])
+    assert rep.verdict in ("compatible", "not worth it") and rep.acceptance is not None
+    assert not rep.tokenizer.compatible and rep.coverage == 1.0  # every token, under another id
+    assert rep.translation.startswith("text:") and "translated through text" in rep.warnings[0]
+    json.dumps(rep.to_dict())
+
+
+def test_a_draft_that_cannot_write_the_target_s_text_is_incompatible_and_nothing_is_measured(
+    tiny_pair, tmp_path, monkeypatch
+):
+    from cross_pair import useless_tokenizer
+
+    draft = save(tmp_path / "draft", make_model(11, seed=3), useless_tokenizer())
 
     def boom(*a, **k):
         raise AssertionError("an incompatible pair must not be measured")
@@ -135,9 +149,7 @@ def test_different_token_ids_are_incompatible_and_nothing_is_measured(tiny_pair,
     monkeypatch.setattr(pairs, "measure_acceptance", boom)
     rep = check_pair(tiny_pair[0], draft, device="cpu")
     assert rep.verdict == "incompatible"
-    assert "tokenizers differ" in rep.reasons[0]
-    i, p_tok, q_tok = rep.tokenizer.examples[0]
-    assert f"id {i} is {p_tok!r} for the target but {q_tok!r} for the draft" in rep.reasons[0]
+    assert "cannot be translated" in rep.reasons[0] and "comes back as" in rep.reasons[0]
     assert rep.c is None and rep.acceptance is None and rep.speedups == () and rep.best_gamma is None
     assert rep.target_params > 0 and rep.draft_memory_bytes > 0  # the cheap facts are still there
     assert "INCOMPATIBLE" in rep.report()

@@ -7,10 +7,14 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
+from specviz.config import DEFAULT_DRAFTER
+from specviz.events import Start
 from specviz.limits import Limits
 from specviz.record import loads, shipped
 from specviz.ui import build_demo, serve_locally
 from specviz.ui.common import UIContext
+from specviz.ui.race import race_stream
+from specviz.ui.replay import race_recording
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +37,40 @@ def test_record_a_race_then_export_and_open_it(client, tmp_path):
     assert page.startswith("<!doctype html>") and "Plotly" in page and note == ""
     banner = client.predict(None, handle_file(str(path)), api_name="/replay_open")[0]
     assert "Replay of a recording" in banner
+
+
+def _spec_start(rec):
+    return next(ev for ev in rec.lanes["spec"] if isinstance(ev, Start))
+
+
+def test_a_recorded_race_names_the_settings_that_ran(client):
+    """/record_race runs with the page's defaults (lookup+model, auto): the file must say so, not
+    SpecConfig's (model, constant)."""
+    rec = loads(client.predict("the cat sat on the mat", 3, 0.0, 0, 1.0, 16, 0, api_name="/record_race"))
+    start = _spec_start(rec)
+    assert (start.drafter, start.gamma_policy) == (DEFAULT_DRAFTER, "auto")
+    s = rec.settings
+    assert (s["drafter"], s["gamma_policy"], s["gamma"]) == (start.drafter, start.gamma_policy, start.gamma)
+    assert (s["prompt"], s["max_new_tokens"], s["seed"]) == ("the cat sat on the mat", 16, 0)
+
+
+def test_a_page_race_records_each_lane_as_it_ran(tiny_pair):
+    ctx = UIContext(limits=Limits(max_new_tokens=32), device="cpu")
+    ctx.default_target, ctx.default_draft = tiny_pair
+    stream = race_stream(ctx, "the cat sat", 4, 0.0, 0, 1.0, 12, 0, "lookup", "heuristic", "model", "constant")
+    while True:
+        try:
+            next(stream)
+        except StopIteration as stop:
+            view = stop.value
+            break
+    rec = race_recording(ctx, view)
+    start = _spec_start(rec)
+    assert (start.drafter, start.gamma_policy, start.gamma) == ("lookup", "heuristic", 4)
+    s = rec.settings
+    assert (s["drafter"], s["gamma_policy"], s["gamma"], s["max_new_tokens"]) == ("lookup", "heuristic", 4, 12)
+    lane3 = next(ev for ev in rec.lanes["spec2"] if isinstance(ev, Start))
+    assert (lane3.drafter, lane3.gamma_policy) == ("model", "constant") and s["lane3"] == view.labels["spec2"]
 
 
 def test_a_bad_request_gets_one_sentence(client):

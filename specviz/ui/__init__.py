@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..config import ASSETS, SpecvizError
+from ..models import LoadedModel, pair_backend
 from .common import UIContext, default_context, message
 
 log = logging.getLogger("specviz")
@@ -79,8 +80,9 @@ class Preloader:
             return
         self.state = "ready"
         self.text = (
-            f"Ready. Target p: {_short(p.name)} ({p.n_params / 1e6:.0f} M parameters); "
-            f"draft q: {_short(q.name)} ({q.n_params / 1e6:.0f} M); running on {p.device.type.upper()}."
+            f"Ready. Target p: {_short(p.name)} ({p.describe() if isinstance(p, LoadedModel) else p.precision}); "
+            f"draft q: {_short(q.name)} ({q.describe()}); running on {p.device.type.upper()}, "
+            f"{pair_backend(p, q)}."
         )
 
     def html(self) -> str:

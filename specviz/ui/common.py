@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 
 from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
 from ..limits import Limits
-from ..models import LoadedModel, load_model, load_pair
+from ..models import QUANTIZE, LoadedModel, load_model, load_pair
+from ..served import ServedTarget, is_url, load_served_pair
+
+NO_QUANTIZE = "none"  # the page's word for full-precision weights
 
 
 def gpu(fn):
@@ -54,20 +57,39 @@ class UIContext:
     # a hub id or a folder, from SPECVIZ_TARGET / SPECVIZ_DRAFT, else the built-in pair.
     default_target: str | None = field(default_factory=lambda: _env("SPECVIZ_TARGET"))
     default_draft: str | None = field(default_factory=lambda: _env("SPECVIZ_DRAFT"))
+    # The default target's weights: SPECVIZ_QUANTIZE=4bit (NF4) or 8bit (int8) with bitsandbytes, else as saved
+    quantize: str | None = field(default_factory=lambda: quantize_choice(_env("SPECVIZ_QUANTIZE")))
 
-    def pair(self, target: str | None = None, draft: str | None = None) -> tuple[LoadedModel, LoadedModel]:
+    def pair(
+        self, target: str | None = None, draft: str | None = None, quantize: str | None = None
+    ) -> tuple[LoadedModel | ServedTarget, LoadedModel]:
         """The pair a visitor asked for (None or "" means the default), checked against the deployment's limits.
+        quantize: the target's weights ("4bit", "8bit", "none"; None: this deployment's default).
 
         A load that takes longer than one request may ends this request with a sentence; it goes on loading, and
         the next visitor asking for the model gets it once it is ready. Models already loaded never wait for it.
         """
         t = self.limits.check_model(target or "") or self.default_target or BUILTIN_TARGET
         d = self.limits.check_model(draft or "") or self.default_draft or BUILTIN_DRAFT
-        return load_pair(t, d, device=self.device, timeout_s=self.limits.request_timeout_s)
+        if is_url(t):  # an allowed served target (limits.check_url) or the operator's SPECVIZ_TARGET
+            return load_served_pair(t, d, device=self.device, timeout_s=self.limits.request_timeout_s)
+        quant = self.quantize if quantize is None else quantize_choice(quantize)
+        return load_pair(t, d, device=self.device, quantize=quant, timeout_s=self.limits.request_timeout_s)
 
-    def target(self, name: str | None = None) -> LoadedModel:
+    def target(self, name: str | None = None) -> LoadedModel | ServedTarget:
         t = self.limits.check_model(name or "") or self.default_target or BUILTIN_TARGET
-        return load_model(t, device=self.device, timeout_s=self.limits.request_timeout_s)
+        if is_url(t):
+            return load_served_pair(t, need_draft=False, device=self.device)[0]
+        return load_model(t, device=self.device, quantize=self.quantize, timeout_s=self.limits.request_timeout_s)
+
+
+def quantize_choice(value) -> str | None:
+    """The target weights asked for: "4bit" or "8bit", None for "none" or nothing; else one SpecvizError."""
+    if value in (None, "", NO_QUANTIZE):
+        return None
+    if value not in QUANTIZE:
+        raise SpecvizError(f"quantize must be {NO_QUANTIZE}, 4bit or 8bit, not {str(value)[:40]!r}.")
+    return value
 
 
 @functools.cache

@@ -12,9 +12,9 @@ import gradio as gr
 
 from .. import compute
 from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, CHECK_DRAFTERS, PRESETS, SpecvizError
-from ..pairs import CHECK_GAMMA, PairReport, check_pair
+from ..pairs import CHECK_GAMMA, PairReport, check_pair, memory_words
 from ..teach_plots import speedup_figure
-from .common import UIContext, error_html, gpu
+from .common import NO_QUANTIZE, UIContext, error_html, gpu
 
 CUSTOM = "Custom (type the ids below)"
 BADGES = {  # an icon and a word besides the colour (Okabe-Ito)
@@ -55,10 +55,14 @@ def _num(value: str, caption: str) -> str:
 def report_html(r: PairReport) -> str:
     """Verdict, reasons, the measured numbers and any warnings; every name and sentence escaped."""
     icon, color, words = BADGES.get(r.verdict, ("?", "#000000", r.verdict))
+    size = "a served target" if r.served else f"{r.param_ratio:.2g}× the target's size"
     head = (
         f'<span class="sv-badge" style="color:{color}">{icon} {html.escape(words)}</span>'
-        f"<div>target p: <b>{html.escape(_short(r.target))}</b> · draft q: <b>{html.escape(_short(r.draft))}</b> "
-        f"({r.param_ratio:.2g}× the target's size; {html.escape(r.device)}, {html.escape(r.dtype)})</div>"
+        f"<div>target p: <b>{html.escape(_short(r.target))}</b> "
+        f"({html.escape('served' if r.served else memory_words(r.target_params, r.target_precision, r.target_memory_bytes))}) · "
+        f"draft q: <b>{html.escape(_short(r.draft))}</b> "
+        f"({html.escape(memory_words(r.draft_params, r.draft_precision, r.draft_memory_bytes))}; "
+        f"{size}; {html.escape(r.device)})</div>"
     )
     reasons = "".join(f"<li>{html.escape(x)}</li>" for x in r.reasons)
     nums = ""
@@ -99,6 +103,24 @@ def report_html(r: PairReport) -> str:
             f"{r.plain_cost:.2f}. The textbook formula (a verify costs one step, nothing else costs anything) "
             f"gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma.</p>"
         )
+    if r.translation:  # a draft with another tokenizer
+        cost = (
+            f" Re-tokenising cost {r.translate_cost:.2f} target steps a round." if r.translate_cost is not None else ""
+        )
+        nums += (
+            f'<p class="sv-translation">Another tokenizer: the draft has <b>{r.coverage:.0%}</b> of the target\'s '
+            f"vocabulary by string ({r.draft_share:.0%} of its own tokens are the target's). Greedy: "
+            f"{html.escape(r.translation)}. At temperature above 0: {html.escape(r.sampling_translation)}.{cost}</p>"
+        )
+    if r.served and r.engine_step_s:
+        nums += (
+            f'<p class="sv-warn">Served target {html.escape(r.served)}: a one-token request takes '
+            f"{r.target_step_s * 1e3:.1f} ms (the round trip and the engine's step; the engine's own step inside one "
+            f"request is {r.engine_step_s * 1e3:.1f} ms), and each verify request recomputes the text so far "
+            f"(prompt logprobs skip vLLM's prefix cache). With this draft here, one request per round: "
+            f"{r.best_speedup:.2f}× at gamma {r.best_gamma}. If the engine drafted with it itself (no round trip "
+            f"per round, textbook costs): {r.engine_speedup:.2f}× at gamma {r.engine_best_gamma}.</p>"
+        )
     warn = ""
     if r.warnings:
         warn = (
@@ -118,8 +140,15 @@ def build_pair_tab(ctx: UIContext) -> None:
         max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
         drafter = gr.Dropdown(list(CHECK_DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
     with gr.Row():
-        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1)
+        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1,
+                            info="or a served target's address where the operator allows it: http://HOST:PORT/v1")  # fmt: skip
         draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
+    with gr.Accordion("Advanced", open=False):
+        quantize = gr.Dropdown(
+            [NO_QUANTIZE, "4bit", "8bit"],
+            value=ctx.quantize or NO_QUANTIZE,
+            label="target weights: as saved, or 4-bit NF4 / 8-bit int8 with bitsandbytes (less memory; CPU too)",
+        )
     run = gr.Button("Check pair", variant="primary", size="lg")
     verdict = gr.HTML(css_template=CSS, js_on_load=None)
     plot = gr.Plot(show_label=False, visible=False)
@@ -131,12 +160,12 @@ def build_pair_tab(ctx: UIContext) -> None:
         return (p.target, p.draft) if p else (gr.skip(), gr.skip())
 
     @gpu
-    def on_check(target, draft, max_new_tokens, drafter="model"):
+    def on_check(target, draft, max_new_tokens, drafter="model", quantize=None):
         try:
             n, _ = ctx.limits.check_run(max_new_tokens, 1)
             if drafter not in CHECK_DRAFTERS:
                 raise SpecvizError(f"drafter must be one of {', '.join(CHECK_DRAFTERS)}, not {drafter!r}.")
-            p, q = ctx.pair(target, draft)
+            p, q = ctx.pair(target, draft, quantize)  # None (a client that does not send it): the default
             limit = ctx.limits.request_timeout_s  # the models are loaded: the measuring runs on the compute thread
             r = compute.call(check_pair, p, q, max_new_tokens=n, timeout_s=limit, drafter=drafter)
         except Exception as err:
@@ -150,5 +179,9 @@ def build_pair_tab(ctx: UIContext) -> None:
     for box in (target, draft):
         box.input(lambda: CUSTOM, None, preset, api_visibility="private", queue=False)
     run.click(
-        on_check, [target, draft, max_new, drafter], [verdict, plot, numbers], api_name="check", concurrency_id="models"
+        on_check,
+        [target, draft, max_new, drafter, quantize],
+        [verdict, plot, numbers],
+        api_name="check",
+        concurrency_id="models",
     )

@@ -12,9 +12,20 @@ import time
 import gradio as gr
 
 from .. import compute, plots, render
-from ..config import ASSETS, AUTO_GAMMA_MAX, DEFAULT_DRAFTER, DEFAULT_GAMMA, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
+from ..config import (
+    ASSETS,
+    AUTO_GAMMA_MAX,
+    DEFAULT_DRAFTER,
+    DEFAULT_GAMMA,
+    DRAFTERS,
+    GAMMA_POLICIES,
+    TEMPERATURE_MAX,
+    SpecConfig,
+)
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
+from ..served import EngineSpec, ServedTarget, engine_spec
+from ..theory import position_alphas
 from .common import UIContext, error_html, gpu
 from .inputs import NO_LANE, TREES, lane_drafter, note, prepare, run_config
 
@@ -36,10 +47,19 @@ def examples() -> list[str]:
 
 
 class RaceView:
-    """What the page shows of one race, built up event by event. Lanes: "ar", "spec" and maybe "spec2"."""
+    """What the page shows of one race, built up event by event. Lanes: "ar", "spec" and maybe "spec2".
 
-    def __init__(self, prompt: str = "", gamma: int = DEFAULT_GAMMA, labels: dict[str, str] | None = None):
+    `configs` are the SpecConfigs the speculative lanes run with (a recording's settings come from them)."""
+
+    def __init__(
+        self,
+        prompt: str = "",
+        gamma: int = DEFAULT_GAMMA,
+        labels: dict[str, str] | None = None,
+        configs: dict[str, SpecConfig] | None = None,
+    ):
         self.prompt, self.gamma = prompt if isinstance(prompt, str) else "", gamma
+        self.configs = configs or {}
         self.labels = labels or {"spec": "model, gamma 3"}
         self.lanes = ("ar", *(k for k in SPEC_LANES if k in self.labels))
         self.events: dict[str, list] = {k: [] for k in ("ar", *SPEC_LANES)}
@@ -48,6 +68,7 @@ class RaceView:
         self.clock = dict.fromkeys(self.events, 0.0)
         self.pieces: render.Pieces | None = None
         self.greedy = True
+        self.translation: dict[str, str] = {}  # lane -> how a draft with another tokenizer's guesses were translated
         self._figs: tuple | None = None  # the last figures sent, sent again between plot refreshes
 
     def add(self, side: str, ev) -> None:
@@ -55,6 +76,8 @@ class RaceView:
         if isinstance(ev, Start):
             self.greedy = ev.temperature == 0.0
             self.clock[side] = ev.prefill_s
+            if ev.translation:
+                self.translation[side] = ev.translation
         elif isinstance(ev, Step):
             self.body[side].append(render.ar_token_html(self.pieces, ev, self.greedy))
             self.clock[side] = ev.elapsed_s
@@ -67,6 +90,8 @@ class RaceView:
 
     def pane(self, side: str, waiting: str = "") -> str:
         label = self.labels.get(side, "")
+        if side in self.translation:  # which exact method ran: text, intersection or match (translate.py)
+            label += f" · draft's guesses translated: {self.translation[side].split(':')[0]}"
         return render.pane_html(side, "".join(self.body[side]), self.clock[side], self.done[side], waiting, label)
 
     def _rate(self, side: str) -> tuple[int, float]:
@@ -81,12 +106,29 @@ class RaceView:
         rounds = [e for e in self.events[side] if isinstance(e, Round)]
         speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp and rate_ar else "—"
         return render.stats_html(
-            render.spec_stat_items(rounds, n_sp, rate_sp) + [(speedup, "speedup (tokens/s vs plain)")]
+            render.spec_stat_items(rounds, n_sp, rate_sp)
+            + [(speedup, "speedup (tokens/s vs plain)")]
+            + self._served_items(side)
         )
+
+    def _served_items(self, side: str) -> list[tuple[str, str]]:
+        """A served target (served.py): how it decided ("approximate: top-20" where it is not exact) and, once
+        the lane is done, the share of its time spent waiting on requests (both lanes pay the same round trip)."""
+        start = next((e for e in self.events[side] if isinstance(e, Start)), None)
+        if start is None or not start.verify:
+            return []
+        items = [(start.verify.removeprefix("served "), "served target")]
+        done = self.done[side]
+        if done is not None and done.stats.get("wall_s"):
+            items.append((f"{done.stats['request_s'] / done.stats['wall_s']:.0%}", "of the time in requests"))
+        return items
 
     def stats(self) -> tuple[str, str, str]:
         n_ar, rate_ar = self._rate("ar")
-        ar = render.stats_html([(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")])
+        ar = render.stats_html(
+            [(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")]
+            + self._served_items("ar")
+        )
         return ar, self._spec_stats("spec", rate_ar, n_ar), self._spec_stats("spec2", rate_ar, n_ar)
 
     def figures(self) -> tuple:
@@ -116,7 +158,9 @@ class RaceView:
         spec2 = self.pane("spec2", waiting) if "spec2" in self.lanes else ""
         return (prompt, *panes, ar_stats, spec_stats, message, *f[:4], spec2, spec2_stats, *f[4:])
 
-    def summary(self) -> str:
+    def summary(self, engine: EngineSpec | None = None) -> str:
+        """The closing sentences; with `engine` (a served target's own speculative decoding, from its /metrics)
+        its acceptance per position and mean accepted length beside this draft's alpha_k."""
         if not all(self.done[k] for k in self.lanes):
             return ""
         a = self.done["ar"]
@@ -133,6 +177,17 @@ class RaceView:
             )
         if any(self._rate(k)[1] < rate_ar for k in self.lanes[1:]):
             parts.append("Slower means the guesses cost more than they saved here.")
+        for how in dict.fromkeys(self.translation.values()):
+            parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")
+        if engine is not None and engine.drafts:
+            rounds = [(len(e.drafted), e.n) for e in self.events["spec"] if isinstance(e, Round) and e.drafted]
+            ours = ", ".join(f"{x:.2f}" for x in position_alphas(rounds)) or "none drafted"
+            per_pos = ", ".join(f"{x:.2f}" for x in engine.acceptance_per_pos)
+            parts.append(
+                f"The engine's own speculative decoding since it started: acceptance by position {per_pos}, mean "
+                f"accepted length {engine.mean_accepted_length:.2f} over {engine.drafts} drafts; this draft's "
+                f"alpha_k by position: {ours}."
+            )
         return note(" ".join(parts))
 
 
@@ -148,7 +203,7 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         if second is not None:
             cfg2 = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, second, policy2, tree2)
             cfgs["spec2"] = cfg2
-        view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()})
+        view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()}, cfgs)
         yield view.outputs(note("Loading the models…"), waiting="waiting for the models…")
         p, q, ids = prepare(ctx, prompt, cfg)
         view.pieces = render.Pieces(p.tokenizer)
@@ -164,7 +219,7 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
                 with_plots = now - last_plots >= PLOTS_EVERY_S
                 last_html, last_plots = now, now if with_plots else last_plots
                 yield view.outputs(note("Racing…"), with_plots=with_plots)
-        yield view.outputs(view.summary())
+        yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None))
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
     return view  # the finished view, for the downloads (ui/replay.py)
@@ -282,8 +337,8 @@ def build_race_tab(ctx: UIContext) -> None:
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
     race_ev.then(
-        lambda view, *a: downloads(race_recording(ctx, view, *a), "race"),
-        [race_done, *inputs],
+        lambda view: downloads(race_recording(ctx, view), "race"),
+        [race_done],
         list(race_dl),
         **private,
     )

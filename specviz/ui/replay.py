@@ -77,16 +77,12 @@ def with_result(stream):
         yield (*last, gr.skip())
 
 
-def race_recording(ctx: UIContext, view, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                   drafter="model", policy="constant", drafter2="none", policy2="auto", tree="off",
-                   tree2="off"):  # fmt: skip
-    """A finished race (every lane done) as a Recording, or None."""
-    from .inputs import run_config
-
+def race_recording(ctx: UIContext, view) -> record.Recording | None:
+    """A finished race (every lane done) as a Recording, or None. Its settings are the ones the race ran with
+    (the view keeps them), not the page's inputs now or any defaults of this function's."""
     if view is None or view.pieces is None or not all(view.done[k] for k in view.lanes):
         return None
-    cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy, tree)
-    settings = record.settings_of(prompt, cfg)
+    settings = record.settings_of(view.prompt, view.configs["spec"])
     if "spec2" in view.lanes:
         settings |= {"lane3": view.labels["spec2"]}
     lanes = {k: view.events[k] for k in view.lanes}
@@ -126,7 +122,7 @@ def record_race(ctx: UIContext, prompt, gamma=3, temperature=0.0, top_k=0, top_p
         except StopIteration as stop:
             view = stop.value
             break
-    rec = race_recording(ctx, view, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+    rec = race_recording(ctx, view)
     if rec is None:  # the page's last message says why, in one sentence
         raise gr.Error(_text_of(last[5]) or "The race did not finish.")
     return rec.dumps()

@@ -1,0 +1,101 @@
+"""What a verify costs on this CPU, path by path, against the memory-bound limit: the numbers behind kernels.py's
+choice and the per-CPU tables in BENCHMARKS.md.
+
+    python scripts/cpu_costs.py                 # the built-in pair, every linear-layer path, 1-8 tokens
+    python scripts/cpu_costs.py --tokens 5 --paths torch,kernel
+
+For each path (SPECVIZ_CPU_GEMM forced, in a fresh process each, interleaved over --rounds) it prints the target's
+one-token step in ms, the cost of a call of 2..N tokens in one-token steps of the same path, and the draft's step
+and c (draft step / target step) in float32 and float16. The limit: the target's weights in bytes over the
+bandwidth of one pass that only reads them (a sum over a buffer as large as the weights), i.e. the fastest a step
+can be here; a verify of a few tokens reads the same bytes, so at the limit it costs one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PROMPT = "Tell me about gravity, the moon and the tides of the sea, and why a day on the moon is so long."
+
+
+def one(path: str, tokens: int) -> dict:
+    """In this process: the target's forward times over 1..tokens and the draft's one-token step on `path`."""
+    os.environ["SPECVIZ_CPU_GEMM"] = path
+    import torch
+
+    from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
+    from specviz.costs import forward_times
+    from specviz.models import load_model, pair_backend
+
+    p = load_model(BUILTIN_TARGET, device="cpu")
+    ids = p.tokenizer(PROMPT)["input_ids"]
+    t = forward_times(p, ids, tokens, reps=9)
+    out = {"path": path, "step_ms": t[0] * 1e3, "cost": [x / t[0] for x in t]}
+    for dtype in ("float32", "float16"):
+        q = load_model(BUILTIN_DRAFT, device="cpu", dtype=dtype)
+        d = forward_times(q, ids, 1, reps=15, vocab_size=p.vocab_size)[0]
+        out[f"draft_{dtype}_ms"], out[f"c_{dtype}"] = d * 1e3, d / t[0]
+    out["backend"] = pair_backend(p, q)
+    out["weights_mb"] = sum(x.numel() * x.element_size() for x in p.model.parameters()) / 1e6
+    big = torch.ones(int(out["weights_mb"] * 1e6 / 4))
+    big.sum()
+    best = min(_timed(big.sum) for _ in range(7))
+    out["bandwidth_gb_s"] = out["weights_mb"] / 1e3 / best
+    out["limit_ms"] = best * 1e3
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--paths", default="torch,transposed,kernel")
+    ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2, help="each path this many times, interleaved; medians shown")
+    ap.add_argument("--json-out", default="")
+    ap.add_argument("--one", default="", help=argparse.SUPPRESS)  # internal: measure one path in this process
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(a.one, a.tokens)))
+        return
+    from specviz.bench import machine_info
+
+    paths = [x.strip() for x in a.paths.split(",") if x.strip()]
+    runs: dict[str, list[dict]] = {x: [] for x in paths}
+    for _ in range(a.rounds):
+        for path in paths:
+            cmd = [sys.executable, __file__, "--one", path, "--tokens", str(a.tokens)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs[path].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    m = machine_info()
+    print(f"{m['cpu']} ({m['cpu_id']}; {m['cpu_vector']}) · torch {m['torch']}, {m['torch_threads']} threads")
+    first = runs[paths[0]][0]
+    print(f"target weights {first['weights_mb']:.0f} MB; read-only bandwidth {first['bandwidth_gb_s']:.1f} GB/s "
+          f"-> memory-bound limit {first['limit_ms']:.1f} ms a step")  # fmt: skip
+    head = " ".join(f"{n:>5d}" for n in range(2, a.tokens + 1))
+    print(f"{'path':12s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
+    for path, rs in runs.items():
+        med = lambda k, rs=rs: statistics.median(r[k] for r in rs)  # noqa: E731
+        cost = [statistics.median(r["cost"][i] for r in rs) for i in range(a.tokens)]
+        print(f"{path:12s} {med('step_ms'):8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in cost[1:])} | "
+              f"{med('draft_float32_ms'):.2f}/{med('draft_float16_ms'):.2f}, "
+              f"{med('c_float32'):.3f}/{med('c_float16'):.3f}   ({rs[0]['backend']})")  # fmt: skip
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps({"machine": m, "runs": runs}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

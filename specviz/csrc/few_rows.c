@@ -1,0 +1,180 @@
+// few_rows.c: y (M, N) = x (M, K) . W (N, K)^T for a call of 1-8 tokens, reading W once.
+//
+// Why: a verify of a few tokens reads the same weights as a one-token step, so on a memory-bound CPU it should
+// cost about one step. The BLAS paths PyTorch uses do not get there for 2-8 rows (on an Intel Xeon with MKL a
+// 4-token product over the built-in target's layers costs 1.7 one-token products; on an AMD EPYC 1.3-2x): they
+// pick kernels made for large products. Here each thread streams its share of W's rows once, prefetching the next
+// block, and multiplies every loaded vector with all M rows of x, which sit in L1.
+//
+// Same numbers whatever M: every output element is the same sequence of operations (a fused multiply-add chain
+// over K in vector-width chunks, a fixed horizontal sum, then the scalar tail), so a token's logits from a verify
+// are bit for bit those of a one-token step on the same path.
+//
+// W is float32 or float16 (a draft kept in half precision: half the bytes, converted in registers); x and y are
+// float32. Dispatch at run time: AVX-512F, or AVX2 with FMA and F16C; without either the caller keeps PyTorch's
+// path (few_rows_isa() returns 0). Threads: OpenMP, the team PyTorch's own libgomp already runs.
+
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+#define MAX_M 8
+
+#define PRAGMA(x) _Pragma(#x)
+
+// One kernel body for both ISAs and both weight types. VEC, ZERO, LOADW, LOADX, FMA, HSUM, W come from the caller.
+// R rows of W at a time share each load of x; acc[r][m] holds row n+r against x's row m.
+#define BODY(MM, R)                                                                                       \
+    long n = n0;                                                                                          \
+    for (; n + R <= n1; n += R) {                                                                         \
+        VEC acc[R][MM];                                                                                   \
+        PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++)                                                  \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[r][m] = ZERO;                           \
+        long k = 0;                                                                                       \
+        for (; k + W <= K; k += W) {                                                                      \
+            VEC wv[R];                                                                                    \
+            PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++) {                                            \
+                _mm_prefetch((const char*)(w + (n + R + r) * K + k), _MM_HINT_T0);                        \
+                wv[r] = LOADW(w + (n + r) * K + k);                                                       \
+            }                                                                                             \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                           \
+                VEC xv = LOADX(x + m * K + k);                                                            \
+                PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++) acc[r][m] = FMA(wv[r], xv, acc[r][m]);   \
+            }                                                                                             \
+        }                                                                                                 \
+        PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++)                                                  \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++)                                             \
+                y[m * N + n + r] = HSUM(acc[r][m]) + tail(w + (n + r) * K, x + m * K, k, K);              \
+    }                                                                                                     \
+    for (; n < n1; n++) {                                                                                 \
+        VEC acc[MM];                                                                                      \
+        PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[m] = ZERO;                                  \
+        long k = 0;                                                                                       \
+        for (; k + W <= K; k += W) {                                                                      \
+            VEC wv = LOADW(w + n * K + k);                                                                \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[m] = FMA(wv, LOADX(x + m * K + k), acc[m]); \
+        }                                                                                                 \
+        PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++)                                                 \
+            y[m * N + n] = HSUM(acc[m]) + tail(w + n * K, x + m * K, k, K);                               \
+    }
+
+// The last K % width products, in order, with explicit fused multiply-adds (no compiler contraction choices).
+#define TAIL(NAME, WT, CVT, ATTR)                                                                         \
+    ATTR static inline float NAME(const WT* w, const float* x, long k, long K) {                          \
+        float s = 0.0f;                                                                                   \
+        for (; k < K; k++) s = __builtin_fmaf(CVT(w[k]), x[k], s);                                        \
+        return s;                                                                                         \
+    }
+
+// A kernel per M (so acc[][] stays in registers), for one ISA and weight type.
+#define KERNELS(SUF, WT, ATTR, R1, R2, R3, R4, R5, R6, R7, R8)                                            \
+    ATTR static void rows_##SUF(const WT* restrict w, const float* restrict x, long M, long K, long N,    \
+                                float* restrict y, long n0, long n1) {                                    \
+        switch (M) {                                                                                      \
+            case 1: { BODY(1, R1) } break;                                                                \
+            case 2: { BODY(2, R2) } break;                                                                \
+            case 3: { BODY(3, R3) } break;                                                                \
+            case 4: { BODY(4, R4) } break;                                                                \
+            case 5: { BODY(5, R5) } break;                                                                \
+            case 6: { BODY(6, R6) } break;                                                                \
+            case 7: { BODY(7, R7) } break;                                                                \
+            default: { BODY(8, R8) } break;                                                               \
+        }                                                                                                 \
+    }
+
+#define A512 __attribute__((target("avx512f,f16c,fma")))
+#define A256 __attribute__((target("avx2,fma,f16c")))
+
+static inline float f32(float v) { return v; }
+A512 static inline float h2f_512(uint16_t h) { return _cvtsh_ss(h); }
+A256 static inline float h2f_256(uint16_t h) { return _cvtsh_ss(h); }
+
+// ---- AVX-512: 16 lanes, 32 registers (R x M accumulators + R weights + 1 input <= 32) ----
+#define VEC __m512
+#define ZERO _mm512_setzero_ps()
+#define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define HSUM(v) _mm512_reduce_add_ps(v)
+#define LOADX(p) _mm512_loadu_ps(p)
+#define W 16
+TAIL(tail_f32_512, float, f32, A512)
+#define tail tail_f32_512
+#define LOADW(p) _mm512_loadu_ps(p)
+KERNELS(f32_512, float, A512, 4, 4, 4, 4, 4, 4, 3, 3)
+#undef LOADW
+#undef tail
+TAIL(tail_f16_512, uint16_t, h2f_512, A512)
+#define tail tail_f16_512
+#define LOADW(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p)))
+KERNELS(f16_512, uint16_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
+#undef LOADW
+#undef tail
+#undef VEC
+#undef ZERO
+#undef FMA
+#undef HSUM
+#undef LOADX
+#undef W
+
+// ---- AVX2 + FMA + F16C: 8 lanes, 16 registers ----
+A256 static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#define VEC __m256
+#define ZERO _mm256_setzero_ps()
+#define FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define HSUM(v) hsum256(v)
+#define LOADX(p) _mm256_loadu_ps(p)
+#define W 8
+TAIL(tail_f32_256, float, f32, A256)
+#define tail tail_f32_256
+#define LOADW(p) _mm256_loadu_ps(p)
+KERNELS(f32_256, float, A256, 4, 4, 3, 2, 2, 2, 1, 1)
+#undef LOADW
+#undef tail
+TAIL(tail_f16_256, uint16_t, h2f_256, A256)
+#define tail tail_f16_256
+#define LOADW(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p)))
+KERNELS(f16_256, uint16_t, A256, 4, 4, 3, 2, 2, 2, 1, 1)
+#undef LOADW
+#undef tail
+
+// 2 = AVX-512F, 1 = AVX2 + FMA + F16C, 0 = neither (the caller keeps PyTorch's path).
+int few_rows_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return 1;
+    return 0;
+}
+
+// y (M, N) = x (M, K) . W (N, K)^T; half != 0: W holds float16. Returns 0, or -1 when it cannot run here.
+static int isa = -1;
+
+// The level in use; with level >= 0 first set it (for tests: the AVX2 path on a CPU that also has AVX-512). A level
+// above what the CPU has gives the CPU's best.
+int few_rows_use_isa(int level) {
+    int best = few_rows_isa();
+    if (level >= 0) isa = level < best ? level : best;
+    else if (isa < 0) isa = best;
+    return isa;
+}
+
+int few_rows(const void* w, int half, const float* x, long M, long K, long N, float* y, int threads) {
+    if (isa < 0) isa = few_rows_isa();
+    if (isa == 0 || M < 1 || M > MAX_M || threads < 1) return -1;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        long share = ((N + T - 1) / T + 15) & ~15L;  // whole 16-row blocks per thread
+        long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
+        if (n0 < n1) {
+            if (isa == 2 && half) rows_f16_512((const uint16_t*)w, x, M, K, N, y, n0, n1);
+            else if (isa == 2) rows_f32_512((const float*)w, x, M, K, N, y, n0, n1);
+            else if (half) rows_f16_256((const uint16_t*)w, x, M, K, N, y, n0, n1);
+            else rows_f32_256((const float*)w, x, M, K, N, y, n0, n1);
+        }
+    }
+    return 0;
+}

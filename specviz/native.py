@@ -1,0 +1,124 @@
+"""specviz's one native kernel: building it with the machine's C compiler, loading it, and calling it.
+
+`csrc/few_rows.c` computes a linear layer for a call of 1-8 tokens while reading the weights once (why: its
+header). It is compiled on first use (about a second with gcc) into $SPECVIZ_HOME/kernels, named by a hash of its
+source and compiler flags (a built file loads without a compiler), so an edited source builds anew and concurrent processes never load a half-written
+file. Without a C compiler, or on a CPU with neither AVX-512 nor AVX2+FMA+F16C, `library()` is None and
+`why_not()` says why in one sentence; the linear layers then keep PyTorch's paths (kernels.py chooses).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .config import specviz_home
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "few_rows.c"
+FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
+MAX_ROWS = 8  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1 <= 8)
+ISA_NAMES = {2: "AVX-512", 1: "AVX2"}
+
+_why: list[str] = []  # the reason the last load failed, for why_not()
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC", "").strip()
+    return shutil.which(cc) if cc else shutil.which("gcc") or shutil.which("cc")
+
+
+def _target() -> Path:
+    """Where the library for this source and these flags lives (a new source builds a new file)."""
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return specviz_home() / "kernels" / f"few_rows-{tag}.so"
+
+
+def _build(cc: str, out: Path) -> None:
+    """Compile the kernel into `out` (atomically: another process sees the whole file or none)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        staged = Path(tmp) / out.name
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(staged)], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            first = (done.stderr.strip().splitlines() or ["no message"])[0]
+            raise OSError(f"{Path(cc).name} could not compile it ({first})")
+        os.replace(staged, out)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel library, or None where it cannot run here (`why_not` says why). Built once per machine
+    (a built library needs no compiler to load: a container builds it at setup), loaded once per process."""
+    _why.clear()
+    if os.environ.get("SPECVIZ_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        _why.append("turned off by SPECVIZ_NATIVE=0")
+        return None
+    out = _target()
+    try:
+        if not out.is_file():
+            cc = _compiler()
+            if cc is None:
+                _why.append("no C compiler was found (install gcc, or set CC)")
+                return None
+            _build(cc, out)
+        lib = ctypes.CDLL(str(out))
+    except (OSError, subprocess.SubprocessError) as e:
+        _why.append(f"its build failed: {e}")
+        log.warning("specviz: the few-token kernel is not used: %s", _why[-1])
+        return None
+    lib.few_rows.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        *[ctypes.c_long] * 3,
+        ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    lib.few_rows.restype = ctypes.c_int
+    lib.few_rows_use_isa.argtypes = [ctypes.c_int]
+    if lib.few_rows_isa() == 0:
+        _why.append("this CPU has neither AVX-512 nor AVX2 with FMA and F16C")
+        return None
+    return lib
+
+
+def why_not() -> str | None:
+    """Why the kernel is not available here, in words; None when it is."""
+    return None if library() is not None else (_why[-1] if _why else "it is not available")
+
+
+def isa() -> str | None:
+    """The instruction set the kernel runs with here ("AVX-512", "AVX2"), or None."""
+    lib = library()
+    return ISA_NAMES.get(lib.few_rows_use_isa(-1)) if lib is not None else None  # -1: read, change nothing
+
+
+def use_isa(name: str | None) -> str | None:
+    """For tests: run the kernel with a lower instruction set than the CPU's best ("AVX2"); None: the best."""
+    lib = library()
+    if lib is None:
+        return None
+    level = {v: k for k, v in ISA_NAMES.items()}.get(name, 9)
+    return ISA_NAMES.get(lib.few_rows_use_isa(level))
+
+
+def few_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (M, K) float32 contiguous, weight (N, K) float32 or float16 contiguous, 1 <= M <= 8 -> (M, N) float32."""
+    rows, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(rows, n, dtype=torch.float32)
+    half = int(weight.dtype == torch.float16)
+    if library().few_rows(weight.data_ptr(), half, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()):
+        raise RuntimeError("few_rows refused its arguments")  # unreachable when the caller checks M and dtypes
+    return y

@@ -16,6 +16,11 @@ from, and is told after each verify how many were accepted (n) and which token t
 - `TranslatingDrafter` (the "model" drafter for a draft with another tokenizer): the draft reads and writes
   text, translated to and from the target's tokens (translate.py).
 
+With a tree policy in the context (`SpecConfig.tree`), the model and lookup drafters may propose a token tree
+instead of a chain (`Proposal.parents`): the model grows one best-first, reading the nodes it expands in cached,
+tree-masked calls; lookup proposes the trie of several earlier continuations. A tree that never branched is
+returned as the chain it is.
+
 How many tokens a drafter may propose in a round is the gamma policy's call (`policies.py`); a drafter asks
 it per source (`ctx.k_for(source)`), so "auto" can keep separate estimates for free and paid guesses.
 A proposal may be empty: the round is then one plain target step.
@@ -274,6 +279,8 @@ class ModelDrafter(Drafter):
                 if g.depth[i] < depth_max:
                     heapq.heappush(g.heap, (-score * ctx.tree.first(), g.next_order(), i, 1))
         ctx.tree.observe(g.curve, g.spent)
+        if not g.tokens:  # no candidate at all (cannot happen with a softmax row, but never stack nothing)
+            return _empty(ctx, 0, STOP_TREE)
         self.tree = {}
         for i, par in enumerate(g.parents):
             self.tree.setdefault(par, []).append((g.tokens[i], g.rows.get(i, -1), i))

@@ -4,7 +4,9 @@ Both are generators of `events`; both keep one KV cache per model and never re-e
 The target's cache holds every token of the text but the last, which is fed first on its next call; a
 drafter keeps its own state (drafters.py). The speculative loop reads as the paper does: 1. draft,
 2. verify, 3. accept / resample, 4. roll back and update. Notation: p target, q draft, gamma (k) the
-proposals of a round, n accepted count, r draw.
+proposals of a round, n accepted count, r draw. A round whose proposal is a token tree (`_tree_round`) verifies
+every node in one tree-masked call, walks the tree from the root (sampling.verify_tree_*) and keeps only the
+accepted path in the target's cache; chains take the unchanged path.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def test_the_sampled_walk_emits_the_target_law_with_children_drawn_without_repla
     q_root = torch.softmax(torch.randn(V) * 1.5, -1)
     q_next = torch.softmax(torch.randn(V, V) * 1.5, -1)
     g = torch.Generator().manual_seed(7)
-    n = 20_000
+    n = 12_000
     counts = torch.zeros(V * V)
     for _ in range(n):
         firsts = []

@@ -1,6 +1,7 @@
 """Token trees: the tree-masked forward and its cache, the walk's exactness (greedy equality with plain decoding,
 the sampled law at T = 1), the budget policy, settings and recordings."""
 
+import dataclasses
 import math
 
 import pytest
@@ -25,10 +26,12 @@ def _fresh_logits(lm, ids):
 # --- the tree-masked forward ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("impl", ["lean", "sdpa", "eager"])
 def test_a_tree_forward_scores_each_node_as_its_own_line_and_the_kept_path_is_a_plain_cache(tiny_pair, impl):
     p, _ = load_pair(*tiny_pair, device="cpu")
-    p.model.set_attn_implementation(impl)
+    if impl != "lean":  # transformers' forward with one attention implementation (lean.py's: its own)
+        p = dataclasses.replace(p, lean=None)
+        p.model.set_attn_implementation(impl)
     try:
         ids = [5, 9, 12, 30, 7, 8]
         run = CachedModel(p, p.vocab_size)

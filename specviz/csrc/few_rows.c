@@ -161,20 +161,23 @@ int few_rows_use_isa(int level) {
     return isa;
 }
 
+// Thread t of T computes its share of y's columns (whole 16-row blocks of W): called inside a parallel region, by
+// few_rows below and by llama.c's forward pass.
+void few_rows_part(const void* w, int half, const float* x, long M, long K, long N, float* y, int t, int T) {
+    if (isa < 0) isa = few_rows_isa();
+    long share = ((N + T - 1) / T + 15) & ~15L;
+    long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
+    if (n0 >= n1) return;
+    if (isa == 2 && half) rows_f16_512((const uint16_t*)w, x, M, K, N, y, n0, n1);
+    else if (isa == 2) rows_f32_512((const float*)w, x, M, K, N, y, n0, n1);
+    else if (half) rows_f16_256((const uint16_t*)w, x, M, K, N, y, n0, n1);
+    else rows_f32_256((const float*)w, x, M, K, N, y, n0, n1);
+}
+
 int few_rows(const void* w, int half, const float* x, long M, long K, long N, float* y, int threads) {
     if (isa < 0) isa = few_rows_isa();
     if (isa == 0 || M < 1 || M > MAX_M || threads < 1) return -1;
 #pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        long share = ((N + T - 1) / T + 15) & ~15L;  // whole 16-row blocks per thread
-        long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
-        if (n0 < n1) {
-            if (isa == 2 && half) rows_f16_512((const uint16_t*)w, x, M, K, N, y, n0, n1);
-            else if (isa == 2) rows_f32_512((const float*)w, x, M, K, N, y, n0, n1);
-            else if (half) rows_f16_256((const uint16_t*)w, x, M, K, N, y, n0, n1);
-            else rows_f32_256((const float*)w, x, M, K, N, y, n0, n1);
-        }
-    }
+    few_rows_part(w, half, x, M, K, N, y, omp_get_thread_num(), omp_get_num_threads());
     return 0;
 }

@@ -111,7 +111,7 @@ def session_bytes(p, q, n_prompt: int, settings: StepSettings) -> int:
     """The most KV-cache memory one run holds: both models' caches at the run's full length."""
     nodes = settings.gamma if settings.tree == "off" else TREE_AUTO_MAX if settings.tree == "auto" else settings.tree
     tokens = n_prompt + settings.max_new_tokens + max(nodes, settings.gamma) + 1
-    return (p.kv_bytes_per_token + q.kv_bytes_per_token) * tokens
+    return p.kv_bytes(tokens) + q.kv_bytes(tokens)
 
 
 def _seconds(s: int) -> str:

@@ -204,7 +204,7 @@ class LeanLlama:
             return torch.mm(w, x.t()).t()
         return F.linear(x, w)
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: callers may change the logits in place (a draft's blocked rows)
     def forward(
         self,
         cache: LeanCache,

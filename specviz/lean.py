@@ -27,9 +27,11 @@ dynamic RoPE) the transformers forward runs as before; SPECVIZ_FORWARD=transform
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import logging
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,54 @@ def mode() -> str:
     """SPECVIZ_FORWARD: "auto" (default: the lean forward where the model fits) or "transformers" (never)."""
     v = os.environ.get("SPECVIZ_FORWARD", "auto").strip().lower()
     return "transformers" if v in ("transformers", "hf", "0", "off", "no", "false") else "auto"
+
+
+INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU's caches between rounds anyway
+
+
+def int8_mode() -> str:
+    """SPECVIZ_DRAFT_INT8: "auto" (default: int8 weights for the draft where timing says they pay), "1", "0"."""
+    v = os.environ.get("SPECVIZ_DRAFT_INT8", "auto").strip().lower()
+    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+
+
+def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
+    """The draft's forward for this pair: its int8 variant where that is forced, or (auto) where a draft step
+    right after a target step, the way a round reads them, is clearly faster with it on this machine. A draft's
+    weights only shape the guesses; the output stays the target's."""
+    how = int8_mode()
+    if how == "0" or draft.lib is None:
+        return draft
+    if how == "1":
+        return draft.int8()
+    key = id(target)
+    if key not in draft.int8_pays:
+        pays = False
+        if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
+            plain, small = _cold_steps(target, [draft, draft.int8()])
+            pays = small < 0.85 * plain
+        draft.int8_pays[key] = pays
+    return draft.int8() if draft.int8_pays[key] else draft
+
+
+def _cold_steps(target: LeanLlama, drafts: list[LeanLlama], reps: int = 7) -> list[float]:
+    """Seconds of a one-token step of each draft right after a one-token target step (best of reps, the drafts
+    interleaved within each repetition, after one warm-up round)."""
+    ids = torch.arange(16) % min(m.embed.shape[0] for m in (target, *drafts))  # any tokens both can read
+    tc, caches = target.new_cache(), [d.new_cache() for d in drafts]
+    target.forward(tc, ids)
+    for d, c in zip(drafts, caches):
+        d.forward(c, ids)
+    best = [float("inf")] * len(drafts)
+    for rep in range(reps + 1):
+        for i, (d, c) in enumerate(zip(drafts, caches)):
+            tc.length, c.length = 16, 16
+            target.forward(tc, ids[:1])
+            t0 = time.perf_counter()
+            d.forward(c, ids[:1], last_only=True)
+            if rep:  # the first round warms up
+                best[i] = min(best[i], time.perf_counter() - t0)
+    return best
 
 
 def why_not(model: torch.nn.Module) -> str | None:
@@ -165,18 +215,64 @@ class LeanLlama:
                 )
             )
         self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
-        self.half = int(self.embed.dtype == torch.float16)
-        # for llama.c: the weights' and norms' addresses, 4 and 2 per layer (the tensors above keep them alive)
+        self.scales: dict[int, torch.Tensor] = {}  # an int8 weight's address -> its rows' scales (N,) float32
         lib = native.library() if path == "kernel" else None
         self.lib = lib if lib is not None and hasattr(lib, "llama_layers") else None
-        ptrs = [t.data_ptr() for (_, qkv, o, _, gu, down) in self.layers for t in (qkv, o, gu, down)]
-        self.weight_ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
-        ptrs = [t.data_ptr() for (ln1, _, _, ln2, _, _) in self.layers for t in (ln1, ln2)]
-        self.norm_ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
+        self._pointers()
         self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
+        self._int8: LeanLlama | None = None
+        self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
         self._rope(256)
+
+    def _pointers(self) -> None:
+        """For llama.c: the weights', scales' and norms' addresses, 4, 4 and 2 per layer (the tensors held by
+        self.layers and self.scales keep them alive), and the weights' type."""
+        weights = [w for (_, qkv, o, _, gu, down) in self.layers for w in (qkv, o, gu, down)]
+        self.wtype = native.WTYPES[weights[0].dtype]
+        self.weight_ptrs = (ctypes.c_void_p * len(weights))(*[w.data_ptr() for w in weights])
+        scales = [self.scales.get(w.data_ptr()) for w in weights]  # None for float weights
+        self.scale_ptrs = (ctypes.c_void_p * len(weights))(*[None if sc is None else sc.data_ptr() for sc in scales])
+        norms = [t for (ln1, _, _, ln2, _, _) in self.layers for t in (ln1, ln2)]
+        self.norm_ptrs = (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms])
+
+    def int8(self) -> LeanLlama:
+        """This model's forward with int8 weights in the decoder layers and the output layer (symmetric, one float32
+        scale per output row): a quarter of float32's bytes, half of float16's. For a draft only (its weights are
+        read cold every round, after the target's verify has streamed through the caches; kernels.draft_int8): a
+        target keeps its own weights, since the output is the target's. Built once, kept."""
+        if self.is_int8:
+            return self
+        if self._int8 is None:
+            new = copy.copy(self)
+            new.scales, new._int8, new.int8_pays = {}, None, {}
+
+            def quantize(w: torch.Tensor) -> torch.Tensor:
+                w = w.float()
+                scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # (N,)
+                q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+                new.scales[q.data_ptr()] = scale.contiguous()
+                return q
+
+            new.layers = [(a, quantize(qkv), quantize(o), b, quantize(gu), quantize(down)) for (a, qkv, o, b, gu, down) in self.layers]  # fmt: skip
+            new.head = quantize(self.head)
+            new._pointers()
+            new.engine = f"{self.engine}, int8 weights"
+            self._int8 = new
+        return self._int8
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads: the decoder layers' and the output layer's."""
+        return (
+            sum(w.numel() * w.element_size() for (_, *ws) in self.layers for w in ws)
+            + self.head.numel() * self.head.element_size()
+        )
+
+    @property
+    def is_int8(self) -> bool:
+        return self.wtype == native.WTYPES[torch.int8]
 
     def new_cache(self) -> LeanCache:
         return LeanCache(len(self.layers), self.kv_heads, self.d)
@@ -196,8 +292,11 @@ class LeanLlama:
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (L, in) float32 -> (L, out) float32 by the path chosen for this machine."""
         rows = x.shape[0]
+        scale = self.scales.get(w.data_ptr()) if w.dtype == torch.int8 else None
         if self.path == "kernel" and rows <= native.MAX_ROWS:
-            return native.few_rows(x.contiguous(), w)
+            return native.few_rows(x.contiguous(), w, scale)
+        if scale is not None:  # int8 on PyTorch's path (a prefill): the same products, dequantised for the call
+            return F.linear(x, w.float()) * scale
         if w.dtype != torch.float32:
             return F.linear(x.to(w.dtype), w).float()
         if self.path == "transposed" and 2 <= rows <= 64:
@@ -236,7 +335,7 @@ class LeanLlama:
         cos, sin = self.cos[pos], self.sin[pos]  # (L, d) each
         m = mask.float().contiguous() if mask is not None else None
         failed = self.lib.llama_layers(
-            self.weight_ptrs, self.norm_ptrs, len(self.layers), self.half,
+            self.weight_ptrs, self.scale_ptrs, self.norm_ptrs, len(self.layers), self.wtype,
             self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps,
             x.data_ptr(), x.shape[0], cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base,
             cos.data_ptr(), sin.data_ptr(), m.data_ptr() if m is not None else None, torch.get_num_threads(),

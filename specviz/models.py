@@ -9,6 +9,7 @@ builds one model at a time (`_BUILD_LOCK`). p is the target, q the draft.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -107,7 +108,10 @@ class LoadedModel:
 
     @property
     def precision(self) -> str:
-        """How its weights are held, in words: "float32", or "NF4, bitsandbytes" for a 4-bit target."""
+        """How its weights are held, in words: "float32", "NF4, bitsandbytes" for a 4-bit target, "int8" for a
+        draft whose lean forward reads int8 weights (lean.draft_forward)."""
+        if self.lean is not None and self.lean.is_int8:
+            return "int8"
         return QUANT_LABELS[self.quantize] if self.quantize else str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
@@ -536,7 +540,8 @@ def load_pair(
 
     A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
     pair gives the same sentence (the pair check, check_vocab=False, reports it as its verdict instead). timeout_s caps the wait for both loads together (see `load_model`). Without
-    an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`).
+    an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`), and its lean
+    forward int8 weights where those run faster still (`lean.draft_forward`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     draft = draft or BUILTIN_DRAFT
@@ -561,6 +566,10 @@ def load_pair(
     gap = vocab_gap(p, q) if check_vocab else None
     if gap:
         raise SpecvizError(gap)
+    if dtype in (None, "", "auto") and not isinstance(draft, LoadedModel) and q.lean is not None:
+        fast = lean.draft_forward(p.lean, q.lean)  # int8 weights where this machine runs them faster
+        if fast is not q.lean:
+            q = dataclasses.replace(q, lean=fast)
     return p, q
 
 

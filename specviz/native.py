@@ -87,12 +87,14 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_void_p,
         ctypes.c_int,
         ctypes.c_void_p,
+        ctypes.c_void_p,
         *[ctypes.c_long] * 3,
         ctypes.c_void_p,
         ctypes.c_int,
     ]
     lib.few_rows.restype = ctypes.c_int
     lib.llama_layers.argtypes = [
+        ctypes.c_void_p,
         ctypes.c_void_p,
         ctypes.c_void_p,
         ctypes.c_long,
@@ -136,12 +138,19 @@ def use_isa(name: str | None) -> str | None:
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
 
 
-def few_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (M, K) float32 contiguous, weight (N, K) float32 or float16 contiguous, 1 <= M <= 8 -> (M, N) float32."""
+WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernel's weight types
+
+
+def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) float32 contiguous, weight (N, K) float32, float16, or int8 with scale (N,) float32 (row n of the
+    product times scale[n]), contiguous, 1 <= M <= 8 -> (M, N) float32."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)
-    half = int(weight.dtype == torch.float16)
-    if library().few_rows(weight.data_ptr(), half, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()):
+    sc = scale.data_ptr() if scale is not None else None
+    wtype = WTYPES[weight.dtype]
+    if library().few_rows(
+        weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()
+    ):
         raise RuntimeError("few_rows refused its arguments")  # unreachable when the caller checks M and dtypes
     return y

@@ -17,7 +17,7 @@ import torch
 
 from specviz import SamplingConfig, SpecConfig, generate, lean, native
 from specviz.engine import eos_ids, speculative_decode
-from specviz.models import CACHE, CachedModel, backend, pair_backend
+from specviz.models import CACHE, CachedModel, backend, pair_backend, pair_dtypes
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
 FORWARDS = ["llama.c", "PyTorch ops", "transformers"]
@@ -29,16 +29,19 @@ def pair_with(tiny_pair, monkeypatch):
     """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
     from specviz import load_pair
 
-    def load(forward: str, pair=tiny_pair, half: str = "0"):
+    def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0"):
         if forward == "llama.c" and native.library() is None:
             pytest.skip("no C compiler or no AVX2 here")
+        monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
         monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
         monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward == "llama.c" else "torch")
         monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
         CACHE.clear()
         p, q = load_pair(*pair, device="cpu")
+        assert p.lean is None or not p.lean.is_int8  # a target keeps its own weights
+        assert (q.precision == "int8") is (int8 == "1" and forward == "llama.c")
         for lm in (p, q):
-            assert (lm.lean.engine if lm.lean is not None else "transformers") == forward
+            assert (lm.lean.engine if lm.lean is not None else "transformers").removesuffix(", int8 weights") == forward
             assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
         return p, q
 
@@ -82,9 +85,9 @@ def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(p
     assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:13])))  # bit for bit, 8 tokens in one call
 
 
-@pytest.mark.parametrize("forward", FORWARDS)
-def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward):
-    p, q = pair_with(forward, half="1")
+@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
+def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8):
+    p, q = pair_with(forward, half="1", int8=int8)
     rejections = 0
     for gamma, prompt in itertools.product((1, 3, 7), PROMPTS):
         ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=40)
@@ -117,10 +120,11 @@ def test_every_forward_writes_the_same_greedy_text(pair_with):
     assert len(set(map(str, outs.values()))) == 1, outs
 
 
-@pytest.mark.parametrize("forward", FORWARDS)
-def test_sampled_spec_follows_the_target_distribution_on_every_forward(pair_with, small_vocab_pair, forward):
-    """The chi-square test of tests/test_engine.py (first two tokens, vocabulary 8, gamma 1), per forward."""
-    p, q = pair_with(forward, pair=small_vocab_pair, half="1")
+@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
+def test_sampled_spec_follows_the_target_distribution_on_every_forward(pair_with, small_vocab_pair, forward, int8):
+    """The chi-square test of tests/test_engine.py (first two tokens, vocabulary 8, gamma 1), per forward, and
+    with a draft on int8 weights (its q is what it drew from, so the law is the target's still)."""
+    p, q = pair_with(forward, pair=small_vocab_pair, half="1", int8=int8)
     ids, V = [1, 5, 6], p.vocab_size
     p1 = torch.softmax(_reference(p, ids)[-1], -1)
     with torch.inference_mode():
@@ -169,3 +173,55 @@ def test_a_model_on_the_lean_forward_still_runs_through_transformers(pair_with):
         run = CachedModel(lm, lm.vocab_size)
         torch.testing.assert_close(run.feed(torch.tensor(ids)), _reference(p, ids), atol=2e-4, rtol=1e-4)
     assert "specviz forward" in pair_backend(p, p) and "transformers forward" in backend(plain)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ["AVX-512", "AVX2"])
+def test_int8_weights_compute_the_scaled_product_and_a_row_gets_the_same_bits_in_any_call(isa):
+    if native.use_isa(isa) != isa:
+        native.use_isa(None)
+        pytest.skip(f"this CPU has no {isa}")
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randint(-127, 128, (67, 131), generator=g, dtype=torch.int8)  # K not a multiple of a vector
+        scale = torch.rand(67, generator=g) / 100
+        x = torch.randn(8, 131, generator=g)
+        rows = [native.few_rows(x[m : m + 1].contiguous(), w, scale) for m in range(8)]
+        for M in range(1, 9):
+            y = native.few_rows(x[:M].contiguous(), w, scale)
+            torch.testing.assert_close(y, (x[:M] @ w.float().t()) * scale, atol=1e-4, rtol=1e-4)
+            assert torch.equal(y, torch.cat(rows[:M]))
+    finally:
+        native.use_isa(None)
+
+
+def test_an_int8_draft_guesses_like_its_float_self_and_the_target_keeps_its_weights(pair_with):
+    p, q = pair_with("llama.c", int8="1")
+    assert q.lean.is_int8 and q.lean is q.lean.int8() and "int8 weights" in backend(q)
+    assert "draft int8" in pair_dtypes(p, q) and not p.lean.is_int8
+    ids = [5, 9, 12, 30, 7, 8]
+    got = CachedModel(q, q.vocab_size).feed(torch.tensor(ids))
+    ref = _reference(q, ids)  # transformers' forward on the draft's own float weights
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8  # int8 rounding moves a few near-ties only
+    torch.testing.assert_close(torch.softmax(got, -1), torch.softmax(ref, -1), atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("plain,small,chosen", [(2.2e-3, 1.6e-3, True), (1.0e-3, 0.95e-3, False)])
+def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_clearly_faster(
+    pair_with, monkeypatch, plain, small, chosen
+):
+    p, q = pair_with("PyTorch ops")  # any loaded pair: the choice below reads fake timings
+    monkeypatch.setattr(lean, "_cold_steps", lambda target, drafts: [plain, small])
+    monkeypatch.setattr(lean, "INT8_MIN_BYTES", 0)  # the tiny draft's weights would stay in cache: never timed
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
+    draft = lean.LeanLlama(q.model, "kernel")
+    if draft.lib is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    assert lean.draft_forward(p.lean, draft).is_int8 is chosen
+    assert lean.draft_forward(None, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # no target to time with
+    monkeypatch.setattr(lean, "INT8_MIN_BYTES", 4 << 20)
+    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # too small to matter
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "0")
+    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "1")
+    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True

@@ -16,14 +16,16 @@
 // Layout (all float32 but the weights): x (L, H) the residual stream, updated in place; the KV cache
 // (layers, kv heads, cap, d) for keys and for values; cos and sin (L, d) for the tokens' positions; mask (L, T)
 // additive or NULL (causal: token l sees rows 0 .. base + l); weights (4 per layer: qkv, o, gate_up, down),
-// float32 or float16 (half != 0), each (out, in) row-major; norms (2 per layer) float32.
+// each (out, in) row-major, float32, float16 or int8 (wtype 0, 1, 2; int8 with a float32 scale per row in
+// `scales`, 4 per layer, NULL entries otherwise); norms (2 per layer) float32.
 
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
-void few_rows_part(const void* w, int half, const float* x, long M, long K, long N, float* y, int t, int T);
+void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                   int t, int T);
 
 #define A256 __attribute__((target("avx2,fma")))
 
@@ -123,7 +125,8 @@ static void attend(const float* q, const float* keys, const float* values, long 
 
 // The decoder layers over x (L, H), in place; the cache gets rows base .. base + L - 1. Returns 0, or -1 when
 // it cannot run (the caller keeps its own path).
-int llama_layers(const void* const* weights, const float* const* norms, long layers, int half, long H, long hq,
+int llama_layers(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
+                 int wtype, long H, long hq,
                  long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc, long cap, long base,
                  const float* cos, const float* sin, const float* mask, int threads) {
     if (L < 1 || L > 8 || threads < 1 || hq % hk || base + L > cap) return -1;
@@ -138,11 +141,12 @@ int llama_layers(const void* const* weights, const float* const* norms, long lay
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
         for (long li = 0; li < layers; li++) {
             const void* const* w = weights + 4 * li;
+            const float* const* sc = scales + 4 * li;
             float *kl = kc + li * hk * cap * d, *vl = vc + li * hk * cap * d;
             // 1. h = RMSNorm(x); qkv = h . Wqkv^T
 #pragma omp for schedule(static)
             for (long l = 0; l < L; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
-            few_rows_part(w[0], half, h, L, H, nqkv, qkv, t, nt);
+            few_rows_part(w[0], wtype, sc[0], h, L, H, nqkv, qkv, t, nt);
 #pragma omp barrier
             // 2. RoPE on q and k; k and v into the cache
 #pragma omp for schedule(static)
@@ -163,7 +167,7 @@ int llama_layers(const void* const* weights, const float* const* norms, long lay
                        mask ? mask + l * T : NULL, scale, scores + (long)t * T, att + l * hq * d + j * d);
             }
             // 4. x += att . Wo^T; h = RMSNorm(x)
-            few_rows_part(w[1], half, att, L, hq * d, H, tmp, t, nt);
+            few_rows_part(w[1], wtype, sc[1], att, L, hq * d, H, tmp, t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (long l = 0; l < L; l++) {
@@ -171,7 +175,7 @@ int llama_layers(const void* const* weights, const float* const* norms, long lay
                 rmsnorm(x + l * H, norms[2 * li + 1], eps, H, h + l * H);
             }
             // 5. x += (SiLU(h . Wgate^T) * (h . Wup^T)) . Wdown^T
-            few_rows_part(w[2], half, h, L, H, 2 * I, gu, t, nt);
+            few_rows_part(w[2], wtype, sc[2], h, L, H, 2 * I, gu, t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (long l = 0; l < L; l++) {
@@ -180,7 +184,7 @@ int llama_layers(const void* const* weights, const float* const* norms, long lay
                 exp_n(out, I);
                 for (long i = 0; i < I; i++) out[i] = a[i] / (1.0f + out[i]) * u[i];
             }
-            few_rows_part(w[3], half, act, L, I, H, tmp, t, nt);
+            few_rows_part(w[3], wtype, sc[3], act, L, I, H, tmp, t, nt);
 #pragma omp barrier
 #pragma omp for schedule(static)
             for (long e = 0; e < L * H; e++) x[e] += tmp[e];

@@ -45,7 +45,7 @@ def sweep(prompt: str, tokens: int):
         except StopIteration as stop:
             result = stop.value
             break
-    from specviz.ui.replay import sweep_recording
+    from specviz.ui.keep import sweep_recording
 
     if result is None:
         raise SystemExit("The sweep failed; run it in the app to see why.")

@@ -24,180 +24,42 @@ The plain lane asks the same endpoint for one token per request (the engine's gr
 prefix cache applies, where prompt-logprob requests recompute the prefix), so both lanes pay the same round trip.
 Requests go only to the URL the caller named (the page allows only the operator's SPECVIZ_TARGET_URLS, limits.py);
 redirects and proxies are never followed. Every failure a user can cause is one SpecvizError sentence.
+
+Here: `ServedRun` (the rounds above), `connect` (once per address, every check made then), `load_served_pair` and
+the engine's own numbers (`engine_spec`, `engine_step_s`). The wire (addresses, the HTTP client, the /metrics
+parser) is served_http.py's and `ServedTarget` served_target.py's; their public names are importable from here too.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
-import socket
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 from .config import SamplingConfig, SpecvizError
 from .sampling import Verdict, residual, sample, to_probs, verify_greedy, verify_sampled
+from .served_http import (  # noqa: F401 (base_url, is_url: importable from here, as before served_http.py)
+    TIMEOUT_S,
+    Client,
+    EngineSpec,
+    base_url,
+    is_url,
+    parse_spec_metrics,
+)
+from .served_target import (
+    APPROX_TOP,
+    PROBE_TEXT,
+    ServedTarget,
+    check_tokenizer,
+    load_tokenizer,
+    missing,
+)
 
-APPROX_TOP = 20  # vLLM's default --max-logprobs: what any vLLM server gives per position
 RESIDUAL_SAMPLES = 8  # engine samples per request when drawing a rejected position's residual
 RESIDUAL_REQUESTS = 4  # requests of them before asking for the whole distribution at that position
-TIMEOUT_S = 60.0  # one request; a CPU server's first request compiles for a few seconds
-PROBE_TEXT = "Speculative decoding checks 4 guesses at once: déjà vu, naïve café!"
 _SEED_MAX = 2**31 - 1
-
-
-def is_url(name) -> bool:
-    """Whether a target name is a served target's address (http:// or https://)."""
-    return isinstance(name, str) and name.strip().lower().startswith(("http://", "https://"))
-
-
-def base_url(url: str) -> str:
-    """The OpenAI base ("http://host:port/v1") of a URL given with or without /v1; SpecvizError if malformed."""
-    raw = url.strip()
-    try:
-        parts = urllib.parse.urlsplit(raw)
-        port = parts.port  # raises on a port that is not a number
-    except ValueError:
-        raise SpecvizError(f"{raw[:80]} is not a valid server address; use http://HOST:PORT/v1.") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
-        raise SpecvizError(f"{raw[:80]} is not a valid server address; use http://HOST:PORT/v1.")
-    if parts.username or parts.password:
-        raise SpecvizError("A server address must not carry a user name or password.")
-    path = parts.path.rstrip("/")
-    path = path if path.endswith("/v1") else path + "/v1"
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{parts.scheme}://{host}{f':{port}' if port else ''}{path}"
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None  # a redirect could point anywhere: it surfaces as an HTTP error instead
-
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
-
-
-def _server_message(body: bytes) -> str:
-    """The server's own error message, short: vLLM sends {"error": {"message": ...}} or {"message": ...}."""
-    text = body.decode("utf-8", "replace")
-    try:
-        data = json.loads(text)
-        err = data.get("error", data) if isinstance(data, dict) else data
-        text = str(err.get("message") if isinstance(err, dict) and err.get("message") else err)
-    except ValueError:
-        pass
-    line = next((x.strip() for x in text.splitlines() if x.strip()), "no message")
-    return line[:200].rstrip(" .")
-
-
-class Client:
-    """HTTP to one server: JSON in and out, a timeout per request, no redirects, no proxies; errors as sentences."""
-
-    def __init__(self, url: str, timeout_s: float = TIMEOUT_S):
-        self.base = base_url(url)
-        self.root = self.base[: -len("/v1")]
-        self.timeout_s = timeout_s
-
-    def get(self, path: str) -> bytes:
-        return self._send(urllib.request.Request(self.root + path, method="GET"))
-
-    def post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
-        req = urllib.request.Request(self.root + path, data=data, headers={"Content-Type": "application/json"})
-        return self._json(self._send(req), path)
-
-    def get_json(self, path: str) -> dict:
-        return self._json(self.get(path), path)
-
-    def _json(self, raw: bytes, path: str):
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise SpecvizError(
-                f"The server at {self.base} sent {path} a reply that is not JSON, so it is not an OpenAI-compatible server."
-            ) from None
-
-    def _send(self, req: urllib.request.Request) -> bytes:
-        where = self.base
-        try:
-            with _OPENER.open(req, timeout=self.timeout_s) as resp:
-                return resp.read()
-        except urllib.error.HTTPError as e:
-            if 300 <= e.code < 400:
-                raise SpecvizError(
-                    f"The server at {where} answered with a redirect, which specviz does not follow."
-                ) from None
-            what = urllib.parse.urlsplit(req.full_url).path
-            raise SpecvizError(
-                f"The server at {where} answered {e.code} to {what}: {_server_message(e.read())}."
-            ) from None
-        except TimeoutError:
-            raise SpecvizError(f"The server at {where} did not answer within {self.timeout_s:g} seconds.") from None
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, TimeoutError):
-                raise SpecvizError(f"The server at {where} did not answer within {self.timeout_s:g} seconds.") from None
-            raise SpecvizError(
-                f"The server at {where} cannot be reached ({_reason(e.reason)}); check that it runs and the address."
-            ) from None
-        except (ConnectionError, OSError) as e:
-            raise SpecvizError(f"The connection to the server at {where} failed ({_reason(e)}).") from None
-
-
-def _reason(reason) -> str:
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, socket.gaierror):
-        return "unknown host"
-    text = str(getattr(reason, "strerror", None) or reason)
-    return re.sub(r"\s+", " ", text)[:120].rstrip(" .") or type(reason).__name__
-
-
-# --- the served target: what the engine reads of a LoadedModel ------------------------------------------
-
-
-@dataclass(eq=False)
-class ServedTarget:
-    """The target p behind a server: its tokenizer and vocabulary here, its scores there (see `connect`)."""
-
-    name: str  # the address as the caller gave it
-    client: Client = field(repr=False)
-    model: str  # the server's model name (what every request names)
-    tokenizer: object = field(repr=False)
-    vocab_size: int
-    eos: frozenset[int]
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    dtype: torch.dtype = torch.float32
-    quantize: str | None = None
-    memory_bytes: int = 0  # nothing of it is held here
-    max_model_len: int = 0
-    n_params: int = 0  # not known here: the weights live on the server
-
-    @property
-    def precision(self) -> str:
-        """How its weights are held, in words (LoadedModel.precision's counterpart): the server's business."""
-        return "served"
-
-    @property
-    def url(self) -> str:
-        return self.client.base
-
-    def verify_mode(self, s: SamplingConfig) -> str:
-        """ "greedy", "exact" (T = 1, no filter) or "approximate: top-20": how this target verifies under `s`."""
-        if s.greedy:
-            return "greedy"
-        if s.temperature == 1.0 and s.top_k == 0 and s.top_p >= 1.0:
-            return "exact"
-        return f"approximate: top-{APPROX_TOP}"
-
-    def open_run(self) -> ServedRun:
-        return ServedRun(self)
 
 
 def _sampling_body(s: SamplingConfig, gen: torch.Generator | None = None) -> dict:
@@ -215,7 +77,7 @@ def open_run(lm, V: int):
     """The run object the engine feeds: a ServedRun for a served target, a CachedModel (own KV cache) otherwise."""
     from .models import CachedModel
 
-    return lm.open_run() if isinstance(lm, ServedTarget) else CachedModel(lm, V)
+    return ServedRun(lm) if isinstance(lm, ServedTarget) else CachedModel(lm, V)
 
 
 def _token_id(key) -> int:
@@ -265,13 +127,13 @@ class ServedRun:
             self.request_s += time.perf_counter() - t0
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
-            raise _missing(self.t, "choices")
+            raise missing(self.t, "choices")
         for c in choices:
             if not isinstance(c, dict) or not isinstance(c.get("token_ids"), list) or len(c["token_ids"]) != 1:
-                raise _missing(self.t, "the generated token's id (token_ids)")
+                raise missing(self.t, "the generated token's id (token_ids)")
             lp = (c.get("logprobs") or {}).get("token_logprobs")
             if not isinstance(lp, list) or len(lp) != 1 or not isinstance(lp[0], (int, float)):
-                raise _missing(self.t, "the generated token's logprob")
+                raise missing(self.t, "the generated token's logprob")
         return choices
 
     def _rows(self, choice: dict, start: int, k: int) -> list[dict[int, float]]:
@@ -288,7 +150,7 @@ class ServedRun:
             try:
                 rows.append({_token_id(t): float(v["logprob"]) for t, v in entry.items()})
             except (AttributeError, KeyError, TypeError, ValueError):
-                raise _missing(self.t, "a logprob for each prompt token") from None
+                raise missing(self.t, "a logprob for each prompt token") from None
         return rows
 
     def _logits(self, rows: list[dict[int, float]]) -> torch.Tensor:
@@ -391,10 +253,6 @@ class ServedRun:
         return token, math.exp(lp) if self.t.verify_mode(s) == "exact" else float("nan")
 
 
-def _missing(t: ServedTarget, what: str) -> SpecvizError:
-    return SpecvizError(f"The server at {t.url} sent a reply without {what}; specviz needs vLLM's /v1/completions.")
-
-
 # --- connecting: once per (address, tokenizer, device), every check made then -------------------------------
 
 _CONNECTIONS: dict[tuple, ServedTarget] = {}
@@ -439,115 +297,22 @@ def _connect(client: Client, name: str, tokenizer: str | None, dev: torch.device
     info = models[0]
     model = str(info["id"])
     source = tokenizer or str(info.get("root") or model)
-    tok, vocab_size, eos = _tokenizer(source, model, tokenizer is not None)
+    tok, vocab_size, eos = load_tokenizer(source, model, tokenizer is not None)
     target = ServedTarget(name=name, client=client, model=model, tokenizer=tok, vocab_size=vocab_size, eos=eos,
                           device=dev, max_model_len=int(info.get("max_model_len") or 0))  # fmt: skip
-    _check_tokenizer(target, source)
+    check_tokenizer(target, source)
     _check_prompt_logprobs(target)
     return target
-
-
-def _tokenizer(source: str, model: str, named: bool):
-    """(tokenizer, vocabulary size, EOS ids) of p from a hub id or folder; one sentence when it is not here."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    from .models import hub_reachable, resolve_source
-
-    try:
-        where = resolve_source(source)
-        cache_only = not Path(where).is_dir() and not hub_reachable()
-        tok = AutoTokenizer.from_pretrained(where, local_files_only=cache_only)
-    except Exception:
-        hint = "" if named else " (name a local folder that holds it with --tokenizer / tokenizer=)"
-        raise SpecvizError(
-            f"The tokenizer for the served model {model}, {source}, is not available here{hint}."
-        ) from None
-    eos, vocab_size = set(), len(tok)
-    if tok.eos_token_id is not None:
-        eos.add(int(tok.eos_token_id))
-    for load in (AutoConfig.from_pretrained, GenerationConfig.from_pretrained):
-        try:
-            cfg = load(where, local_files_only=cache_only)
-        except Exception:
-            continue
-        e = getattr(cfg, "eos_token_id", None)
-        eos.update(int(i) for i in (e if isinstance(e, (list, tuple)) else [e] if e is not None else []))
-        vocab_size = max(vocab_size, int(getattr(cfg, "vocab_size", 0) or 0))
-    return tok, vocab_size, frozenset(eos)
-
-
-def _check_tokenizer(t: ServedTarget, source: str) -> None:
-    """The tokenizer here must split a probe text as the server's own tokenizer does (vLLM's /tokenize)."""
-    data = t.client.post("/tokenize", {"model": t.model, "prompt": PROBE_TEXT, "add_special_tokens": False})
-    theirs = data.get("tokens") if isinstance(data, dict) else None
-    if not isinstance(theirs, list):
-        raise _missing(t, "the token ids of /tokenize")
-    ours = t.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    if list(map(int, theirs)) != list(ours):
-        raise SpecvizError(
-            f"The tokenizer {source} splits text differently from the server's model {t.model}; "
-            "name the model's own tokenizer."
-        )
 
 
 def _check_prompt_logprobs(t: ServedTarget) -> None:
     """One token-id request with prompt logprobs: the server must send a logprob and rank for each prompt token."""
     ids = t.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"][:6]
-    run = t.open_run()
+    run = ServedRun(t)
     run._set(ids[:-2])
     logits = run.feed(torch.tensor(ids[-2:]))  # (2, V)
     if not torch.isfinite(logits[0, ids[-1]]):
         raise SpecvizError(f"The server at {t.url} sent no logprob for a prompt token; specviz needs them.")
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """The engine's own speculative decoding, from its /metrics counters (cumulative since the server started)."""
-
-    drafts: int  # rounds in which the engine drafted
-    draft_tokens: int
-    accepted: int
-    accepted_per_pos: tuple[int, ...]  # accepted at draft position i (0-based)
-
-    @property
-    def acceptance_per_pos(self) -> tuple[float, ...]:
-        """Of the engine's drafts, the share whose guess at position i was kept (vLLM: per_pos[i] / drafts)."""
-        return tuple(a / self.drafts for a in self.accepted_per_pos) if self.drafts else ()
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens per engine step while it speculates: 1 + accepted / drafts (vLLM's definition)."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.draft_tokens if self.draft_tokens else 0.0
-
-
-_METRIC = re.compile(r"^(vllm:spec_decode_[a-z_]+?)(?:_total)?(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$")
-
-
-def parse_spec_metrics(text: str) -> EngineSpec | None:
-    """The engine's speculative-decoding counters from Prometheus text; None when the server does not speculate."""
-    sums: dict[str, float] = {}
-    per_pos: dict[int, float] = {}
-    for line in text.splitlines():
-        m = _METRIC.match(line.strip())
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-        if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            pos = re.search(r'position="(\d+)"', labels)
-            if pos:
-                per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0.0) + value
-        else:
-            sums[name] = sums.get(name, 0.0) + value
-    need = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
-    if not all(n in sums for n in need):
-        return None
-    drafts, tokens, accepted = (int(sums[n]) for n in need)
-    positions = tuple(int(per_pos.get(i, 0)) for i in range(max(per_pos) + 1)) if per_pos else ()
-    return EngineSpec(drafts=drafts, draft_tokens=tokens, accepted=accepted, accepted_per_pos=positions)
 
 
 def engine_spec(target: ServedTarget) -> EngineSpec | None:

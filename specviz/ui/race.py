@@ -26,10 +26,11 @@ from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
 from ..served import EngineSpec, ServedTarget, engine_spec
 from ..theory import position_alphas
-from .common import UIContext, error_html, gpu
+from .common import HTML_EVERY_S, UIContext, error_html, gpu
 from .inputs import NO_LANE, TREES, lane_drafter, note, prepare, run_config
+from .keep import download_buttons, downloads, race_recording, sweep_recording, with_result
+from .sweep import EMPTY_SWEEP, sweep_stream
 
-HTML_EVERY_S = 0.1  # at most ~10 text updates a second, so the browser keeps up on long runs
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
 TIMING_NOTE = (
@@ -222,14 +223,11 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None))
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
-    return view  # the finished view, for the downloads (ui/replay.py)
+    return view  # the finished view, for the downloads (ui/keep.py)
 
 
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
-    from .replay import download_buttons, downloads, race_recording, sweep_recording, with_result
-    from .sweep import EMPTY_SWEEP, sweep_stream
-
     lim = ctx.limits
     gr.Markdown(
         "Two ways to get text from the same model. **Left:** the target model writes one token per call. "

@@ -22,7 +22,7 @@ from ..render import Pieces
 from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
 from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
 from .common import UIContext, error_html, gpu
-from .replay import download_buttons, downloads, step_recording
+from .keep import download_buttons, downloads, step_recording
 from .sessions import SessionStore
 from .step_html import (
     CSS,

@@ -17,10 +17,9 @@ from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
 from ..record import keep
 from ..theory import alpha_of, cost_ratio
-from .common import UIContext, error_html
+from .common import HTML_EVERY_S, UIContext, error_html
 from .inputs import note as _note
 from .inputs import prepare, run_config
-from .race import HTML_EVERY_S
 
 SWEEP_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)  # the first limits.max_sweep of these, up to limits.max_gamma
 DEFAULT_SWEEP = 6  # 1, 2, 3, 4, 6, 8 unless the deployment asks for fewer
@@ -57,7 +56,7 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
         p, q, ids = prepare(ctx, prompt, cfg)
         note = _note(f"Plain decoding first (the baseline), then gamma = {', '.join(map(str, gammas))}…")
         yield empty, note
-        lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/replay.py)
+        lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/keep.py)
         plain = keep(compute.iterate(autoregressive_decode(p, ids, cfg)), lanes["ar"])  # on the compute thread
         ar = (yield from _run(ctx.limits.within_time(plain, start), empty, note)).stats
         t_p = (ar["wall_s"] - ar["prefill_s"]) / max(ar["target_calls"], 1)  # one target call, seconds

@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,13 +37,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import metrics
 from .api import encode_prompt
 from .config import ASSETS, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, eos_ids, speculative_decode
-from .events import Done, Step
+from .events import Done
 from .models import LoadedModel
-from .theory import alpha, cost_ratio, expected_speedup  # noqa: F401  (expected_speedup: re-exported)
+from .tally import Tally
+from .theory import expected_speedup
 from .translate import needs_translation
 
 log = logging.getLogger("specviz")
@@ -210,32 +209,31 @@ def assist_kwargs(target: LoadedModel, draft: LoadedModel, view: torch.nn.Module
 # --- one timed run per method ---------------------------------------------------------------------
 
 
-def _ours(events_fn) -> dict:
-    t0 = time.perf_counter()
-    events = list(events_fn())
-    seconds = time.perf_counter() - t0
+def run_row(events: list, seconds: float) -> dict:
+    """One run of our engine as a row of `measure`: its tokens, the wall clock around the call, its Tally's
+    counts (pooled again by `pool`) and, for a served target, its requests, their seconds and how it decided."""
     done = events[-1]
     assert isinstance(done, Done)
-    s = metrics.summary(events)
-    steps = [e.forward_s for e in events if isinstance(e, Step)]
     return {
         "tokens": list(done.token_ids),
         "seconds": seconds,
-        "target_calls": s["target_calls"],
-        "draft_calls": done.stats.get("draft_calls", 0),
-        "drafted": s["drafted"],
-        "accepted": s["accepted"],
-        "rejected": s["rejected"],
-        "prefill_s": s["prefill_s"],
-        "draft_s": s["draft_s"],
-        "verify_s": s["verify_s"],
-        "other_s": s["other_s"],
-        "step_s": statistics.median(steps) if steps else float("nan"),
-        # a served target (served.py): its requests, their seconds, and how it decided; nan / "" for a local one
+        **Tally.of(events).counts(),
         "requests": done.stats.get("requests", 0),
-        "request_s": done.stats.get("request_s", float("nan")),
+        "request_s": done.stats.get("request_s", float("nan")),  # nan / "" for a local target
         "verify": done.stats.get("verify", ""),
     }
+
+
+def pool(rows: pd.DataFrame) -> Tally:
+    """The Tally of every run of ours among `rows` (rows of `run_row`), pooled."""
+    names = [k for k in Tally().counts() if k in rows.columns]
+    return sum((Tally.from_counts(dict(zip(names, r))) for r in rows[names].itertuples(index=False)), Tally())
+
+
+def _ours(events_fn) -> dict:
+    t0 = time.perf_counter()
+    events = list(events_fn())
+    return run_row(events, time.perf_counter() - t0)
 
 
 def _hf(target: LoadedModel, ids: list[int], cfg: SpecConfig, **extra) -> dict:
@@ -363,6 +361,16 @@ def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, co
     return out, notes
 
 
+def row(temperature: float, c: Config | None, repeat: int, prompt: int, method: str, r: dict) -> dict:
+    """One row of `measure`: the cell it belongs to and one timed run `r` (`run_row`, or a peer's tokens and
+    seconds); tokens_per_s is over the wall clock around the call, the same for every method."""
+    n = len(r["tokens"])
+    return {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
+            "gamma": c and c.gamma, "policy": c and c.policy, "tree": c.tree if c else "", "repeat": repeat,
+            "prompt": prompt, "method": method, "new_tokens": n,
+            "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}  # fmt: skip
+
+
 def measure(
     target: LoadedModel,
     draft: LoadedModel | None,
@@ -413,15 +421,7 @@ def measure(
                     for c, method, run in slot:
                         cfg = (c.spec_config(max_new_tokens, run_seed, sampling) if c else
                                SpecConfig(max_new_tokens=max_new_tokens, seed=run_seed, sampling=sampling))  # fmt: skip
-                        r = run(ids, cfg)
-                        n = len(r["tokens"])
-                        rows.append(
-                            {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
-                             "gamma": c and c.gamma, "policy": c and c.policy, "tree": c.tree if c else "",
-                             "repeat": rep, "prompt": i,
-                             "method": method, "new_tokens": n,
-                             "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}
-                        )  # fmt: skip
+                        rows.append(row(temperature, c, rep, i, method, run(ids, cfg)))
                     bar.update(1)
     runs = pd.DataFrame(rows)
     runs.attrs["notes"] = notes
@@ -455,12 +455,11 @@ def _identical(runs: list[pd.DataFrame], ar: pd.DataFrame) -> tuple[bool | None,
     return not diffs, diffs
 
 
-def _where_time_goes(spec: pd.DataFrame, ar: pd.DataFrame, gamma: int, c: float) -> dict:
-    """Shares of spec's decode time (prefill excluded) and what one verify call cost in AR steps."""
+def _where_time_goes(spec: pd.DataFrame, run: Tally, plain: Tally, gamma: int, c: float) -> dict:
+    """Shares of spec's decode time (prefill excluded) and what one verify call cost in plain steps."""
     decode = float((spec["seconds"] - spec["prefill_s"]).sum())
-    rounds = float(spec["target_calls"].sum())
-    step = float(ar["step_s"].median())
-    draft, verify = float(spec["draft_s"].sum()), float(spec["verify_s"].sum())
+    step = plain.step_s
+    draft, verify, rounds = run.draft_s, run.verify_s, run.rounds
     return {
         "draft_share": draft / decode if decode > 0 else float("nan"),
         "verify_share": verify / decode if decode > 0 else float("nan"),
@@ -488,15 +487,13 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
     for temperature, at_t in runs.groupby("temperature", sort=True):
         shared = {m: at_t[at_t["method"] == m] for m in SHARED}
         ar = shared["ar"]
-        step = float(ar["step_s"].median())
+        plain = pool(ar)
         ar_dec = ar["new_tokens"].sum() / (ar["seconds"] - ar["prefill_s"]).sum()
         for label, cell in at_t[at_t["config"] != ""].groupby("config", sort=False):
             spec, hf_spec = cell[cell["method"] == "spec"], cell[cell["method"] == "hf_spec"]
             first = spec.iloc[0]
-            drafted, accepted = int(spec["drafted"].sum()), int(spec["accepted"].sum())
-            a = alpha(accepted, int(spec["rejected"].sum()))  # per-token acceptance: what the formula assumes
-            calls = int(spec["draft_calls"].sum())
-            c = cost_ratio(float(spec["draft_s"].sum()), calls, step) if calls else 0.0
+            run = pool(spec)  # every count and the acceptance, alpha, tokens per call and c read from it
+            a, c = run.alpha, run.c(plain)  # per-token acceptance: what the formula assumes
             spec_dec = spec["new_tokens"].sum() / (spec["seconds"] - spec["prefill_s"]).sum()
             constant = first["policy"] == "constant"
             gamma = int(first["gamma"]) if first["gamma"] != "auto" else first["gamma"]
@@ -526,15 +523,15 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 "ar_vs_hf_ar": _paired(ar, shared["hf_ar"]),
                 "hf_assist_vs_ar": _paired(shared["hf_assist"], ar),
                 "hf_lookup_vs_ar": _paired(shared["hf_lookup"], ar),
-                "acceptance": accepted / drafted if drafted else 0.0,
+                "acceptance": run.acceptance_rate,
                 "alpha": a,
-                "tokens_per_call": float(spec["new_tokens"].sum() / spec["target_calls"].sum()),
-                "drafted_per_call": float(drafted / spec["target_calls"].sum()),
+                "tokens_per_call": run.tokens_per_call,
+                "drafted_per_call": run.drafted_per_call,
                 "c": c,
                 "decode_speedup": float(spec_dec / ar_dec),
                 "theory": theory,
                 "measured_over_theory": float(spec_dec / ar_dec / theory) if theory > 0 else float("nan"),
-                **_where_time_goes(spec, ar, gamma if constant else 1, c),
+                **_where_time_goes(spec, run, plain, gamma if constant else 1, c),
                 "identical": ok,
                 "differences": "; ".join(diffs),
                 "verify": first["verify"],  # a served target: greedy | exact | approximate: top-20

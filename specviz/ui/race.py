@@ -25,6 +25,7 @@ from ..config import (
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
 from ..served import EngineSpec, ServedTarget, engine_spec
+from ..tally import Tally
 from ..theory import position_alphas
 from .common import UIContext, error_html, gpu
 from .inputs import NO_LANE, TREES, lane_drafter, note, prepare, run_config
@@ -66,6 +67,7 @@ class RaceView:
         self.body: dict[str, list[str]] = {k: [] for k in self.events}
         self.done: dict[str, Done | None] = dict.fromkeys(self.events)
         self.clock = dict.fromkeys(self.events, 0.0)
+        self.tally = {k: Tally() for k in self.events}  # each lane's counts, folded as its events come
         self.pieces: render.Pieces | None = None
         self.greedy = True
         self.translation: dict[str, str] = {}  # lane -> how a draft with another tokenizer's guesses were translated
@@ -73,6 +75,7 @@ class RaceView:
 
     def add(self, side: str, ev) -> None:
         self.events[side].append(ev)
+        self.tally[side].add(ev)
         if isinstance(ev, Start):
             self.greedy = ev.temperature == 0.0
             self.clock[side] = ev.prefill_s
@@ -94,22 +97,12 @@ class RaceView:
             label += f" · draft's guesses translated: {self.translation[side].split(':')[0]}"
         return render.pane_html(side, "".join(self.body[side]), self.clock[side], self.done[side], waiting, label)
 
-    def _rate(self, side: str) -> tuple[int, float]:
-        evs = self.events[side]
-        n = sum(1 for e in evs if isinstance(e, Step)) + sum(len(e.tokens) for e in evs if isinstance(e, Round))
-        return n, (n / self.clock[side] if self.clock[side] > 0 else 0.0)
-
-    def _spec_stats(self, side: str, rate_ar: float, n_ar: int) -> str:
+    def _spec_stats(self, side: str) -> str:
         if side not in self.lanes:
             return ""
-        n_sp, rate_sp = self._rate(side)
-        rounds = [e for e in self.events[side] if isinstance(e, Round)]
-        speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp and rate_ar else "—"
-        return render.stats_html(
-            render.spec_stat_items(rounds, n_sp, rate_sp)
-            + [(speedup, "speedup (tokens/s vs plain)")]
-            + self._served_items(side)
-        )
+        t = self.tally[side]
+        items = render.spec_stat_items(t) + [render.speedup_item(t, self.tally["ar"])]
+        return render.stats_html(items + self._served_items(side))
 
     def _served_items(self, side: str) -> list[tuple[str, str]]:
         """A served target (served.py): how it decided ("approximate: top-20" where it is not exact) and, once
@@ -124,12 +117,8 @@ class RaceView:
         return items
 
     def stats(self) -> tuple[str, str, str]:
-        n_ar, rate_ar = self._rate("ar")
-        ar = render.stats_html(
-            [(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")]
-            + self._served_items("ar")
-        )
-        return ar, self._spec_stats("spec", rate_ar, n_ar), self._spec_stats("spec2", rate_ar, n_ar)
+        ar = render.stats_html(render.plain_stat_items(self.tally["ar"]) + self._served_items("ar"))
+        return ar, self._spec_stats("spec"), self._spec_stats("spec2")
 
     def figures(self) -> tuple:
         ev, labels = self.events, {"ar": "plain", **self.labels}
@@ -163,19 +152,19 @@ class RaceView:
         its acceptance per position and mean accepted length beside this draft's alpha_k."""
         if not all(self.done[k] for k in self.lanes):
             return ""
-        a = self.done["ar"]
-        _, rate_ar = self._rate("ar")
-        parts = [f"Done. Plain: {a.stats['new_tokens']} tokens in {a.stats['wall_s']:.2f} s."]
+        a = self.tally["ar"]
+        rate_ar = a.tokens_per_s
+        parts = [f"Done. Plain: {a.new_tokens} tokens in {a.elapsed_s:.2f} s."]
         for k in self.lanes[1:]:
-            s, (_, rate) = self.done[k], self._rate(k)
-            faster = rate / rate_ar if rate_ar else 0.0
+            t = self.tally[k]
+            faster = t.tokens_per_s / rate_ar if rate_ar else 0.0
             word = "the same speed" if f"{faster:.2f}" == "1.00" else "faster" if faster > 1 else "slower"
-            calls = s.stats["target_calls"]
+            calls = t.target_calls
             parts.append(
-                f"Speculative ({self.labels[k]}): {s.stats['new_tokens']} tokens in {s.stats['wall_s']:.2f} s with "
+                f"Speculative ({self.labels[k]}): {t.new_tokens} tokens in {t.elapsed_s:.2f} s with "
                 f"{calls} target call{'s' if calls != 1 else ''}: {faster:.2f}×, {word}."
             )
-        if any(self._rate(k)[1] < rate_ar for k in self.lanes[1:]):
+        if any(self.tally[k].tokens_per_s < rate_ar for k in self.lanes[1:]):
             parts.append("Slower means the guesses cost more than they saved here.")
         for how in dict.fromkeys(self.translation.values()):
             parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")

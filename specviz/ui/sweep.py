@@ -16,7 +16,7 @@ from .. import compute, plots
 from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
 from ..record import keep
-from ..theory import alpha_of, cost_ratio
+from ..tally import Tally
 from .common import UIContext, error_html
 from .inputs import note as _note
 from .inputs import prepare, run_config
@@ -44,6 +44,17 @@ def _run(events, *page):
     return done
 
 
+def sweep_numbers(lanes: dict[str, list]) -> tuple[list[dict], float, float]:
+    """The sweep's table (acceptance rate and speedup per gamma) and the alpha and c of every speculative lane
+    pooled, c against the plain lane's step (tally.py); lanes: "ar" and "gamma = g" -> that run's events."""
+    plain = Tally.of(lanes["ar"])
+    runs = {int(name.split("= ")[1]): Tally.of(evs) for name, evs in lanes.items() if name != "ar"}
+    rows = [{"gamma": g, "acceptance": t.acceptance_rate, "speedup": t.tokens_per_s / max(plain.tokens_per_s, 1e-9)}
+            for g, t in runs.items()]  # fmt: skip
+    pooled = sum(runs.values(), Tally())
+    return rows, pooled.alpha, pooled.c(plain)
+
+
 def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
     """Run gamma over SWEEP_GAMMAS (capped) for this prompt and drafter; yield the figure after each gamma."""
     empty, start = plots.sweep_figure(EMPTY_SWEEP), time.monotonic()
@@ -59,27 +70,14 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
         yield empty, note
         lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/replay.py)
         plain = keep(compute.iterate(autoregressive_decode(p, ids, cfg)), lanes["ar"])  # on the compute thread
-        ar = (yield from _run(ctx.limits.within_time(plain, start), empty, note)).stats
-        t_p = (ar["wall_s"] - ar["prefill_s"]) / max(ar["target_calls"], 1)  # one target call, seconds
-        rows, tot = [], {"accepted": 0, "resampled": 0, "draft_s": 0.0, "draft_calls": 0}
+        yield from _run(ctx.limits.within_time(plain, start), empty, note)
         for i, g in enumerate(gammas, 1):
             spec = keep(
                 compute.iterate(speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g))),
                 lanes.setdefault(f"gamma = {g}", []),
             )
-            # past the cap: one SpecvizError
-            st = (yield from _run(ctx.limits.within_time(spec, start), fig, note)).stats
-            rows.append(
-                {
-                    "gamma": g,
-                    "acceptance": st["acceptance_rate"],
-                    "speedup": st["tokens_per_s"] / max(ar["tokens_per_s"], 1e-9),
-                }
-            )
-            for k in tot:
-                tot[k] += st[k]
-            alpha = alpha_of(tot)  # of the proposals the target ruled on, the share kept
-            c = cost_ratio(tot["draft_s"], tot["draft_calls"], t_p) if tot["draft_calls"] and t_p > 0 else 0.0
+            yield from _run(ctx.limits.within_time(spec, start), fig, note)  # past the cap: one SpecvizError
+            rows, alpha, c = sweep_numbers(lanes)
             theory = plots.theory_frame(alpha, c, range(1, max(gammas) + 1))
             fig = plots.sweep_figure(pd.DataFrame(rows), theory)
             best = int(theory.loc[theory["speedup"].idxmax(), "gamma"])

@@ -38,10 +38,11 @@ import pandas as pd
 import torch
 
 from .api import encode_prompt
-from .config import ASSETS, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
+from .config import ASSETS, TREE_DRAFTERS, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, eos_ids, speculative_decode
 from .events import Done
 from .models import LoadedModel
+from .request import RunRequest
 from .tally import Tally
 from .theory import expected_speedup
 from .translate import needs_translation
@@ -52,7 +53,9 @@ PROMPT_DIR = ASSETS / "prompts"
 PROMPT_SETS = ("everyday", "stories", "code", "summarise", "grounded")
 METHODS = ("ar", "spec", "hf_spec", "hf_assist", "hf_lookup", "hf_ar")
 SHARED = ("ar", "hf_assist", "hf_lookup", "hf_ar")  # run once per prompt, whatever the configuration
-HF_LOOKUP_TOKENS = 10
+# the transformers peers run at transformers' own defaults, not specviz's (RunRequest's), even where they agree
+HF_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens
+HF_ASSIST_TOKENS, HF_ASSIST_CONFIDENCE = 20, 0.4  # num_assistant_tokens, assistant_confidence_threshold
 SHORTFALL = 0.85  # measured below 85% of theory: say where the time went
 WARMUP_TOKENS = 8
 
@@ -267,10 +270,10 @@ class Config:
         tree = "" if self.tree == "off" else f", tree {self.tree}"
         return f"{self.drafter}, {'auto' if self.gamma == 'auto' else g}{tree}"
 
-    def spec_config(self, max_new_tokens: int, seed: int, sampling: SamplingConfig) -> SpecConfig:
-        return SpecConfig(gamma=self.gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling,
-                          drafter=self.drafter, gamma_policy="auto" if self.gamma == "auto" else self.policy,
-                          tree=self.tree)  # fmt: skip
+    def request(self, base: RunRequest) -> RunRequest:
+        """`base` (the run's other options) with this configuration's drafter, gamma, policy and tree."""
+        policy = "auto" if self.gamma == "auto" else self.policy
+        return base.replace(mode="spec", drafter=self.drafter, gamma=self.gamma, gamma_policy=policy, tree=self.tree)
 
 
 def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Sequence[str] = ("constant",),
@@ -313,7 +316,7 @@ def parse_configs(text: str) -> list[Config]:
         policy = "auto" if gamma == "auto" else (parts[2] if len(parts) == 3 else "constant")
         out.append(Config(parts[0], gamma, policy, tree))
     for c in out:
-        c.spec_config(8, 0, SamplingConfig())  # one sentence for an unknown drafter or policy, before loading
+        c.request(RunRequest())  # one sentence for an unknown drafter or policy, before loading
     return out
 
 
@@ -325,8 +328,8 @@ def _shared_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool) ->
         return runners, notes
     if draft is not None:
         try:
-            default = hf_assistant(draft, target, 20)
-            default.generation_config.assistant_confidence_threshold = 0.4  # transformers' own defaults
+            default = hf_assistant(draft, target, HF_ASSIST_TOKENS)
+            default.generation_config.assistant_confidence_threshold = HF_ASSIST_CONFIDENCE
             assist = assist_kwargs(target, draft, default)
             runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, **assist)
         except SpecvizError as e:
@@ -377,50 +380,50 @@ def measure(
     prompts: Sequence[str],
     configs: Sequence[Config],
     temperatures: Sequence[float],
-    max_new_tokens: int = 64,
     repeats: int = 1,
     *,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
+    request: RunRequest | None = None,
     hf: bool = True,
-    raw: bool = False,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Every timed run: one row per (temperature, repeat, prompt, method[, configuration]). See `summarise_runs`."""
+    """Every timed run: one row per (temperature, repeat, prompt, method[, configuration]). See `summarise_runs`.
+
+    request: the options every run shares (max_new_tokens, top_k, top_p, seed, raw; default RunRequest()'s); each
+    configuration sets the drafter, gamma, policy and tree, the grid the temperature, and each prompt its seed."""
     from tqdm.auto import tqdm
 
-    samplings = {t: SamplingConfig(t, top_k, top_p) for t in temperatures}
+    base = request or RunRequest()
     for c in configs:  # validates every value before anything runs
-        c.spec_config(max_new_tokens, seed, SamplingConfig())
+        c.request(base)
+    for t in temperatures:
+        base.replace(temperature=t)
     if repeats < 1:
         raise SpecvizError("--repeats must be at least 1.")
     if not prompts or not configs:
         raise SpecvizError("There are no prompts or no configurations to run.")
-    encoded = [encode_prompt(target, p, raw) for p in prompts]
+    encoded = [encode_prompt(target, p, base.raw) for p in prompts]
     shared, notes = _shared_runners(target, draft, hf)
     per_config, more = _config_runners(target, draft, hf, configs)
     notes.update(more)
     for note in notes.values():
         log.warning("a transformers peer is skipped: %s", note)
 
-    warm_s = SamplingConfig(0.0)
+    warm = base.replace(max_new_tokens=min(WARMUP_TOKENS, base.max_new_tokens), temperature=0.0)
     for run in shared.values():  # first calls pay for lazy initialisation (and auto's cost calibration): untimed
-        run(encoded[0], SpecConfig(max_new_tokens=min(WARMUP_TOKENS, max_new_tokens), seed=seed, sampling=warm_s))
+        run(encoded[0], warm.replace(mode="ar").spec)
     for c, _, run in per_config:
-        run(encoded[0], c.spec_config(min(WARMUP_TOKENS, max_new_tokens), seed, warm_s))
+        run(encoded[0], c.request(warm).spec)
 
     rows = []
-    bar = tqdm(total=len(samplings) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(temperatures) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
     with bar:
-        for temperature, sampling in samplings.items():
+        for temperature in temperatures:
             for rep in range(repeats):
                 for i, ids in enumerate(encoded):
-                    run_seed = seed + 1000 * rep + i
+                    at = base.replace(temperature=temperature, seed=base.seed + 1000 * rep + i)
                     slot = [(None, m, r) for m, r in shared.items()] + per_config
                     for c, method, run in slot:
-                        cfg = (c.spec_config(max_new_tokens, run_seed, sampling) if c else
-                               SpecConfig(max_new_tokens=max_new_tokens, seed=run_seed, sampling=sampling))  # fmt: skip
+                        cfg = c.request(at).spec if c else at.replace(mode="ar").spec
                         rows.append(row(temperature, c, rep, i, method, run(ids, cfg)))
                     bar.update(1)
     runs = pd.DataFrame(rows)
@@ -579,15 +582,18 @@ def run_bench(
     prompts: Sequence[str],
     gammas: Sequence,
     temperatures: Sequence[float],
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
     repeats: int = 1,
     *,
     drafters: Sequence[str] = ("model",),
     policies: Sequence[str] = ("constant",),
     trees: Sequence = ("off",),
-    **kwargs,
+    hf: bool = True,
+    progress: bool = False,
+    **options,
 ) -> pd.DataFrame:
-    """Run the grid (see `measure` for the keyword options) and return the per-cell table.
+    """Run the grid and return the per-cell table. options: a run's options every run shares (top_k, top_p, seed,
+    raw; request.RunRequest's, as is max_new_tokens, whose default is RunRequest's); hf, progress as in `measure`.
 
     Cells: every drafter x gamma (a number or "auto") x policy. Columns: temperature, config, drafter, gamma,
     policy, prompts, repeats, {ar,spec,hf_spec,hf_assist,hf_lookup,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
@@ -597,7 +603,10 @@ def run_bench(
     (tree rows beside the fastest chain of their temperature).
     """
     configs = grid(gammas, drafters, policies, trees)
-    runs = measure(target, draft, prompts, configs, temperatures, max_new_tokens, repeats, **kwargs)
+    if max_new_tokens is not None:
+        options["max_new_tokens"] = max_new_tokens
+    request = RunRequest.of(options, "run_bench")
+    runs = measure(target, draft, prompts, configs, temperatures, repeats, request=request, hf=hf, progress=progress)
     table = summarise_runs(runs)
     for d in table.loc[table["identical"] == False, "differences"]:  # noqa: E712  (None means not greedy)
         log.warning("GREEDY OUTPUTS DIFFER: %s", d)
@@ -696,8 +705,9 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
 
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
-    from .models import load_pair, pair_backend, pair_dtypes
-    from .served import is_url, load_served_pair
+    from .api import load_for
+    from .models import pair_backend, pair_dtypes
+    from .served import is_url
 
     prompts = load_prompts(args.prompts, args.limit)
     gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
@@ -706,19 +716,18 @@ def main(args) -> dict:
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     trees = parse_trees(getattr(args, "trees", "off"))
     configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
-    if is_url(args.target):  # p scores on its server, both lanes through the same endpoint; no transformers peers
-        p, q = load_served_pair(args.target, args.draft, tokenizer=getattr(args, "tokenizer", None),
-                                device=args.device, dtype=args.dtype, quantize=args.quantize)  # fmt: skip
-    else:
-        p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    given = {k: getattr(args, k, None) for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer",
+                                                 "max_new_tokens", "seed")}  # fmt: skip
+    request = RunRequest.of({k: v for k, v in given.items() if v is not None}, "bench")  # unset: RunRequest's
+    # both models, whatever the configurations (the peers need the draft); a served target: p scores on its server,
+    # both lanes through the same endpoint, and no transformers peers
+    p, q = load_for(request.replace(drafter="model"))
     hf = not args.no_hf and not is_url(args.target)
-    runs = measure(
-        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=hf, progress=True
-    )  # fmt: skip
+    runs = measure(p, q, prompts, configs, temperatures, args.repeats, request=request, hf=hf, progress=True)
     table = summarise_runs(runs)
     facts = machine_info()
     facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
-                 max_new_tokens=args.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
+                 max_new_tokens=request.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
     files = []
@@ -738,7 +747,7 @@ def main(args) -> dict:
         files.append(args.json_out)
     if not args.json:
         print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
-              f"{args.max_new_tokens} new tokens")  # fmt: skip
+              f"{request.max_new_tokens} new tokens")  # fmt: skip
         print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
               f"({facts['torch_threads']} threads) · transformers {facts['transformers']}")  # fmt: skip
         print(f"On this CPU: {facts['backend']}")

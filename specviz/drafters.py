@@ -36,13 +36,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import DRAFTERS, SamplingConfig, SpecvizError
+from .config import DRAFTERS, MAX_MATCHING_NGRAM_SIZE, PROMPT_LOOKUP_NUM_TOKENS, SamplingConfig, SpecvizError
 from .models import CachedModel, LoadedModel, scatter_rows
 from .policies import GammaPolicy, TreePolicy
 from .sampling import greedy, to_probs
-
-PROMPT_LOOKUP_NUM_TOKENS = 10  # transformers' name and default: the most tokens one match may propose
-MAX_MATCHING_NGRAM_SIZE = 3  # the longest suffix looked up first (transformers' default is 2; the issue asks 3)
 
 # Why a round proposed fewer tokens than it could (shown in the race's gamma timeline)
 STOP_GAMMA = "gamma"  # it proposed as many as the policy allowed

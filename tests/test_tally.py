@@ -19,6 +19,7 @@ from specviz.config import SamplingConfig, SpecConfig
 from specviz.engine import autoregressive_decode, race, speculative_decode
 from specviz.events import Done, Round, Start, Step, TreeRound
 from specviz.pairs import Acceptance
+from specviz.request import RunRequest
 from specviz.tally import Tally
 from specviz.ui.race import RaceView
 from specviz.ui.sweep import sweep_numbers
@@ -192,7 +193,7 @@ def test_every_consumer_shows_the_same_numbers_on_random_streams(spec, spec2, ar
     assert close(by_side["spec2"]["alpha"], ref2["alpha"]) and by_side["ar"]["new_tokens"] == plain["new_tokens"]
 
     # the Race tab's lanes, fed the race event by event
-    view = RaceView("p", 6, {"spec": "a", "spec2": "b"})
+    view = RaceView("p", {"spec": RunRequest(), "spec2": RunRequest(drafter="model")})
     view.pieces = render.Pieces(Tok())
     for side, ev in merged:
         view.add(side, ev)

@@ -18,6 +18,7 @@ import gradio as gr
 from .. import export, record
 from ..config import SpecvizError
 from .common import UIContext, error_html, gpu, message
+from .inputs import PAGE, race_requests
 
 SPEEDS = {"recorded speed": 1.0, "4× faster": 4.0, "all at once": 0.0}
 FRAME_S = 0.1  # at most ~10 page updates a second while playing
@@ -78,11 +79,11 @@ def with_result(stream):
 
 
 def race_recording(ctx: UIContext, view) -> record.Recording | None:
-    """A finished race (every lane done) as a Recording, or None. Its settings are the ones the race ran with
-    (the view keeps them), not the page's inputs now or any defaults of this function's."""
+    """A finished race (every lane done) as a Recording, or None. Its settings are the request the race ran
+    (the view keeps the lanes' RunRequests), not the page's inputs now or any defaults of this function's."""
     if view is None or view.pieces is None or not all(view.done[k] for k in view.lanes):
         return None
-    settings = record.settings_of(view.prompt, view.configs["spec"])
+    settings = view.requests["spec"].settings(view.prompt)
     if "spec2" in view.lanes:
         settings |= {"lane3": view.labels["spec2"]}
     lanes = {k: view.events[k] for k in view.lanes}
@@ -90,13 +91,15 @@ def race_recording(ctx: UIContext, view) -> record.Recording | None:
     return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q))
 
 
-def sweep_recording(ctx: UIContext, result: dict | None, prompt) -> record.Recording | None:
-    """A finished sweep (sweep_stream's return value) as a Recording, or None."""
+def sweep_recording(ctx: UIContext, result: dict | None) -> record.Recording | None:
+    """A finished sweep (sweep_stream's return value) as a Recording, or None: the prompt and the request it ran
+    with (not the page's inputs now)."""
     if not result:
         return None
+    prompt = result["prompt"]
     p, q = ctx.pair()
     extra = {k: result[k] for k in ("sweep", "alpha", "c")}
-    settings = record.settings_of(prompt, result["cfg"]) | {"gamma": None}
+    settings = result["request"].settings(prompt) | {"gamma": None}  # each lane names its own gamma
     return record.make("sweep", settings, result["lanes"], p.tokenizer, record.environment(p, q), extra)
 
 
@@ -111,11 +114,16 @@ def step_recording(ctx: UIContext, session) -> record.Recording | None:
     return record.make("step", settings, lanes, session.pieces.tok, record.environment(p, q))
 
 
-def record_race(ctx: UIContext, prompt, gamma=3, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=64, seed=0) -> str:
-    """Run a race to the end and return its recording as JSON text (the /record_race endpoint)."""
+def record_race(ctx: UIContext, values: dict) -> str:
+    """Run a race to the end and return its recording as JSON text (the /record_race endpoint). values: the race's
+    inputs by name (inputs.RACE_INPUTS); those not given take the page's defaults, as on the page."""
     from .race import race_stream
 
-    stream = race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+    try:
+        requests = race_requests(ctx, values)
+    except SpecvizError as err:
+        raise gr.Error(str(err)) from None
+    stream = race_stream(ctx, values["prompt"], requests)
     while True:
         try:
             last = next(stream)
@@ -337,15 +345,18 @@ def build_replay_tab(ctx: UIContext) -> None:
     @gpu
     def api_record_race(
         prompt: str,
-        gamma: int = 3,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 64,
-        seed: int = 0,
+        gamma: int = min(PAGE.gamma, ctx.limits.max_gamma),
+        temperature: float = PAGE.temperature,
+        top_k: int = PAGE.top_k,
+        top_p: float = PAGE.top_p,
+        max_new_tokens: int = min(PAGE.max_new_tokens, ctx.limits.max_new_tokens),
+        seed: int = PAGE.seed,
     ) -> str:
-        """Race plain against speculative decoding on the server's pair; returns the JSON recording as text."""
-        return record_race(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+        """Race plain against speculative decoding on the server's pair, at the page's defaults for what is not
+        given (drafter, gamma policy, tree); returns the JSON recording as text."""
+        values = dict(prompt=prompt, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+                      max_new_tokens=max_new_tokens, seed=seed)  # fmt: skip
+        return record_race(ctx, values)
 
     gr.api(api_record_race, api_name="record_race", concurrency_id="models")
     for ev in opened:  # a new recording: the old page is gone

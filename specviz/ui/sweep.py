@@ -7,7 +7,6 @@ uses the per-token acceptance alpha (accepted / proposals the target ruled on) a
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pandas as pd
@@ -16,10 +15,11 @@ from .. import compute, plots
 from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
 from ..record import keep
+from ..request import RunRequest
 from ..tally import Tally
 from .common import UIContext, error_html
 from .inputs import note as _note
-from .inputs import prepare, run_config
+from .inputs import page_request, prepare
 from .race import HTML_EVERY_S
 
 SWEEP_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)  # the first limits.max_sweep of these, up to limits.max_gamma
@@ -55,25 +55,37 @@ def sweep_numbers(lanes: dict[str, list]) -> tuple[list[dict], float, float]:
     return rows, pooled.alpha, pooled.c(plain)
 
 
-def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
-    """Run gamma over SWEEP_GAMMAS (capped) for this prompt and drafter; yield the figure after each gamma."""
+def sweep_page(ctx: UIContext, values: dict):
+    """The /sweep handler's body: the page's values, by name (inputs.SWEEP_INPUTS), become the sweep's request
+    (a constant gamma, set per run); a bad value is one sentence in the page."""
+    try:
+        req = page_request(ctx, {**values, "gamma": 1, "gamma_policy": "constant"})
+    except Exception as err:
+        yield plots.sweep_figure(EMPTY_SWEEP), error_html(err)
+        return None
+    return (yield from sweep_stream(ctx, values.get("prompt"), req))
+
+
+def sweep_stream(ctx: UIContext, prompt, request: RunRequest):
+    """Run `request` at each gamma of SWEEP_GAMMAS (capped) on `prompt`, after one plain run; yield the figure after
+    each gamma. Returns the lanes, the table, alpha, c and the request, for the recording."""
     empty, start = plots.sweep_figure(EMPTY_SWEEP), time.monotonic()
     fig = empty
     try:
-        cfg = run_config(ctx, 1, temperature, top_k, top_p, max_new_tokens, seed, drafter)
         gammas = [g for g in SWEEP_GAMMAS if g <= ctx.limits.max_gamma][
             : max(1, min(DEFAULT_SWEEP, ctx.limits.max_sweep))
         ]
+        req = request.replace(gamma=1, gamma_policy="constant")
         yield empty, _note("Loading the models…")
-        p, q, ids = prepare(ctx, prompt, cfg)
+        p, q, ids = prepare(ctx, prompt, req.replace(gamma=gammas[-1]))
         note = _note(f"Plain decoding first (the baseline), then gamma = {', '.join(map(str, gammas))}…")
         yield empty, note
         lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/replay.py)
-        plain = keep(compute.iterate(autoregressive_decode(p, ids, cfg)), lanes["ar"])  # on the compute thread
+        plain = keep(compute.iterate(autoregressive_decode(p, ids, req.spec)), lanes["ar"])  # on the compute thread
         yield from _run(ctx.limits.within_time(plain, start), empty, note)
         for i, g in enumerate(gammas, 1):
             spec = keep(
-                compute.iterate(speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g))),
+                compute.iterate(speculative_decode(p, q, ids, req.replace(gamma=g).spec)),
                 lanes.setdefault(f"gamma = {g}", []),
             )
             yield from _run(ctx.limits.within_time(spec, start), fig, note)  # past the cap: one SpecvizError
@@ -90,7 +102,7 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
                 "which holds on a GPU; on a CPU it holds only for short blocks, so past them the dots fall below it."
             )
             yield fig, note
-        return {"lanes": lanes, "sweep": rows, "alpha": alpha, "c": c, "cfg": cfg}  # for the recording
+        return {"lanes": lanes, "sweep": rows, "alpha": alpha, "c": c, "request": req, "prompt": prompt}  # recorded
     except Exception as err:  # keep what was measured, add the sentence
         yield fig, error_html(err)
     return None

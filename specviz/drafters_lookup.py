@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SpecvizError
+from .config import MAX_MATCHING_NGRAM_SIZE, PROMPT_LOOKUP_NUM_TOKENS, SpecvizError  # noqa: F401 (importable here)
 from .drafters_base import (
     STOP_GAMMA,
     STOP_MATCH_END,
@@ -24,8 +24,6 @@ from .drafters_base import (
     empty_proposal,
 )
 
-PROMPT_LOOKUP_NUM_TOKENS = 10  # transformers' name and default: the most tokens one match may propose
-MAX_MATCHING_NGRAM_SIZE = 3  # the longest suffix looked up first (transformers' default is 2; the issue asks 3)
 LOOKUP_BRANCHES = 4  # a lookup tree follows at most this many earlier occurrences of the text's last tokens
 
 

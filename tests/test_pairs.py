@@ -145,7 +145,7 @@ def test_a_draft_that_cannot_write_the_target_s_text_is_incompatible_and_nothing
     def boom(*a, **k):
         raise AssertionError("an incompatible pair must not be measured")
 
-    monkeypatch.setattr(pairs, "measure_step_times", boom)
+    monkeypatch.setattr(pairs, "forward_times", boom)
     monkeypatch.setattr(pairs, "measure_acceptance", boom)
     rep = check_pair(tiny_pair[0], draft, device="cpu")
     assert rep.verdict == "incompatible"

@@ -68,10 +68,10 @@ def with_result(stream):
 
 def race_recording(ctx: UIContext, view) -> record.Recording | None:
     """A finished race (every lane done) as a Recording, or None. Its settings are the ones the race ran with
-    (the view keeps them), not the page's inputs now or any defaults of this function's."""
+    (the view keeps the lanes' RunRequests), not the page's inputs now or any defaults of this function's."""
     if view is None or view.pieces is None or not all(view.done[k] for k in view.lanes):
         return None
-    settings = record.settings_of(view.prompt, view.configs["spec"])
+    settings = view.requests["spec"].settings(view.prompt)
     if "spec2" in view.lanes:
         settings |= {"lane3": view.labels["spec2"]}
     lanes = {k: view.events[k] for k in view.lanes}
@@ -79,13 +79,15 @@ def race_recording(ctx: UIContext, view) -> record.Recording | None:
     return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q))
 
 
-def sweep_recording(ctx: UIContext, result: dict | None, prompt) -> record.Recording | None:
-    """A finished sweep (sweep_stream's return value) as a Recording, or None."""
+def sweep_recording(ctx: UIContext, result: dict | None) -> record.Recording | None:
+    """A finished sweep (sweep_stream's return value) as a Recording, or None: the prompt and the request it ran
+    with (not the page's inputs now)."""
     if not result:
         return None
+    prompt = result["prompt"]
     p, q = ctx.pair()
     extra = {k: result[k] for k in ("sweep", "alpha", "c")}
-    settings = record.settings_of(prompt, result["cfg"]) | {"gamma": None}
+    settings = result["request"].settings(prompt) | {"gamma": None}  # each lane names its own gamma
     return record.make("sweep", settings, result["lanes"], p.tokenizer, record.environment(p, q), extra)
 
 

@@ -17,6 +17,7 @@ import gradio as gr
 from .. import export, record
 from ..config import SpecvizError
 from .common import UIContext, error_html, gpu, message
+from .inputs import PAGE, race_requests
 from .keep import downloads, race_recording, step_recording, sweep_recording  # noqa: F401 (the last two: as before)
 from .race import race_stream
 
@@ -27,9 +28,14 @@ MAX_FIGS = 4
 START_HINT = '<div class="sv-note">Choose a recording, then press <b>Play</b> or <b>Next round</b>.</div>'
 
 
-def record_race(ctx: UIContext, prompt, gamma=3, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=64, seed=0) -> str:
-    """Run a race to the end and return its recording as JSON text (the /record_race endpoint)."""
-    stream = race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+def record_race(ctx: UIContext, values: dict) -> str:
+    """Run a race to the end and return its recording as JSON text (the /record_race endpoint). values: the race's
+    inputs by name (inputs.RACE_INPUTS); those not given take the page's defaults, as on the page."""
+    try:
+        requests = race_requests(ctx, values)
+    except SpecvizError as err:
+        raise gr.Error(str(err)) from None
+    stream = race_stream(ctx, values["prompt"], requests)
     while True:
         try:
             last = next(stream)
@@ -251,15 +257,18 @@ def build_replay_tab(ctx: UIContext) -> None:
     @gpu
     def api_record_race(
         prompt: str,
-        gamma: int = 3,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 64,
-        seed: int = 0,
+        gamma: int = min(PAGE.gamma, ctx.limits.max_gamma),
+        temperature: float = PAGE.temperature,
+        top_k: int = PAGE.top_k,
+        top_p: float = PAGE.top_p,
+        max_new_tokens: int = min(PAGE.max_new_tokens, ctx.limits.max_new_tokens),
+        seed: int = PAGE.seed,
     ) -> str:
-        """Race plain against speculative decoding on the server's pair; returns the JSON recording as text."""
-        return record_race(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+        """Race plain against speculative decoding on the server's pair, at the page's defaults for what is not
+        given (drafter, gamma policy, tree); returns the JSON recording as text."""
+        values = dict(prompt=prompt, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+                      max_new_tokens=max_new_tokens, seed=seed)  # fmt: skip
+        return record_race(ctx, values)
 
     gr.api(api_record_race, api_name="record_race", concurrency_id="models")
     for ev in opened:  # a new recording: the old page is gone

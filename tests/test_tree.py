@@ -452,3 +452,22 @@ def test_a_race_and_a_recording_with_trees_chart_them_by_depth_and_rank(tiny_pai
     chain = record_run("once upon a time", **kw)
     titles = [f.layout.title.text for f in figures(chain, play_all(chain))]
     assert any(t.startswith("Acceptance rate") for t in titles) and not any("Token trees" in t for t in titles)
+
+
+def test_the_benchs_rank_histogram_counts_where_the_targets_token_sits_among_the_drafts_choices(loaded_pair):
+    from specviz.bench import draft_ranks, ranks_line
+
+    p, q = loaded_pair
+    prompts = [_ids(p, pr) for pr in PROMPTS[:4]]
+    replies = [list(generate(pr, target=p, mode="ar", max_new_tokens=20).token_ids) for pr in PROMPTS[:4]]
+    got = draft_ranks(p, q, prompts, replies, top=3)
+    counts = [0] * 4  # the same by hand: the draft over the whole text at once, its order of every token
+    for ids, reply in zip(prompts, replies):
+        with torch.no_grad():
+            logits = q.model(torch.tensor([ids + reply])).logits[0, len(ids) - 1 : -1].float()  # (R, V)
+        for row, want in zip(logits, reply):
+            counts[min(int((row > row[want]).sum()), 3)] += 1
+    assert got["tokens"] == sum(counts) == sum(map(len, replies))
+    assert got["shares"] == pytest.approx([c / sum(counts) for c in counts])
+    assert 0 < got["shares"][0] < 1 and got["shares"][1] > 0  # the tiny draft is right at times, and 2nd at times
+    assert ranks_line(got).startswith(f"the target's greedy token is the draft's 1st {got['shares'][0]:.0%}, 2nd ")

@@ -433,6 +433,43 @@ def measure(
     return runs
 
 
+RANK_TOP = 4  # the rank histogram's ranks 1 .. RANK_TOP, then "beyond" (drafters.TREE_CHILDREN branches at most)
+
+
+@torch.inference_mode()
+def draft_ranks(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[list[int]],
+                replies: Sequence[Sequence[int]], top: int = RANK_TOP) -> dict:  # fmt: skip
+    """The draft's rank histogram on the target's greedy replies: how often the target's token is the draft's 1st,
+    2nd ... choice (ties count against it), teacher-forced: one draft call reads a prompt and the reply the
+    target wrote, as a greedy round's draft always continues text the target wrote. It decides which trees are
+    worth growing: a runner-up pays only where the target's token is often the draft's 2nd or 3rd choice.
+    Returns {"tokens": n, "shares": [rank 1, ..., rank top, beyond]}."""
+    from .models import CachedModel
+
+    counts = [0] * (top + 1)
+    for ids, reply in zip(prompt_ids, replies):
+        if not reply:
+            continue
+        run = CachedModel(draft, target.vocab_size)
+        run.prefill(torch.tensor(ids, device=draft.device))
+        logits = run.feed(torch.tensor([*ids[-1:], *reply[:-1]], device=draft.device))  # (R, V): row j -> reply[j]
+        want = logits.gather(1, torch.tensor(list(reply), device=logits.device)[:, None])  # (R, 1)
+        for r in (logits > want).sum(1).tolist():
+            counts[min(r, top)] += 1
+    total = sum(counts)
+    return {"tokens": total, "shares": [c / total if total else float("nan") for c in counts]}
+
+
+def ranks_line(ranks: dict) -> str:
+    """The rank histogram in one sentence."""
+    nth = ("1st", "2nd", "3rd", *(f"{i}th" for i in range(4, len(ranks["shares"]))))
+    shares = ", ".join(f"{n} {s:.0%}" for n, s in zip(nth, ranks["shares"][:-1]))
+    return (
+        f"the target's greedy token is the draft's {shares}, beyond {ranks['shares'][-1]:.0%} "
+        f"({ranks['tokens']} tokens of the plain replies, teacher-forced)"
+    )
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 
@@ -471,6 +508,7 @@ def _where_time_goes(spec: pd.DataFrame, run: Tally, plain: Tally, gamma: int, c
         "other_share": max(decode - draft - verify, 0.0) / decode if decode > 0 else float("nan"),
         "prefill_share": float(spec["prefill_s"].sum() / spec["seconds"].sum()),
         "verify_cost": verify / rounds / step if rounds and step > 0 else float("nan"),  # theory assumes 1
+        "draft_per_call": draft / rounds / step if rounds and step > 0 else float("nan"),  # drafting per round, steps
         "draft_cost": draft / rounds / (gamma * c * step) if rounds and c > 0 and step > 0 else float("nan"),
     }
 
@@ -575,11 +613,16 @@ def _beside_best_chain(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
                 ratio,
                 tpc,
             ]
+            extra = row["drafted_per_call"] - best["drafted_per_call"]  # positions more than the chain's per verify
+            per_node = (row["verify_cost"] - best["verify_cost"]) / extra if abs(extra) >= 0.5 else math.nan
             table.loc[i, "note"] = (
                 f"{row['tokens_per_call']:.2f} tokens per call, {tpc - 1:+.0%} against the best chain "
                 f"({best['config']}: {best['tokens_per_call']:.2f}); a verify of {row['drafted_per_call'] + 1:.1f} "
                 f"positions costs {row['verify_cost']:.2f} plain steps (the chain's of "
-                f"{best['drafted_per_call'] + 1:.1f}: {best['verify_cost']:.2f}), so it runs {ratio:.2f}x the chain"
+                f"{best['drafted_per_call'] + 1:.1f}: {best['verify_cost']:.2f}"
+                + (f", {per_node:+.3f} a node" if math.isfinite(per_node) else "")
+                + f") and drafting {row['draft_per_call']:.2f} (the chain's: {best['draft_per_call']:.2f}), "
+                f"so it runs {ratio:.2f}x the chain"
             )
     return table
 
@@ -606,7 +649,7 @@ def run_bench(
     Cells: every drafter x gamma (a number or "auto") x policy. Columns: temperature, config, drafter, gamma,
     policy, prompts, repeats, {ar,spec,hf_spec,hf_assist,hf_lookup,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
     speedup_vs_best_peer, ar_vs_hf_ar, acceptance, alpha, tokens_per_call, drafted_per_call, c, decode_speedup,
-    theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost,
+    theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost, draft_per_call,
     draft_cost, identical, differences, note, tree, best_chain, vs_best_chain, tokens_per_call_vs_best_chain
     (tree rows beside the fastest chain of their temperature).
     """
@@ -711,6 +754,18 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
     return files, note
 
 
+def _ranks_of(
+    target: LoadedModel, draft: LoadedModel | None, prompts: Sequence[str], runs: pd.DataFrame
+) -> dict | None:
+    """The draft's rank histogram on the plain greedy replies of this run (None without a draft of the target's
+    tokenizer or a greedy plain run)."""
+    ar = runs[(runs["method"] == "ar") & (runs["temperature"] == 0) & (runs["repeat"] == 0)].sort_values("prompt")
+    if draft is None or ar.empty or needs_translation(target, draft):
+        return None
+    ids = [encode_prompt(target, prompts[i]) for i in ar["prompt"]]
+    return draft_ranks(target, draft, ids, [list(t) for t in ar["tokens"]])
+
+
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
     from .api import load_for
@@ -733,6 +788,7 @@ def main(args) -> dict:
     hf = not args.no_hf and not is_url(args.target)
     runs = measure(p, q, prompts, configs, temperatures, args.repeats, request=request, hf=hf, progress=True)
     table = summarise_runs(runs)
+    ranks = _ranks_of(p, q, prompts, runs) if any(c.tree != "off" for c in configs) else None
     facts = machine_info()
     facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
                  max_new_tokens=request.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
@@ -748,7 +804,7 @@ def main(args) -> dict:
         if plot_note:
             warnings.append(plot_note)
     records = json.loads(table.to_json(orient="records"))
-    out = {"machine": facts, "table": records, "warnings": warnings, "files": files}
+    out = {"machine": facts, "table": records, "warnings": warnings, "files": files, "ranks": ranks}
     if args.json_out:
         run_rows = json.loads(runs.drop(columns=["tokens"]).to_json(orient="records"))
         Path(args.json_out).write_text(json.dumps({**out, "runs": run_rows}, indent=2))
@@ -766,6 +822,8 @@ def main(args) -> dict:
                   f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain")  # fmt: skip
         for _, r in table[table["note"] != ""].iterrows():
             print(f"  T={r['temperature']:g} {r['config']}: {r['note']}")
+        if ranks:
+            print(f"  Ranks: {ranks_line(ranks)}")
         for w in warnings:
             print(("!" * 8 + " " if "DIFFER" in w else "note: ") + w, file=sys.stderr)
         for f in files:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from . import plots, render
+from . import metrics, plots, render
 from .config import ASSETS
 from .events import Done, Event, Round, Start, Step
 from .record import RecordedTokenizer, Recording
@@ -122,7 +122,9 @@ def figures(rec: Recording, views: dict[str, LaneView]) -> list:
     setting = rec.settings.get("gamma")
     gamma = next((e.gamma for e in spec if isinstance(e, Start)), setting if isinstance(setting, int) else 1)
     figs = [plots.race_figure(ar, spec)] if ar else []
-    figs += [plots.acceptance_figure(rounds), plots.tokens_per_round_figure(rounds, max(gamma, 1))]
+    trees = metrics.tree_acceptance(spec)  # token trees: kept by depth and rank, in place of kept per round
+    figs += [plots.tree_figure(trees) if len(trees) else plots.acceptance_figure(rounds)]
+    figs += [plots.tokens_per_round_figure(rounds, max(gamma, 1))]
     if ar:
         figs.append(plots.time_share_figure(ar, spec))
     return figs

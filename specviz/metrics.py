@@ -114,3 +114,25 @@ def accepted_histogram(frame: pd.DataFrame) -> pd.Series:
     spec = frame[frame["gamma"] > 0]
     counts = theory_histogram(zip(spec["gamma"], spec["n"]))
     return pd.Series(counts, index=pd.RangeIndex(len(counts), name="n"), name="rounds", dtype=int)
+
+
+TREE_RANKS = ("1st", "2nd", "3rd+")  # the draft's choice at a branch; later ones are few and pooled
+
+
+def tree_acceptance(events: Iterable) -> pd.DataFrame:
+    """A run's token trees: of the guesses the walk tested, how many it kept, by depth (1: the root's children)
+    and by the draft's rank at the branch (0 its first choice, 1 its second, 2 its third or later). One row per
+    (depth, rank) tested, sorted; columns depth, rank, tested, kept, share. Empty for a run without trees."""
+    tested: dict[tuple[int, int], int] = {}
+    kept: dict[tuple[int, int], int] = {}
+    for _, ev in _pairs(events):
+        t = ev.tree if isinstance(ev, Round) else None
+        if t is None:
+            continue
+        for i, (depth, status) in enumerate(zip(t.depths, t.status)):
+            if status:  # never tested: the walk kept an earlier sibling or never reached the branch
+                key = (depth, min(t.ranks[i], len(TREE_RANKS) - 1))
+                tested[key] = tested.get(key, 0) + 1
+                kept[key] = kept.get(key, 0) + (status == "kept")
+    rows = [(d, j, n, kept[(d, j)], kept[(d, j)] / n) for (d, j), n in sorted(tested.items())]
+    return pd.DataFrame(rows, columns=["depth", "rank", "tested", "kept", "share"])

@@ -67,7 +67,7 @@ def _span(cls: str, body: str, title: str, special: bool = False, text: str = ""
     name = ""
     if cls in STATES and text:  # the state in the accessible name, not only in the colour
         how = " (a free guess from prompt lookup)" if source == "lookup" else ""
-        how += f" (from a branch: the draft's choice number {branch + 1})" if branch else ""
+        how += f" (from a branch: the draft's guess number {branch + 1} there)" if branch else ""
         name = f' role="img" aria-label="{html.escape(f"{STATES[cls]}: {text}{how}", quote=True)}"'
     return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}"{name}>{body}</span>'
 
@@ -114,7 +114,7 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
         title = _draft_title(rnd, i, greedy, True, pieces.text(token))
         rank = tree.ranks[tree.path[i]] if tree is not None else 0  # a token tree: its rank at the branch
         if rank:
-            title += f"\nfrom a branch: the draft's choice number {rank + 1} here, not its first (a token tree)"
+            title += f"\nfrom a branch: the draft's guess number {rank + 1} here, not its first (a token tree)"
         parts.append(
             _span(
                 "tok-accepted",
@@ -253,7 +253,7 @@ LEGEND = (
         "tok-accepted tok-branch",
         "word",
         "from a branch",
-        "with a token tree: a kept guess that was not the draft's first choice at its branch",
+        "with a token tree: a kept guess that was not the draft's first guess at its branch",
     ),
 )
 

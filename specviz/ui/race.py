@@ -11,7 +11,7 @@ import time
 
 import gradio as gr
 
-from .. import compute, plots, render
+from .. import compute, metrics, plots, render
 from ..config import ASSETS, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
@@ -113,9 +113,10 @@ class RaceView:
         spec2 = ev["spec2"] if "spec2" in self.lanes else None
         frames = {self.labels[k]: plots.rounds_frame(ev[k]) for k in self.lanes if k != "ar"}
         first = next(iter(frames.values()))
+        trees = metrics.tree_acceptance(ev["spec"])  # token trees: kept by depth and rank, in place of kept per round
         return (
             plots.race_figure(ev["ar"], ev["spec"], spec2, labels),
-            plots.acceptance_figure(first),
+            plots.tree_figure(trees) if len(trees) else plots.acceptance_figure(first),
             plots.tokens_per_round_figure(first, self.gamma),
             plots.time_share_figure(ev["ar"], ev["spec"], spec2, labels),
             plots.position_figure(frames),

@@ -30,6 +30,7 @@ from .step_html import (
     EXPLAIN,
     START,
     TIME_HELP,
+    TIP_JS,
     draws_html,
     greedy_html,
     sample_html,
@@ -145,7 +146,7 @@ def build_step_tab(ctx: UIContext) -> None:
                 reset = gr.Button("Reset", size="lg", scale=1)
             say = _html(value=START)
             text = _html()
-            draws = _html()
+            draws = gr.HTML(css_template=CSS, js_on_load=TIP_JS)  # a tree node's numbers on hover
             cands = gr.Plot(show_label=False, visible=False)
         with gr.Column(scale=2, min_width=320):
             _html(value=EXPLAIN)

@@ -9,8 +9,18 @@ from __future__ import annotations
 import html
 
 from ..events import Round
+from ..metrics import TREE_RANKS, tree_acceptance
 from ..render import Pieces, round_html
-from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, describe_tree_round, label, ordinal, prob
+from ..teach import (
+    GreedyCheck,
+    SampleCheck,
+    Stepper,
+    describe_round,
+    describe_tree_round,
+    label,
+    prob,
+    rank_words,
+)
 
 START = '<div class="sv-say">Press <b>Next round</b> to let the draft make its first guesses.</div>'
 EXACT_HELP = (
@@ -92,6 +102,39 @@ CSS = """
 .sv-bar { display: inline-block; height: 14px; background: #0072B2; vertical-align: middle; margin-right: 6px;
   border: 1px solid #004a75; }
 """
+# The tree's hover card: a node's numbers (its title) in large type beside it, on hover or keyboard focus, for a
+# class reading a projector (a browser's own tooltip is small and slow). position: fixed, so the tree's scrolling
+# box does not clip it; textContent, so no node text is parsed as HTML; the title moves to aria-label so the
+# browser's tooltip does not show on top. Runs once per component (gradio's js_on_load, `element` its root).
+TIP_JS = r"""
+const card = () => {
+  let c = document.getElementById('sv-tipcard');
+  if (!c) {
+    c = document.createElement('div');
+    c.id = 'sv-tipcard';
+    c.setAttribute('role', 'tooltip');
+    document.body.appendChild(c);
+  }
+  return c;
+};
+const show = (n) => {
+  if (n.title) { n.dataset.tip = n.title; n.setAttribute('aria-label', n.title); n.removeAttribute('title'); }
+  if (!n.dataset.tip) return;
+  const c = card();
+  c.textContent = n.dataset.tip;
+  c.style.display = 'block';
+  const r = n.getBoundingClientRect(), w = c.offsetWidth, h = c.offsetHeight;
+  const top = r.bottom + 8 + h <= window.innerHeight ? r.bottom + 8 : Math.max(4, r.top - h - 8);
+  c.style.top = top + 'px';
+  c.style.left = Math.max(4, Math.min(r.left, window.innerWidth - w - 4)) + 'px';
+};
+const hide = () => { const c = document.getElementById('sv-tipcard'); if (c) c.style.display = 'none'; };
+const nodeOf = (e) => (e.target && e.target.closest ? e.target.closest('.sv-tn') : null);
+element.addEventListener('mouseover', (e) => { const n = nodeOf(e); if (n) show(n); else hide(); });
+element.addEventListener('mouseleave', hide);
+element.addEventListener('focusin', (e) => { const n = nodeOf(e); if (n) show(n); });
+element.addEventListener('focusout', hide);
+"""
 LEGEND = (
     '<div class="sv-legend-s"><span><span class="tok tok-accepted">kept</span> a guess the target kept</span>'
     '<span><span class="tok tok-rejected">no</span> a guess it rejected (not in the text)</span>'
@@ -119,14 +162,14 @@ TREE_LEGEND = (
     '<span><span class="sv-tn sv-t-untested">· not reached</span> never tested</span>'
     '<span><span class="sv-tn sv-t-fix">↻ fix</span> drawn where the walk stopped</span>'
     '<span><span class="sv-tn sv-t-bonus">★ free</span> the bonus after a leaf</span>'
-    "<span><sup>2nd</sup> the draft's 2nd choice at that branch</span></div>"
+    "<span><sup>2nd</sup> the draft's 2nd choice at that branch (above temperature 0: its 2nd draw)</span></div>"
 )
 
 
 def _node_title(rd: Round, i: int, name, greedy: bool) -> str:
     """Hover text of a tree node: which choice it was, p, q, min(1, p/q) as tested, r, and what happened."""
     t = rd.tree
-    lines = [f"“{name(t.tokens[i])}”: the draft's {ordinal(t.ranks[i])} choice here (depth {t.depths[i]})"]
+    lines = [f"“{name(t.tokens[i])}”: {rank_words(t.ranks[i], t.sources[i], greedy)} here (depth {t.depths[i]})"]
     lines.append(f"p(x) = {prob(t.p[i])} target · q(x) = {prob(t.q[i])} draft" + (" (read at T = 1)" if greedy else ""))
     st, a, r = t.status[i], t.accept_prob[i], t.r[i]
     if not st:
@@ -179,33 +222,24 @@ def tree_html(rd: Round, name, greedy: bool, last: str = "") -> str:
     return f'<div class="sv-tree" role="group" aria-label="this round\'s tree of guesses">{root}{children(-1)}</div>'
 
 
-def ranks_html(rounds: list[Round]) -> str:
+def ranks_html(rounds: list[Round], greedy: bool = True) -> str:
     """A chart of the session's tree rounds: how often a guess was kept, by depth and by its rank at the branch."""
-    kept: dict[tuple[int, int], int] = {}
-    tested: dict[tuple[int, int], int] = {}
-    for rd in rounds:
-        t = rd.tree
-        if t is None:
-            continue
-        for i, st in enumerate(t.status):
-            if st:
-                key = (t.depths[i], min(t.ranks[i], 2))
-                tested[key] = tested.get(key, 0) + 1
-                kept[key] = kept.get(key, 0) + (st == "kept")
-    if not tested:
+    table = tree_acceptance(rounds)
+    if table.empty:
         return ""
-    depths = sorted({d for d, _ in tested})
-    head = "<th>depth</th>" + "".join(f"<th>{w} choice</th>" for w in ("1st", "2nd", "3rd+"))
+    cell = {(r.depth, r.rank): r for r in table.itertuples()}
+    head = "<th>depth</th>" + "".join(f"<th>{w} {'choice' if greedy else 'draw'}</th>" for w in TREE_RANKS)
     rows = []
-    for d in depths:
+    for d in sorted(table["depth"].unique()):
         cells = []
-        for j in range(3):
-            n = tested.get((d, j), 0)
-            if not n:
+        for j in range(len(TREE_RANKS)):
+            r = cell.get((d, j))
+            if r is None:
                 cells.append("<td>–</td>")
                 continue
-            share = kept.get((d, j), 0) / n
-            cells.append(f'<td><span class="sv-bar" style="width:{80 * share:.0f}px"></span>{share:.0%} of {n}</td>')
+            cells.append(
+                f'<td><span class="sv-bar" style="width:{80 * r.share:.0f}px"></span>{r.share:.0%} of {r.tested}</td>'
+            )
         rows.append(f"<tr><td>{d}</td>{''.join(cells)}</tr>")
     return (
         "<p class=\"sv-cap\"><b>Kept, by depth and by the draft's choice at the branch</b> (this run's tree rounds: "
@@ -229,7 +263,7 @@ def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0, rounds: li
             tree_html(rd, name, greedy, last)
             + TREE_LEGEND
             + f'<p class="sv-cap">{how}</p>'
-            + ranks_html(rounds or [rd])
+            + ranks_html(rounds or [rd], greedy)
         )
     g, n = len(rd.drafted), rd.n
     if greedy:

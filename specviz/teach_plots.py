@@ -102,8 +102,8 @@ def candidates_figure(rd: Round, name: Callable[[int], str], greedy_mode: bool, 
             titles.append(f"Guess {i + 1}: “{name(rd.drafted[i])}” ✓ kept")
         else:
             more = _siblings_turned_down(rd) - 1  # a tree: the other guesses at the branch where the walk stopped
-            also = f" (and {more} more here)" if more > 0 else ""
-            titles.append(f"Guess {i + 1}: “{name(rd.drafted[i])}” ✗ rejected{also} → ↻ “{name(rd.correction)}”")
+            verdict = f"✗ +{more} more" if more > 0 else "✗ rejected"  # short: a subplot title is half the width
+            titles.append(f"Guess {i + 1}: “{name(rd.drafted[i])}” {verdict} → ↻ “{name(rd.correction)}”")
     fig = make_subplots(
         rows=rows,
         cols=cols,

@@ -28,6 +28,7 @@ from .sampling import (
     greedy,
     relaxed,
     residual,
+    residual_after,
     sample,
     to_probs,
     verify_greedy,
@@ -129,13 +130,14 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
-def _candidates(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[Candidates, ...]:
-    """Top-k of p and of q at each position, for the step-through view. p, q (G, V) probabilities."""
+def _candidates(p: torch.Tensor, q: torch.Tensor, k: int, left: dict | None = None) -> tuple[Candidates, ...]:
+    """Top-k of p and of q at each position, for the step-through view. p, q (G, V) probabilities; left: what was
+    left of p at a position where a tree's walk turned several guesses down (else norm(max(0, p - q)))."""
     res = []
-    for p_i, q_i in zip(p, q):
+    for i, (p_i, q_i) in enumerate(zip(p, q)):
         ids = torch.unique(torch.cat([torch.topk(p_i, k).indices, torch.topk(q_i, k).indices]))
         ids = ids[torch.argsort(p_i[ids], descending=True)]
-        res_i = residual(p_i, q_i)
+        res_i = left[i] if left and i in left else residual(p_i, q_i)
         res.append(
             Candidates(
                 tuple(ids.tolist()), tuple(p_i[ids].tolist()), tuple(q_i[ids].tolist()), tuple(res_i[ids].tolist())
@@ -330,7 +332,7 @@ def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingC
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
                    path=v.path)  # fmt: skip
     greedy_mode = s.greedy
-    cands = _tree_detail(prop, line, p_logits, s, cfg.detail) if cfg.detail else ()
+    cands = _tree_detail(prop, line, v.n, p_logits, s, cfg.detail) if cfg.detail else ()
     return Round(index=index, drafted=tuple(ids[i] for i in line),
                  q=tuple(1.0 if greedy_mode else q_node[i] for i in line),
                  p=tuple(v.accept_prob[i] if greedy_mode else p_node[i] for i in line),
@@ -341,13 +343,18 @@ def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingC
                  stop=prop.stop, tree=tr)  # fmt: skip
 
 
-def _tree_detail(prop: Proposal, line: list[int], p_logits: torch.Tensor, s: SamplingConfig, k: int):
-    """Top candidates of p and q along a tree round's walked line and at the position after it (step-through)."""
+def _tree_detail(prop: Proposal, line: list[int], n: int, p_logits: torch.Tensor, s: SamplingConfig, k: int):
+    """Top candidates of p and q along a tree round's walked line (its n kept guesses, then the first one turned
+    down, if any) and at the position after it (step-through); where the walk stopped, what was left of p."""
     s_view = s if not s.greedy else SamplingConfig(1.0, s.top_k, s.top_p)
     rows = [prop.parents[i] + 1 for i in line] + [line[-1] + 1 if line else 0]  # p rows: each line node's parent
     p = to_probs(p_logits[rows], s_view)  # (L + 1, V)
     q = torch.cat([prop.q[line], prop.q.new_zeros(1, prop.q.shape[1])]) if line else prop.q.new_zeros(1, p.shape[1])
-    return _candidates(p, q, k)
+    left = {}
+    if len(line) > n and not s.greedy:  # the walk stopped at line[n]'s parent, every child there turned down
+        tried = [i for i, par in enumerate(prop.parents) if par == prop.parents[line[n]]]
+        left[n] = residual_after(p[n], prop.q[tried], prop.tokens[tried].tolist())
+    return _candidates(p, q, k, left)
 
 
 def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:

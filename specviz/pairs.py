@@ -46,7 +46,8 @@ MIN_SPEEDUP = 1.05  # below this a second model is not worth its memory and comp
 MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
 PLAIN_TOKENS = 8  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean
-TREE_BUDGETS = (4, 8)  # token trees the check measures (a verify of 9 positions at most: MEASURED_GAMMAS' range)
+TREE_BUDGETS = (4, 7)  # token trees the check measures: a verify of 8 positions at most, the CPU few-token
+# kernel's range (kernels.py; past it a verify here cost about twice: 2.1 steps at 9 positions, 1.3 at 8)
 TREE_PAYS = 1.03  # a tree is recommended when it is expected at least 3% faster than the best chain
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 VERDICTS = ("compatible", "not worth it", "incompatible")
@@ -266,7 +267,11 @@ def _tree_advice(trials: tuple[TreeTrial, ...], best_chain: float, gamma: int, c
     )
     if ratio >= TREE_PAYS:
         return f"Token trees pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain (use tree={t.budget} or auto)."
-    return f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree off (auto picks chains here)."
+    return (
+        f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree "
+        "off (tree=auto sizes each round by these costs and branches only where a runner-up is expected to be kept "
+        "more often than a longer chain's next guess)."
+    )
 
 
 # --- the report ----------------------------------------------------------------------------------

@@ -474,3 +474,34 @@ def test_the_benchs_rank_histogram_counts_where_the_targets_token_sits_among_the
     assert got["shares"] == pytest.approx([c / sum(counts) for c in counts])
     assert 0 < got["shares"][0] < 1 and got["shares"][1] > 0  # the tiny draft is right at times, and 2nd at times
     assert ranks_line(got).startswith(f"the target's greedy token is the draft's 1st {got['shares'][0]:.0%}, 2nd ")
+
+
+def test_the_step_throughs_leftover_where_the_walk_stopped_is_what_the_correction_was_drawn_from(
+    small_vocab_pair, monkeypatch
+):
+    """Where the walk turned down several guesses at a branch, p shrank once per guess: the leftover the view
+    shows has no mass on any of them (with the first guess's norm(max(0, p - q)) alone it would) and sums to 1."""
+    import specviz.drafters
+    from specviz.sampling import residual
+
+    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", 3)
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    V, seen, naive_wrong = p.vocab_size, 0, 0
+    for seed in range(60):
+        cfg = SpecConfig(gamma=2, tree=6, drafter="model", max_new_tokens=6, seed=seed, detail=V,
+                         sampling=SamplingConfig(1.0))  # fmt: skip
+        for rd in speculative_decode(p, q, [1, 5, 6], cfg):
+            if not isinstance(rd, Round) or rd.tree is None or rd.kind != "resampled":
+                continue
+            t, stop = rd.tree, (rd.tree.path[-1] if rd.tree.path else -1)
+            tried = [t.tokens[i] for i, par in enumerate(t.parents) if par == stop]
+            if len(tried) < 2:
+                continue
+            seen += 1
+            c = rd.candidates[rd.n]
+            left = dict(zip(c.token_ids, c.residual))
+            assert sorted(c.token_ids) == list(range(V)) and sum(left.values()) == pytest.approx(1.0, abs=1e-5)
+            assert all(left[x] == 0.0 for x in tried), (tried, left)
+            naive = residual(torch.tensor(c.p), torch.tensor(c.q))  # the first guess's leftover alone
+            naive_wrong += any(float(naive[c.token_ids.index(x)]) > 0 for x in tried[1:])
+    assert seen >= 5 and naive_wrong >= 1  # such rounds happened, and the one-guess leftover would have misled

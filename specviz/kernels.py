@@ -12,7 +12,7 @@ So there are three paths, and by default (SPECVIZ_CPU_GEMM=auto) each is timed o
 model's own layers, one row and four rows (a plain step and a typical verify), and the fastest in sum is used:
 - "torch": `F.linear` as PyTorch runs it;
 - "transposed": (W·xᵀ)ᵀ for 2-64 rows, `F.linear` otherwise;
-- "kernel": specviz's own few-token kernel (native.py, csrc/few_rows.c) for 1-8 rows, which streams the weights
+- "kernel": specviz's own few-token kernel (native.py, csrc/few_rows.c) for 1-16 rows, which streams the weights
   once and is near the memory-bound limit for any M up to 8; `F.linear` for longer calls (a prompt's prefill).
   Where it is chosen a plain step uses it too, so a token's logits are the same bit for bit whether it was
   computed alone or inside a verify.

@@ -1,6 +1,6 @@
 """specviz's native code: building it with the machine's C compiler, loading it, and calling it.
 
-`csrc/few_rows.c` computes a linear layer for a call of 1-8 tokens while reading the weights once, and
+`csrc/few_rows.c` computes a linear layer for a call of 1-16 tokens while reading the weights once, and
 `csrc/llama.c` runs a Llama model's decoder layers around those products in one call (lean.py; why: their
 headers). Both are compiled on first use (about two seconds with gcc) into one library in $SPECVIZ_HOME/kernels,
 named by a hash of the sources and compiler flags (a built file loads without a compiler), so an edited source
@@ -31,7 +31,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c")  # the products; a Llama model's decoder layers (lean.py)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
 LIBS = ["-lm"]
-MAX_ROWS = 8  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1 <= 8)
+MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1, a tree)
 ISA_NAMES = {2: "AVX-512", 1: "AVX2"}
 
 _why: list[str] = []  # the reason the last load failed, for why_not()
@@ -143,7 +143,7 @@ WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernel's wei
 
 def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) float32 contiguous, weight (N, K) float32, float16, or int8 with scale (N,) float32 (row n of the
-    product times scale[n]), contiguous, 1 <= M <= 8 -> (M, N) float32."""
+    product times scale[n]), contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)

@@ -89,7 +89,7 @@ def test_a_float16_layer_on_the_kernel_keeps_its_dtype(monkeypatch):
     )
 
 
-def test_the_kernel_serves_one_to_eight_rows_and_pytorch_the_rest(monkeypatch):
+def test_the_kernel_serves_one_to_sixteen_rows_and_pytorch_the_rest(monkeypatch):
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     _, fast = _pair(False)
     kernels.use_fast_linear(fast)
@@ -97,9 +97,9 @@ def test_the_kernel_serves_one_to_eight_rows_and_pytorch_the_rest(monkeypatch):
     real = native.few_rows
     monkeypatch.setattr(native, "few_rows", lambda x, w: calls.append(x.shape[0]) or real(x, w))
     with torch.inference_mode():
-        for rows in (1, 4, 8, 9, 40):
+        for rows in (1, 4, 8, 9, 16, 17, 40):
             fast(torch.randn(1, rows, 48))
-    assert calls == [1, 4, 8]
+    assert calls == [1, 4, 8, 9, 16]
 
 
 def test_training_keeps_autograd(monkeypatch):

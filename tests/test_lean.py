@@ -61,9 +61,9 @@ def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_v
     ids = list(range(3, 63)) + [5, 9, 12, 30] * 60  # 300 tokens: past the first cache and RoPE table (256)
     for lm in (p, q):
         run = CachedModel(lm, lm.vocab_size)
-        run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-8 tokens
+        run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
         got, at = [], 19
-        for n in itertools.cycle([1, 4, 8, 2, 1, 5]):
+        for n in itertools.cycle([1, 4, 8, 2, 1, 5, 16, 12]):
             if at + n > len(ids):
                 break
             got.append(run.feed(torch.tensor(ids[at : at + n])))
@@ -77,12 +77,12 @@ def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_v
 @needs_kernel
 def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(pair_with):
     p, _ = pair_with("llama.c")
-    ids = [5, 9, 12, 30, 7, 8, 40, 41, 42, 43, 44, 45, 46, 47]
+    ids = [5, 9, 12, 30, 7, 8] + list(range(40, 56))
     alone, block = CachedModel(p, p.vocab_size), CachedModel(p, p.vocab_size)
     alone.prefill(torch.tensor(ids[:6]))
     block.prefill(torch.tensor(ids[:6]))
-    one_by_one = torch.cat([alone.feed(torch.tensor([t])) for t in ids[5:13]])
-    assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:13])))  # bit for bit, 8 tokens in one call
+    one_by_one = torch.cat([alone.feed(torch.tensor([t])) for t in ids[5:21]])
+    assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:21])))  # bit for bit, 16 tokens in one call
 
 
 @pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])

@@ -1,4 +1,4 @@
-// llama.c: the decoder layers of a Llama model for a call of 1-8 tokens, in one parallel region.
+// llama.c: the decoder layers of a Llama model for a call of 1-16 tokens, in one parallel region.
 //
 // Why: with few_rows.c the linear layers of the built-in target read their weights at the memory-bound limit
 // (a step's products 16.9 ms, a 4-token verify's 17.3 ms, on a 2-core Xeon), but a forward pass of transformers'
@@ -129,7 +129,7 @@ int llama_layers(const void* const* weights, const float* const* scales, const f
                  int wtype, long H, long hq,
                  long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc, long cap, long base,
                  const float* cos, const float* sin, const float* mask, int threads) {
-    if (L < 1 || L > 8 || threads < 1 || hq % hk || base + L > cap) return -1;
+    if (L < 1 || L > 16 || threads < 1 || hq % hk || base + L > cap) return -1;
     long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L;
     float scale = 1.0f / sqrtf((float)d);
     float* buf = malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));

@@ -37,6 +37,7 @@ from .sampling import (
     verify_tree_sampled,
 )
 from .served import ServedRun, ServedTarget, open_run
+from .served_target import eos_ids
 from .tally import Tally
 from .translate import draft_ids
 
@@ -60,16 +61,6 @@ class _Clock:
 
     def resume(self) -> None:
         self._t = time.perf_counter()
-
-
-def eos_ids(lm: LoadedModel | ServedTarget) -> frozenset[int]:
-    if isinstance(lm, ServedTarget):  # read from its tokenizer's config when it connected
-        return lm.eos
-    ids = set()
-    for src in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
-        e = getattr(src, "eos_token_id", None)
-        ids.update(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
-    return frozenset(int(i) for i in ids)
 
 
 def _check_prompt(prompt_ids: list[int]) -> None:

@@ -21,7 +21,8 @@ from .drafters_base import (
     draw_guess,
     empty_proposal,
 )
-from .models import CachedModel, LoadedModel, scatter_rows
+from .models import LoadedModel, scatter_rows
+from .runtime import CachedModel
 from .sampling import to_probs
 from .served_target import eos_ids
 

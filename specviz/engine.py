@@ -22,8 +22,9 @@ from .costs import calibration, head_calibration
 from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter, translation_of
 from .events import Candidates, Done, Event, Round, Start, Step, TreeRound
 from .head import head_for
-from .models import CachedModel, LoadedModel
+from .models import LoadedModel
 from .policies import TreePolicy, make_policy
+from .runtime import CachedModel
 from .sampling import (
     greedy,
     relaxed,

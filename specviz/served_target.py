@@ -76,7 +76,7 @@ def load_tokenizer(source: str, model: str, named: bool):
     """(tokenizer, vocabulary size, EOS ids) of p from a hub id or folder; one sentence when it is not here."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from .models import hub_reachable, resolve_source
+    from .hub import hub_reachable, resolve_source
 
     try:
         where = resolve_source(source)

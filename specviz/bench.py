@@ -444,7 +444,7 @@ def draft_ranks(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[li
     target wrote, as a greedy round's draft always continues text the target wrote. It decides which trees are
     worth growing: a runner-up pays only where the target's token is often the draft's 2nd or 3rd choice.
     Returns {"tokens": n, "shares": [rank 1, ..., rank top, beyond]}."""
-    from .models import CachedModel
+    from .runtime import CachedModel
 
     counts = [0] * (top + 1)
     for ids, reply in zip(prompt_ids, replies):

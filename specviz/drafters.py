@@ -59,7 +59,8 @@ from .drafters_lookup import (  # noqa: F401 (importable from here, as before dr
     LookupModelDrafter,
 )
 from .drafters_translating import TranslatingDrafter, translation_of  # noqa: F401 (translation_of: as before)
-from .models import CachedModel, LoadedModel
+from .models import LoadedModel
+from .runtime import CachedModel
 from .sampling import to_probs
 
 TREE_CHILDREN = 4  # the most children a tree node gets (its draft's top 4: 2nd-4th are right 22% of the time)

@@ -21,8 +21,10 @@ from .drafters_base import (
     draw_guess,
     empty_proposal,
 )
-from .models import CachedModel, LoadedModel, scatter_rows
+from .models import LoadedModel, scatter_rows
+from .runtime import CachedModel
 from .sampling import to_probs
+from .served_target import eos_ids
 
 
 class TranslatingDrafter(Drafter):
@@ -37,7 +39,6 @@ class TranslatingDrafter(Drafter):
     name = "model"
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, method: str | None = None):
-        from .engine import eos_ids
         from .translate import METHODS, translator
 
         if method is not None and method not in METHODS:
@@ -172,8 +173,6 @@ class TranslatingDrafter(Drafter):
 def _first_eos(lm: LoadedModel) -> int | None:
     """The token a model ends its turn with: its tokenizer's EOS when that is one of its stop tokens, else the
     smallest of them."""
-    from .engine import eos_ids
-
     ids = eos_ids(lm)
     e = getattr(lm.tokenizer, "eos_token_id", None)
     return e if e in ids else min(ids) if ids else None

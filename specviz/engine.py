@@ -6,7 +6,8 @@ drafter keeps its own state (drafters.py). The speculative loop reads as the pap
 2. verify, 3. accept / resample, 4. roll back and update. Notation: p target, q draft, gamma (k) the
 proposals of a round, n accepted count, r draw. A round whose proposal is a token tree (`_tree_round`) verifies
 every node in one tree-masked call, walks the tree from the root (sampling.verify_tree_*) and keeps only the
-accepted path in the target's cache; chains take the unchanged path.
+accepted path in the target's cache; a chain's round is `_chain_round`. The step-through's candidates of each
+round are detail.py's.
 """
 
 from __future__ import annotations
@@ -19,16 +20,16 @@ import torch
 
 from .config import TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
 from .costs import calibration, head_calibration
+from .detail import chain_candidates, tree_candidates
 from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter, translation_of
-from .events import Candidates, Done, Event, Round, Start, Step, TreeRound
+from .events import Done, Event, Round, Start, Step, TreeRound
 from .head import head_for
-from .models import CachedModel, LoadedModel
-from .policies import TreePolicy, make_policy
+from .models import LoadedModel
+from .policies import GammaPolicy, TreePolicy, make_policy
+from .runtime import CachedModel
 from .sampling import (
     greedy,
     relaxed,
-    residual,
-    residual_after,
     sample,
     to_probs,
     verify_greedy,
@@ -37,6 +38,7 @@ from .sampling import (
     verify_tree_sampled,
 )
 from .served import ServedRun, ServedTarget, open_run
+from .served_target import eos_ids
 from .tally import Tally
 from .translate import draft_ids
 
@@ -60,16 +62,6 @@ class _Clock:
 
     def resume(self) -> None:
         self._t = time.perf_counter()
-
-
-def eos_ids(lm: LoadedModel | ServedTarget) -> frozenset[int]:
-    if isinstance(lm, ServedTarget):  # read from its tokenizer's config when it connected
-        return lm.eos
-    ids = set()
-    for src in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
-        e = getattr(src, "eos_token_id", None)
-        ids.update(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
-    return frozenset(int(i) for i in ids)
 
 
 def _check_prompt(prompt_ids: list[int]) -> None:
@@ -130,22 +122,6 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
-def _candidates(p: torch.Tensor, q: torch.Tensor, k: int, left: dict | None = None) -> tuple[Candidates, ...]:
-    """Top-k of p and of q at each position, for the step-through view. p, q (G, V) probabilities; left: what was
-    left of p at a position where a tree's walk turned several guesses down (else norm(max(0, p - q)))."""
-    res = []
-    for i, (p_i, q_i) in enumerate(zip(p, q)):
-        ids = torch.unique(torch.cat([torch.topk(p_i, k).indices, torch.topk(q_i, k).indices]))
-        ids = ids[torch.argsort(p_i[ids], descending=True)]
-        res_i = left[i] if left and i in left else residual(p_i, q_i)
-        res.append(
-            Candidates(
-                tuple(ids.tolist()), tuple(p_i[ids].tolist()), tuple(q_i[ids].tolist()), tuple(res_i[ids].tolist())
-            )
-        )
-    return tuple(res)
-
-
 def make_run(
     target: LoadedModel, draft: LoadedModel | None, prompt_ids: list[int], cfg: SpecConfig, drafter: Drafter | None
 ):
@@ -177,16 +153,20 @@ def make_run(
     return drafter, policy, tree, spent
 
 
-def _detail(prop: Proposal, p_logits: torch.Tensor, s: SamplingConfig, k: int) -> tuple[Candidates, ...]:
-    """Top candidates of p and q at each proposed position and the bonus one (the step-through view)."""
-    s_view = s if not s.greedy else SamplingConfig(1.0, s.top_k, s.top_p)  # greedy: show the T=1 shapes
-    V = p_logits.shape[-1]
-    if prop.q_logits:
-        q_rows = to_probs(torch.stack(prop.q_logits), s_view)  # (k, V)
-    else:  # a deterministic drafter: point masses
-        q_rows = torch.nn.functional.one_hot(prop.tokens, V).float()
-    q_full = torch.cat([q_rows, q_rows.new_zeros(1, V)])  # (k+1, V): the bonus position has no draft
-    return _candidates(to_probs(p_logits, s_view), q_full, k)
+@dataclasses.dataclass(frozen=True)
+class _SpecRun:
+    """One speculative run's parts, set up once (`_open_spec`) and read by every round."""
+
+    cfg: SpecConfig
+    eos: frozenset[int]
+    V: int  # the target's vocabulary: every p and q row is this wide
+    device: torch.device
+    p_run: CachedModel | ServedRun  # the target's cache, or its server
+    drafter: Drafter
+    policy: GammaPolicy
+    tree: TreePolicy | None
+    gen: torch.Generator  # the one seeded generator: the drafter's samples, then the verify's r's, then the resample
+    clock: _Clock
 
 
 @torch.inference_mode()
@@ -204,6 +184,29 @@ def speculative_decode(
     the verify, then the resample.
     """
     _check_prompt(prompt_ids)
+    run, start = _open_spec(target, draft, prompt_ids, cfg, drafter)
+    tally = Tally().add(start)  # the run's counts: Done.stats is read from it (tally.py)
+    yield start
+    run.clock.resume()
+
+    seq, out, index = list(prompt_ids), [], 0
+    while (finish := run_over(out, run.eos, cfg.max_new_tokens)) is None:
+        rd = _round(run, seq, index, budget=cfg.max_new_tokens - len(out))
+        out.extend(rd.tokens)
+        tally.add(rd)
+        yield rd
+        run.clock.resume()
+        index += 1
+
+    stats = {"mode": "spec", **tally.stats(), **_served_stats(run.p_run, cfg.sampling)}
+    yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
+
+
+def _open_spec(
+    target: LoadedModel, draft: LoadedModel | None, prompt_ids: list[int], cfg: SpecConfig, drafter: Drafter | None
+) -> tuple[_SpecRun, Start]:
+    """Set a speculative run up: its drafter and policies (make_run), the seeded generator, the target's cache
+    with the prompt in it, the drafter begun; and its Start event (prefill_s read off the run's clock)."""
     s, eos, dev, V = cfg.sampling, eos_ids(target), target.device, target.vocab_size
     drafter, policy, tree, calibration_s = make_run(target, draft, prompt_ids, cfg, drafter)
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
@@ -219,85 +222,74 @@ def speculative_decode(
                   prefill_s=clock.lap(), drafter=drafter.name, gamma_policy=policy.name,
                   calibration_s=calibration_s, translation=translation_of(drafter, s),
                   tree=tree.name if tree is not None else "", verify=_served_note(target, s))  # fmt: skip
-    tally = Tally().add(start)  # the run's counts: Done.stats is read from it (tally.py)
-    yield start
-    clock.resume()
-
-    seq, out = list(prompt_ids), []
-    index, draft_calls = 0, drafter.calls
-    while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
-        # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
-        budget = cfg.max_new_tokens - len(out)
-        ctx = DraftContext(s, gen, V, dev, policy, budget, need_q=not s.greedy or bool(cfg.detail), tree=tree)
-        prop = drafter.propose(seq, ctx)
-        x, k = prop.tokens, int(prop.tokens.numel())  # (k,)
-        draft_s = clock.lap()
-        if prop.is_tree:  # 2-4 for a token tree: one verify call for every node, a walk from the root
-            rd = _tree_round(p_run, seq, prop, s, gen, drafter, policy, tree, cfg, index, draft_s, clock)
-            tokens = cut(list(rd.tokens), eos, cfg.max_new_tokens - len(out))
-            seq.extend(tokens)
-            out.extend(tokens)
-            clock.lap()
-            rd = dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=clock.total,
-                                     draft_calls=drafter.calls - draft_calls)  # fmt: skip
-            draft_calls = drafter.calls
-            tally.add(rd)
-            yield rd
-            clock.resume()
-            index += 1
-            continue
-
-        # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
-        fed = torch.tensor(seq[-1:], device=dev)
-        v, hidden = None, None
-        if isinstance(p_run, ServedRun):  # 2-3 in one request: the engine scores, its numbers decide (served.py)
-            v, p_logits = p_run.verify(seq[-1:], x.tolist(), prop.q if k and not s.greedy else None, s, gen)
-        elif drafter.wants_hidden:
-            p_logits, hidden = p_run.feed(torch.cat([fed, x]), hidden=True)
-        else:
-            p_logits = p_run.feed(torch.cat([fed, x]))  # (k+1, V)
-
-        # 3. accept / resample (k = 0: a plain target step)
-        if v is None and s.greedy:
-            v = verify_greedy(x, p_logits)
-        elif v is None:
-            q = prop.q if k else p_logits.new_zeros(0, V)  # (k, V): exactly what the drafter drew from
-            p_probs = to_probs(p_logits, s)  # (k+1, V)
-            if cfg.relaxed_w < 1.0:  # the lossy teaching switch: guessed positions checked against w·p + (1-w)·q
-                p_probs[:k] = relaxed(p_probs[:k], q, cfg.relaxed_w)
-            v = verify_sampled(x, q, p_probs, gen)
-        verify_s = clock.lap()
-        x_ids, n = x.tolist(), v.n
-        kind = "plain" if k == 0 else "bonus" if n == k else "resampled"
-
-        # 4. roll back the target's cache to the accepted prefix; tell the drafter and the policy
-        p_run.rollback(p_run.length - (k - n))
-        drafter.update(n, v.correction, hidden[: n + 1] if hidden is not None else None)
-        policy.update(prop.key or drafter.name, k, n, draft_s, verify_s)
-        tokens = cut(x_ids[:n] + [v.correction], eos, cfg.max_new_tokens - len(out))  # a cut correction: not emitted
-        seq.extend(tokens)
-        out.extend(tokens)
-        cands = _detail(prop, p_logits, s, cfg.detail) if cfg.detail else ()
-        clock.lap()
-        rd = Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
-                   correction=v.correction, kind=kind, tokens=tuple(tokens), draft_s=draft_s, verify_s=verify_s,
-                   elapsed_s=clock.total, draft_calls=drafter.calls - draft_calls, candidates=cands,
-                   sources=prop.sources, planned=prop.planned, stop=prop.stop, origins=prop.origins)  # fmt: skip
-        draft_calls = drafter.calls
-        tally.add(rd)
-        yield rd
-        clock.resume()
-        index += 1
-
-    stats = {"mode": "spec", **tally.stats(), **_served_stats(p_run, s)}
-    yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
+    run = _SpecRun(
+        cfg=cfg, eos=eos, V=V, device=dev, p_run=p_run, drafter=drafter, policy=policy, tree=tree, gen=gen, clock=clock
+    )
+    return run, start
 
 
-def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingConfig, gen: torch.Generator,
-                drafter: Drafter, policy, tree: TreePolicy, cfg: SpecConfig, index: int, draft_s: float,
-                clock: _Clock) -> Round:  # fmt: skip
+def _round(run: _SpecRun, seq: list[int], index: int, budget: int) -> Round:
+    """One round: 1. draft, then 2-4 for a chain (`_chain_round`) or a token tree (`_tree_round`); its tokens cut
+    at EOS or the `budget` of tokens left and added to `seq`, its elapsed_s and draft calls set."""
+    s, cfg, draft_calls = run.cfg.sampling, run.cfg, run.drafter.calls
+    # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
+    need_q = not s.greedy or bool(cfg.detail)
+    ctx = DraftContext(s, run.gen, run.V, run.device, run.policy, budget, need_q=need_q, tree=run.tree)
+    prop = run.drafter.propose(seq, ctx)
+    draft_s = run.clock.lap()
+    rd = (_tree_round if prop.is_tree else _chain_round)(run, seq, prop, index, draft_s)
+    tokens = cut(list(rd.tokens), run.eos, budget)  # a cut correction: not emitted
+    seq.extend(tokens)
+    run.clock.lap()
+    calls = run.drafter.calls - draft_calls
+    return dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=run.clock.total, draft_calls=calls)
+
+
+def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft_s: float) -> Round:
+    """Verify a chain of k guesses in one target call, accept / resample, roll back; the Round (its tokens not yet
+    cut at EOS or the budget, its elapsed_s not yet set)."""
+    p_run, drafter, policy, clock = run.p_run, run.drafter, run.policy, run.clock
+    s, gen, cfg = run.cfg.sampling, run.gen, run.cfg
+    x, k = prop.tokens, int(prop.tokens.numel())  # (k,)
+    # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
+    fed = torch.tensor(seq[-1:], device=run.device)
+    v, hidden = None, None
+    if isinstance(p_run, ServedRun):  # 2-3 in one request: the engine scores, its numbers decide (served.py)
+        v, p_logits = p_run.verify(seq[-1:], x.tolist(), prop.q if k and not s.greedy else None, s, gen)
+    elif drafter.wants_hidden:
+        p_logits, hidden = p_run.feed(torch.cat([fed, x]), hidden=True)
+    else:
+        p_logits = p_run.feed(torch.cat([fed, x]))  # (k+1, V)
+
+    # 3. accept / resample (k = 0: a plain target step)
+    if v is None and s.greedy:
+        v = verify_greedy(x, p_logits)
+    elif v is None:
+        q = prop.q if k else p_logits.new_zeros(0, run.V)  # (k, V): exactly what the drafter drew from
+        p_probs = to_probs(p_logits, s)  # (k+1, V)
+        if cfg.relaxed_w < 1.0:  # the lossy teaching switch: guessed positions checked against w·p + (1-w)·q
+            p_probs[:k] = relaxed(p_probs[:k], q, cfg.relaxed_w)
+        v = verify_sampled(x, q, p_probs, gen)
+    verify_s = clock.lap()
+    x_ids, n = x.tolist(), v.n
+    kind = "plain" if k == 0 else "bonus" if n == k else "resampled"
+
+    # 4. roll back the target's cache to the accepted prefix; tell the drafter and the policy
+    p_run.rollback(p_run.length - (k - n))
+    drafter.update(n, v.correction, hidden[: n + 1] if hidden is not None else None)
+    policy.update(prop.key or drafter.name, k, n, draft_s, verify_s)
+    cands = chain_candidates(prop, p_logits, s, cfg.detail) if cfg.detail else ()
+    return Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
+                 correction=v.correction, kind=kind, tokens=tuple(x_ids[:n] + [v.correction]), draft_s=draft_s,
+                 verify_s=verify_s, elapsed_s=0.0, candidates=cands,
+                 sources=prop.sources, planned=prop.planned, stop=prop.stop, origins=prop.origins)  # fmt: skip
+
+
+def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft_s: float) -> Round:
     """Verify a token tree in one target call, walk it, keep the accepted path in the cache; the Round (its
     tokens not yet cut at EOS or the budget, its elapsed_s not yet set)."""
+    p_run, drafter, policy, tree, clock = run.p_run, run.drafter, run.policy, run.tree, run.clock
+    s, gen, cfg = run.cfg.sampling, run.gen, run.cfg
     x, N = prop.tokens, int(prop.tokens.numel())  # (N,)
     # 2. verify: the text's last token (the root) and every node after the cache, each seeing its ancestors only
     base = p_run.length  # the root's row
@@ -332,7 +324,7 @@ def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingC
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
                    path=v.path)  # fmt: skip
     greedy_mode = s.greedy
-    cands = _tree_detail(prop, line, v.n, p_logits, s, cfg.detail) if cfg.detail else ()
+    cands = tree_candidates(prop, line, v.n, p_logits, s, cfg.detail) if cfg.detail else ()
     return Round(index=index, drafted=tuple(ids[i] for i in line),
                  q=tuple(1.0 if greedy_mode else q_node[i] for i in line),
                  p=tuple(v.accept_prob[i] if greedy_mode else p_node[i] for i in line),
@@ -341,20 +333,6 @@ def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingC
                  tokens=tuple(ids[i] for i in path) + (v.correction,), draft_s=draft_s, verify_s=verify_s,
                  elapsed_s=0.0, candidates=cands, sources=tuple(prop.sources[i] for i in line), planned=prop.planned,
                  stop=prop.stop, tree=tr)  # fmt: skip
-
-
-def _tree_detail(prop: Proposal, line: list[int], n: int, p_logits: torch.Tensor, s: SamplingConfig, k: int):
-    """Top candidates of p and q along a tree round's walked line (its n kept guesses, then the first one turned
-    down, if any) and at the position after it (step-through); where the walk stopped, what was left of p."""
-    s_view = s if not s.greedy else SamplingConfig(1.0, s.top_k, s.top_p)
-    rows = [prop.parents[i] + 1 for i in line] + [line[-1] + 1 if line else 0]  # p rows: each line node's parent
-    p = to_probs(p_logits[rows], s_view)  # (L + 1, V)
-    q = torch.cat([prop.q[line], prop.q.new_zeros(1, prop.q.shape[1])]) if line else prop.q.new_zeros(1, p.shape[1])
-    left = {}
-    if len(line) > n and not s.greedy:  # the walk stopped at line[n]'s parent, every child there turned down
-        tried = [i for i, par in enumerate(prop.parents) if par == prop.parents[line[n]]]
-        left[n] = residual_after(p[n], prop.q[tried], prop.tokens[tried].tolist())
-    return _candidates(p, q, k, left)
 
 
 def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:

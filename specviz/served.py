@@ -75,7 +75,7 @@ def _sampling_body(s: SamplingConfig, gen: torch.Generator | None = None) -> dic
 
 def open_run(lm, V: int):
     """The run object the engine feeds: a ServedRun for a served target, a CachedModel (own KV cache) otherwise."""
-    from .models import CachedModel
+    from .runtime import CachedModel
 
     return ServedRun(lm) if isinstance(lm, ServedTarget) else CachedModel(lm, V)
 

@@ -2,18 +2,22 @@
 
 `ServedTarget` is what the engine reads where it would read a LoadedModel (served.open_run gives its run);
 `load_tokenizer` and `check_tokenizer` are the connection's checks that need no request beyond /tokenize
-(served.connect makes them all, once per connection).
+(served.connect makes them all, once per connection). `eos_ids` reads the stop tokens of either kind of target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .config import SamplingConfig, SpecvizError
 from .served_http import Client
+
+if TYPE_CHECKING:
+    from .models import LoadedModel
 
 APPROX_TOP = 20  # vLLM's default --max-logprobs: what any vLLM server gives per position
 PROBE_TEXT = "Speculative decoding checks 4 guesses at once: déjà vu, naïve café!"
@@ -54,6 +58,16 @@ class ServedTarget:
         return f"approximate: top-{APPROX_TOP}"
 
 
+def eos_ids(lm: LoadedModel | ServedTarget) -> frozenset[int]:
+    if isinstance(lm, ServedTarget):  # read from its tokenizer's config when it connected
+        return lm.eos
+    ids = set()
+    for src in (getattr(lm.model, "generation_config", None), lm.model.config, lm.tokenizer):
+        e = getattr(src, "eos_token_id", None)
+        ids.update(e if isinstance(e, (list, tuple)) else [e] if e is not None else [])
+    return frozenset(int(i) for i in ids)
+
+
 def missing(t: ServedTarget, what: str) -> SpecvizError:
     return SpecvizError(f"The server at {t.url} sent a reply without {what}; specviz needs vLLM's /v1/completions.")
 
@@ -62,7 +76,7 @@ def load_tokenizer(source: str, model: str, named: bool):
     """(tokenizer, vocabulary size, EOS ids) of p from a hub id or folder; one sentence when it is not here."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    from .models import hub_reachable, resolve_source
+    from .hub import hub_reachable, resolve_source
 
     try:
         where = resolve_source(source)

@@ -18,10 +18,12 @@ import torch
 
 from .config import DEFAULT_GAMMA, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times  # noqa: F401  (the step-through's verify-cost chart imports it from here)
-from .engine import autoregressive_decode, eos_ids, run_over, speculative_decode
+from .engine import autoregressive_decode, run_over, speculative_decode
 from .events import Done, Round
-from .models import CachedModel, LoadedModel
+from .models import LoadedModel
+from .runtime import CachedModel
 from .sampling import greedy, relaxed, residual, to_probs, verify_sampled
+from .served_target import eos_ids
 from .theory import cost_ratio
 
 # --- token text -------------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from gradio_client import Client  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 import specviz  # noqa: E402
+import specviz.hub  # noqa: E402
+import specviz.model_cache  # noqa: E402
 import specviz.models  # noqa: E402
 from specviz.config import SpecvizError  # noqa: E402
 from specviz.lean import LeanCache  # noqa: E402
@@ -64,7 +66,7 @@ SLOW_S = 4.0
 def slow_app(root):
     """Two requests at once; loading anything under root/slow takes SLOW_S seconds (a test double)."""
     mp = pytest.MonkeyPatch()
-    real = specviz.models._load
+    real = specviz.hub.read_model
     loads = []
 
     def load(name, *args):
@@ -73,8 +75,8 @@ def slow_app(root):
             time.sleep(SLOW_S)
         return real(name, *args)
 
-    mp.setattr(specviz.models, "_load", load)
-    mp.setattr(specviz.models, "CACHE", specviz.models.ModelCache(4))
+    mp.setattr(specviz.hub, "read_model", load)
+    mp.setattr(specviz.models, "CACHE", specviz.model_cache.ModelCache(4))
     demo, url, ctx = _serve(root, concurrency=2)
     client = Client(url, verbose=False)
     out = client.predict("warm", 2, 0.0, 0, 1.0, 4, 0, api_name="/race")  # the default pair is loaded

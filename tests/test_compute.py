@@ -9,7 +9,7 @@ from gradio_client import Client
 
 from specviz import compute
 from specviz.limits import Limits
-from specviz.models import CachedModel
+from specviz.runtime import CachedModel
 from specviz.ui import build_demo, serve_locally
 from specviz.ui.common import UIContext
 

@@ -223,7 +223,7 @@ import psutil, torch
 torch.set_num_threads(1)
 from conftest import make_model, make_tokenizer
 from specviz import generate, load_pair
-from specviz.models import CachedModel
+from specviz.runtime import CachedModel
 
 root, tok, paths = Path(sys.argv[1]), make_tokenizer(64, chat=True), []
 for name in ("target", "draft"):  # hidden 128: with this prompt one run's KV caches are ~1.6 MB
@@ -394,7 +394,7 @@ def test_corrupt_weights_give_one_sentence(fresh_pair):
 
 
 def test_lru_keeps_at_most_capacity_models(fresh_pair, monkeypatch):
-    from specviz.models import ModelCache
+    from specviz.model_cache import ModelCache
 
     cache = ModelCache(2)
     monkeypatch.setattr("specviz.models.CACHE", cache)

@@ -17,7 +17,8 @@ import torch
 
 from specviz import SamplingConfig, SpecConfig, generate, lean, native
 from specviz.engine import eos_ids, speculative_decode
-from specviz.models import CACHE, CachedModel, backend, pair_backend, pair_dtypes
+from specviz.models import CACHE, backend, pair_backend, pair_dtypes
+from specviz.runtime import CachedModel
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
 FORWARDS = ["llama.c", "PyTorch ops", "transformers"]

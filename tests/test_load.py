@@ -28,8 +28,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from specviz import generate, load_pair  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
-from specviz.models import CachedModel  # noqa: E402
 from specviz.render import Pieces  # noqa: E402
+from specviz.runtime import CachedModel  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.race import HTML_EVERY_S  # noqa: E402
@@ -91,18 +91,18 @@ def models_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe():
-    import specviz.models
+    import specviz.hub
 
     mp = pytest.MonkeyPatch()
     pr = Probe()
     mp.setattr(CachedModel, "feed", pr.wrap(CachedModel.feed))
-    real_load = specviz.models._load
+    real_load = specviz.hub.read_model
 
     def load(name, device, dtype, quantize, trust_remote_code):
         pr.trust_remote_code.append(trust_remote_code)
         return real_load(name, device, dtype, quantize, trust_remote_code)
 
-    mp.setattr(specviz.models, "_load", load)
+    mp.setattr(specviz.hub, "read_model", load)
     yield pr
     mp.undo()
 

@@ -14,9 +14,11 @@ import torch
 from conftest import make_model, make_tokenizer
 from transformers import BertConfig, BertModel
 
+import specviz.hub as hub
 import specviz.models as models
 from specviz import SpecvizError, load_model, load_pair
-from specviz.models import LoadedModel, ModelCache
+from specviz.model_cache import ModelCache
+from specviz.models import LoadedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,15 +71,15 @@ def test_unreachable_hub_is_probed_once_and_quickly(monkeypatch):
         def head(self, *a, **k):
             time.sleep(30)
 
-    monkeypatch.setattr(models, "_offline", lambda: False)
-    monkeypatch.setattr(models, "HUB_PROBE_TIMEOUT_S", 0.3)
-    monkeypatch.setattr(models, "_probe", {})
+    monkeypatch.setattr(hub, "_offline", lambda: False)
+    monkeypatch.setattr(hub, "HUB_PROBE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(hub, "_probe", {})
     monkeypatch.setattr(huggingface_hub, "get_session", lambda: Hanging())
     t0 = time.perf_counter()
-    assert models.hub_reachable() is False
+    assert hub.hub_reachable() is False
     assert time.perf_counter() - t0 < 1.5
     t0 = time.perf_counter()
-    assert models.hub_reachable() is False  # remembered: no second wait
+    assert hub.hub_reachable() is False  # remembered: no second wait
     assert time.perf_counter() - t0 < 0.05
     msg = fails("could not be found", "nobody/no-such-model-anywhere", seconds=3.0)
     assert "cannot be reached" in msg
@@ -148,7 +150,7 @@ def test_device_dtype_and_quantize_mistakes(tiny_pair, monkeypatch):
     def never(*a, **k):
         raise AssertionError("nothing should be read for an argument that is wrong anyway")
 
-    monkeypatch.setattr(models, "_load", never)
+    monkeypatch.setattr(hub, "read_model", never)
     t = tiny_pair[0]
     fails("Unknown dtype 'float8'", t, dtype="float8")
     fails("Unsupported dtype torch.int8", t, dtype=torch.int8)
@@ -450,7 +452,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair
 
     from specviz.config import SpecConfig
     from specviz.engine import speculative_decode
-    from specviz.models import cache_kwargs
+    from specviz.runtime import cache_kwargs
 
     p, q = loaded_pair
 

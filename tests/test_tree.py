@@ -11,8 +11,8 @@ import torch
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
 from specviz.drafters import DraftContext, ModelDrafter
 from specviz.engine import eos_ids, speculative_decode
-from specviz.models import CachedModel
 from specviz.policies import GammaPolicy, TreePolicy
+from specviz.runtime import CachedModel
 from specviz.sampling import verify_tree_greedy, verify_tree_sampled
 
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "q", "what is 2+2?", "once upon a time", "x = (1, 2)"]

@@ -54,7 +54,8 @@ def test_greedy_through_vllm_is_the_engine_s_own_greedy_output(vllm_target, held
 def test_at_t1_vllm_s_prompt_logprobs_are_the_target_s_p(vllm_target):
     """The premise of exact sampling at T = 1: the p(x) each round used equals p computed here by transformers;
     rejected rounds drew their corrections from the engine's own samples."""
-    from specviz.models import CachedModel, load_model
+    from specviz.models import load_model
+    from specviz.runtime import CachedModel
 
     url, folder = vllm_target
     lm = load_model(folder, device="cpu")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import cache_kwargs
+from ..runtime import cache_kwargs
 from .common import HELDOUT, ROOT, prompt_ids, read_heldout, target_folder
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import cache_kwargs
+from ..runtime import cache_kwargs
 from .common import HELDOUT, HELDOUT_DIR, HeldOut, prompt_ids, read_heldout, read_prompts, target_folder
 from .teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_part, topk_parts
 

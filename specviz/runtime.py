@@ -1,0 +1,188 @@
+"""The engine's runtime: `CachedModel`, one loaded model with its own KV cache, through which every model call
+of the engine, the drafters, the step-through, the pair check and the cost measurements goes; plain feeds, tree
+feeds (`feed_tree` / `keep_path`), rollback, and the lean forward (lean.py) where the model has one.
+`cache_kwargs` hands transformers a model's cache under the keyword its version takes. p is the target, q the draft.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+from .models import LoadedModel
+
+
+def cache_kwargs(model: torch.nn.Module, cache) -> dict:
+    """The keyword that hands a model its KV cache: `cache` from transformers 5.24 on, `past_key_values` before
+    (5.24 still takes the old name but warns that 5.40 drops it). Read from the model's own forward signature."""
+    return {_cache_kwarg(type(model)): cache}
+
+
+@functools.cache
+def _cache_kwarg(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class CachedModel:
+    """A loaded causal LM with its own KV cache, returning logits in the target's vocabulary (`V` wide).
+
+    Every model call of the engine, the drafters, the step-through, the pair check and the cost measurements
+    goes through here, so all of them compute the same numbers. `length` is the number of tokens in the cache.
+    """
+
+    def __init__(self, lm: LoadedModel, V: int):
+        from transformers import DynamicCache
+
+        self.lm, self.V = lm, V
+        self.cache = lm.lean.new_cache() if lm.lean is not None else DynamicCache(config=lm.model.config)
+        self.length = 0
+        self.calls = 0
+        # rows fed as tree nodes (feed_tree): row -> (parent row, position); every other row r continues row r - 1
+        self.tree_rows: dict[int, tuple[int, int]] = {}
+
+    def prefill(self, prompt: torch.Tensor, hidden: bool = False) -> torch.Tensor | None:
+        """Cache every prompt token but the last (which the first decoding call feeds); not a decoding call.
+        With `hidden`, return the last hidden states of those positions (P - 1, H)."""
+        if prompt.numel() > 1:
+            h = self._forward(prompt[:-1], last_only=not hidden, hidden=hidden)[1]
+            self.calls -= 1
+            return h
+        return None
+
+    def feed(self, ids: torch.Tensor, last_only: bool = False, hidden: bool = False):
+        """ids (L,) -> logits (L or 1, V); the cache grows by L. With `hidden`, also the last hidden states (L, H)."""
+        logits, h = self._forward(ids, last_only, hidden)
+        logits = self.lm.to_target_logits(logits.float(), self.V)  # a float16 draft's too: p and q in float32
+        return (logits, h) if hidden else logits
+
+    def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:
+        """Feed ids (L,) and return the argmax next token as a (1,) target id.
+
+        The argmax is taken in the model's own (maybe trimmed) vocabulary and mapped, so the V-wide logits are
+        never built. Same token as greedy(feed(...)[-1]).
+        """
+        from .sampling import greedy
+
+        logits = self._forward(ids, last_only=True)[0][-1]  # (Vm,)
+        if self.lm.vocab_map is not None:
+            return self.lm.vocab_map[greedy(logits)].view(1)
+        return greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
+
+    def feed_tree(self, ids: torch.Tensor, parents: list[int], hidden: bool = False):
+        """Feed tokens that branch: token i continues cache row parents[i] (-1: none, the very start; row
+        length + j is the j-th token of this call, so parents[i] < length + i). Each token sees only its own
+        ancestry: the rows its parent saw and its parent; its position is its parent's plus one. One forward call,
+        through a 4-D additive attention mask and explicit position ids. ids (L,) -> logits (L, V) (and the last
+        hidden states (L, H) with `hidden`); the cache grows by L rows, kept apart until `keep_path`.
+        """
+        L, base = int(ids.numel()), self.length
+        pos, lines = [], []  # per new token: its position, and the rows it sees
+        for i, par in enumerate(parents):
+            if not -1 <= par < base + i:
+                raise ValueError(f"token {i} of a tree continues row {par}, which it cannot see")
+            seen = self._line(par, base, parents, lines)
+            pos.append(self._pos(par, base, pos) + 1)
+            lines.append(seen + [base + i])
+        dtype = self.lm.model.dtype if self.lm.model.dtype.is_floating_point else torch.float32
+        mask = torch.full((L, base + L), torch.finfo(dtype).min, dtype=dtype, device=self.lm.device)
+        for i, seen in enumerate(lines):
+            mask[i, seen] = 0.0
+        position_ids = torch.tensor([pos], device=self.lm.device)
+        logits, h = self._forward(ids, False, hidden, mask=mask[None, None], position_ids=position_ids)
+        for i, par in enumerate(parents):
+            self.tree_rows[base + i] = (par, pos[i])
+        logits = self.lm.to_target_logits(logits.float(), self.V)
+        return (logits, h) if hidden else logits
+
+    def _pos(self, row: int, base: int, new_pos: list[int]) -> int:
+        """The position of a row (-1 for none): a tree row's own, a plain row's index."""
+        if row >= base:
+            return new_pos[row - base]
+        return self.tree_rows[row][1] if row in self.tree_rows else row
+
+    def _line(self, row: int, base: int, parents: list[int], lines: list[list[int]]) -> list[int]:
+        """The rows a token continuing `row` sees: `row` and everything `row` saw (nothing for -1)."""
+        if row >= base:
+            return lines[row - base]
+        tail = []
+        while row in self.tree_rows:  # a tree row from an earlier call: climb to the plain rows
+            tail.append(row)
+            row = self.tree_rows[row][0]
+        return list(range(row + 1)) + tail[::-1]
+
+    def keep_path(self, prefix: int, rows: list[int]) -> None:
+        """Keep the first `prefix` rows and then `rows` (a path of tree rows, each continuing the one before),
+        moved into place; drop every other row. After this the cache is a plain sequence again."""
+        want = list(range(prefix, prefix + len(rows)))
+        for i, r in enumerate(rows):
+            parent, pos = self.tree_rows.get(r, (r - 1, r))
+            if pos != prefix + i or parent != (rows[i - 1] if i else prefix - 1):
+                raise ValueError("keep_path needs a path that continues the kept prefix")
+        if rows != want:  # gather the path's keys and values into place, in every layer
+            idx = torch.tensor(want, dtype=torch.long, device=self.lm.device)
+            src = torch.tensor(rows, dtype=torch.long, device=self.lm.device)
+            if self.lm.lean is not None:
+                self.cache.move_rows(src, idx)
+            for layer in [] if self.lm.lean is not None else self.cache.layers:
+                layer.keys[..., idx, :] = layer.keys[..., src, :]
+                layer.values[..., idx, :] = layer.values[..., src, :]
+        self.tree_rows = {}
+        self.rollback(prefix + len(rows))
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether `feed_tree` / `keep_path` work on this model's cache (plain full-attention layers only)."""
+        from transformers.cache_utils import DynamicLayer
+
+        if self.lm.lean is not None:
+            return True
+        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+
+    def _forward(self, ids: torch.Tensor, last_only: bool, hidden: bool = False, mask=None, position_ids=None):
+        """ids (L,) -> (logits (L or 1, Vm) in the model's own vocabulary, last hidden states or None)."""
+        x = ids.view(1, -1)
+        if self.lm.input_map is not None:  # a trimmed draft: target ids -> its own rows (unknown -> row 0)
+            x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
+        if mask is None and self.tree_rows:
+            raise RuntimeError("a plain feed after a tree feed: keep_path or rollback first")
+        if self.lm.lean is not None:
+            logits, h = self._lean(x.view(-1), last_only, mask, position_ids)
+            return logits, (h if hidden else None)
+        extra = {} if mask is None else {"attention_mask": mask, "position_ids": position_ids}
+        out = self.lm.model(
+            input_ids=x,
+            **cache_kwargs(self.lm.model, self.cache),
+            use_cache=True,
+            logits_to_keep=1 if last_only else 0,
+            output_hidden_states=hidden,
+            **extra,
+        )
+        self.length += x.shape[1]
+        self.calls += 1
+        h = out.hidden_states[-1][0] if hidden else None  # (L, H)
+        if self.lm.blocked_rows is not None:  # a draft's catch-all rows: q(x) = 0 there
+            return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf), h
+        return out.logits[0], h
+
+    def _lean(self, ids: torch.Tensor, last_only: bool, mask, position_ids):
+        """The lean forward (lean.py) over this model's cache: (logits (L or 1, Vm), last hidden states (L, H))."""
+        if mask is not None:  # (1, 1, L, T) with the dtype's minimum where a row is hidden -> (L, T), -inf there
+            mask = mask[0, 0].float()
+            mask = mask.masked_fill(mask < 0, -torch.inf)
+            position_ids = position_ids.view(-1)
+        logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only)
+        self.length += ids.numel()
+        self.calls += 1
+        if self.lm.blocked_rows is not None:
+            logits.index_fill_(-1, self.lm.blocked_rows, -torch.inf)
+        return logits, h
+
+    def rollback(self, keep: int) -> None:
+        """Drop cached tokens past the first `keep`."""
+        if keep < self.length:
+            self.cache.crop(keep - self.length)  # transformers 5: a negative count of tokens to remove
+            self.length = keep
+            self.tree_rows = {r: v for r, v in self.tree_rows.items() if r < keep}

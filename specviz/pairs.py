@@ -28,7 +28,7 @@ from .theory import (  # noqa: F401  (expected_speedup: re-exported)
     speedup_table,
     wilson_interval,
 )
-from .translate import needs_translation
+from .translate import TokenizerCheck, compare_tokenizers, needs_translation
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
     "chat": ("Tell me about gravity.", "What is the capital of France, and why is it famous?"),
@@ -43,61 +43,12 @@ SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: accep
 }
 MEASURED_GAMMAS = range(1, 9)  # the verify cost is measured for blocks of 2 .. 9 tokens
 MIN_SPEEDUP = 1.05  # below this a second model is not worth its memory and complexity
-MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
 PLAIN_TOKENS = 8  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean
 TREE_BUDGETS = (4, 7)  # token trees the check measures: a verify of 8 positions at most, the CPU few-token
 # kernel's range (kernels.py; past it a verify here cost about twice: 2.1 steps at 9 positions, 1.3 at 8)
 TREE_PAYS = 1.03  # a tree is recommended when it is expected at least 3% faster than the best chain
-SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 VERDICTS = ("compatible", "not worth it", "incompatible")
-
-
-# --- tokenizers ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TokenizerCheck:
-    """Token ids compared one by one over the smaller tokenizer, added tokens included."""
-
-    target_size: int  # len(tokenizer): every id it can produce
-    draft_size: int
-    compared: int
-    mismatches: int  # ids whose token differs, or that only the larger tokenizer has among the compared
-    examples: tuple[tuple[int, str | None, str | None], ...]  # (id, target token, draft token), a few
-    special_tokens: tuple[tuple[str, str | None, str | None], ...]  # (name, target, draft) where they differ
-    chat_template_same: bool
-    target_has_chat_template: bool
-    draft_has_chat_template: bool
-
-    @property
-    def mismatch_fraction(self) -> float:
-        return self.mismatches / self.compared if self.compared else 1.0
-
-    @property
-    def compatible(self) -> bool:
-        return self.compared > 0 and self.mismatch_fraction <= MAX_MISMATCH_FRACTION
-
-
-def _id_to_token(tok) -> dict[int, str]:
-    return {int(i): t for t, i in tok.get_vocab().items()}
-
-
-def compare_tokenizers(target_tok, draft_tok, n_examples: int = 5) -> TokenizerCheck:
-    """Compare id -> token for every id of the smaller tokenizer (not just vocab_size: added tokens count)."""
-    p_ids, q_ids = _id_to_token(target_tok), _id_to_token(draft_tok)
-    small = p_ids if len(p_ids) <= len(q_ids) else q_ids
-    bad = sorted(i for i in small if p_ids.get(i) != q_ids.get(i))
-    examples = tuple((i, p_ids.get(i), q_ids.get(i)) for i in bad[:n_examples])
-    specials = tuple(
-        (name, getattr(target_tok, name, None), getattr(draft_tok, name, None))
-        for name in SPECIAL_TOKENS
-        if getattr(target_tok, name, None) != getattr(draft_tok, name, None)
-    )
-    p_tpl, q_tpl = getattr(target_tok, "chat_template", None), getattr(draft_tok, "chat_template", None)
-    return TokenizerCheck(
-        len(p_ids), len(q_ids), len(small), len(bad), examples, specials, p_tpl == q_tpl, bool(p_tpl), bool(q_tpl)
-    )
 
 
 # --- measurements --------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specviz.pairs as pairs
 from specviz import SpecvizError, check_pair
-from specviz.pairs import compare_tokenizers, expected_speedup, speedup_table
+from specviz.pairs import expected_speedup, speedup_table
+from specviz.translate import compare_tokenizers
 
 V = 64
 

@@ -20,7 +20,7 @@ from specviz.bench_summary import summarise_runs
 from specviz.config import SamplingConfig, SpecConfig
 from specviz.engine import autoregressive_decode, race, speculative_decode
 from specviz.events import Done, Round, Start, Step, TreeRound
-from specviz.pairs import Acceptance
+from specviz.pairs_measure import Acceptance
 from specviz.request import RunRequest
 from specviz.tally import Tally
 from specviz.ui.race import RaceView

@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json-out", default="")
     a = ap.parse_args()
-    from specviz.bench import load_prompts
+    from specviz.bench_inputs import load_prompts
 
     prompts = [p for s in a.sets.split(",") for p in load_prompts(s.strip(), a.limit)]
     apps, benches, machine, status = [], [], {}, ""

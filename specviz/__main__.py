@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             if not a.json:
                 print(rep.report())
         else:
-            from .bench import main as bench_main
+            from .bench_cli import main as bench_main
 
             out = bench_main(a)
         if a.json:

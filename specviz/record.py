@@ -170,7 +170,7 @@ def token_ids(evs: Iterable) -> set[int]:
 
 def environment(target=None, draft=None) -> dict:
     """The models, the machine and the date: what a reader needs to judge the recorded times."""
-    from .bench import machine_info
+    from .machine import machine_info
 
     info = machine_info()
     keys = (

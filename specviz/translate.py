@@ -17,6 +17,8 @@ greedy output token for token ("text"). For sampling (T > 0) two exact ways (Tim
 Each model sees the prompt through its own chat template: the visitor's message is recovered from the target's
 prompt and formatted again for the draft. Tokens only one vocabulary has (<|im_end|> vs <|eot_id|>) are never
 guessed as such: the draft's end of turn becomes the target's, any other special token ends the guess.
+Whether a draft needs any of this is compare_tokenizers' answer: every token id the same token to both (at most
+1% of ids differ), the rule the pair check reports by.
 p is the target, q the draft (as everywhere in specviz).
 """
 
@@ -38,6 +40,8 @@ METHODS = {
     "intersection": "token-level intersection (q restricted to the shared tokens, rejection sampling: exact)",
     "match": "a guess kept with the chance the target draws it (exact; q over the target's tokens unknown)",
 }
+MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 _SENTINEL = "\x00specviz-message\x00"
 _BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte-fallback tokens
 
@@ -285,6 +289,53 @@ def sampling_method(shared: SharedVocabulary) -> str:
     return "intersection" if shared.draft_share >= MIN_SHARED else "match"
 
 
+# --- do two tokenizers give every id the same meaning --------------------------------------------
+
+
+@dataclass(frozen=True)
+class TokenizerCheck:
+    """Token ids compared one by one over the smaller tokenizer, added tokens included."""
+
+    target_size: int  # len(tokenizer): every id it can produce
+    draft_size: int
+    compared: int
+    mismatches: int  # ids whose token differs, or that only the larger tokenizer has among the compared
+    examples: tuple[tuple[int, str | None, str | None], ...]  # (id, target token, draft token), a few
+    special_tokens: tuple[tuple[str, str | None, str | None], ...]  # (name, target, draft) where they differ
+    chat_template_same: bool
+    target_has_chat_template: bool
+    draft_has_chat_template: bool
+
+    @property
+    def mismatch_fraction(self) -> float:
+        return self.mismatches / self.compared if self.compared else 1.0
+
+    @property
+    def compatible(self) -> bool:
+        return self.compared > 0 and self.mismatch_fraction <= MAX_MISMATCH_FRACTION
+
+
+def _id_to_token(tok) -> dict[int, str]:
+    return {int(i): t for t, i in tok.get_vocab().items()}
+
+
+def compare_tokenizers(target_tok, draft_tok, n_examples: int = 5) -> TokenizerCheck:
+    """Compare id -> token for every id of the smaller tokenizer (not just vocab_size: added tokens count)."""
+    p_ids, q_ids = _id_to_token(target_tok), _id_to_token(draft_tok)
+    small = p_ids if len(p_ids) <= len(q_ids) else q_ids
+    bad = sorted(i for i in small if p_ids.get(i) != q_ids.get(i))
+    examples = tuple((i, p_ids.get(i), q_ids.get(i)) for i in bad[:n_examples])
+    specials = tuple(
+        (name, getattr(target_tok, name, None), getattr(draft_tok, name, None))
+        for name in SPECIAL_TOKENS
+        if getattr(target_tok, name, None) != getattr(draft_tok, name, None)
+    )
+    p_tpl, q_tpl = getattr(target_tok, "chat_template", None), getattr(draft_tok, "chat_template", None)
+    return TokenizerCheck(
+        len(p_ids), len(q_ids), len(small), len(bad), examples, specials, p_tpl == q_tpl, bool(p_tpl), bool(q_tpl)
+    )
+
+
 # --- one translator per pair of tokenizers -------------------------------------------------------
 
 _SAME: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # p tokenizer -> {q tokenizer: same or not}
@@ -297,8 +348,6 @@ def same_tokenizer(p_tok, q_tok) -> bool:
         return True
     known = _SAME.setdefault(p_tok, weakref.WeakKeyDictionary())
     if q_tok not in known:
-        from .pairs import compare_tokenizers
-
         known[q_tok] = compare_tokenizers(p_tok, q_tok).compatible
     return known[q_tok]
 

@@ -8,8 +8,13 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from specviz import bench, load_model
-from specviz.bench import expected_speedup, load_prompts, run_bench
+from specviz.bench import run_bench
+from specviz.bench_cli import format_table
+from specviz.bench_inputs import PROMPT_SETS, load_prompts
+from specviz.bench_peers import hf_assistant
+from specviz.config import SpecvizError
 from specviz.events import Done
+from specviz.theory import expected_speedup
 
 PROMPTS = ["hello world", "the cat sat"]
 
@@ -25,12 +30,12 @@ def test_theory_formula_on_known_values():
 def test_prompt_sets_load_by_name_and_by_path(tmp_path):
     everyday = load_prompts("everyday")
     assert "Tell me about gravity." in everyday and "Cite 20 famous people." in everyday
-    for name in bench.PROMPT_SETS:
+    for name in PROMPT_SETS:
         assert 8 <= len(load_prompts(name)) <= 12
     f = tmp_path / "mine.txt"
     f.write_text("one\n\n  two  \nthree\n")
     assert load_prompts(str(f), limit=2) == ["one", "two"]
-    with pytest.raises(bench.SpecvizError):
+    with pytest.raises(SpecvizError):
         load_prompts("no-such-set")
 
 
@@ -56,7 +61,7 @@ def test_bench_produces_every_column_for_every_cell(table):
     assert greedy["identical"].tolist() == [True, True] and (greedy["differences"] == "").all()
     assert table.loc[table["temperature"] > 0, "identical"].isna().all()  # sampled outputs need not match
     assert greedy["forwards_agree"].tolist() == [True, True]  # lean.py's forward and transformers' agree here
-    assert "spec/hf_spec" in bench.format_table(table)
+    assert "spec/hf_spec" in format_table(table)
 
 
 def test_identical_check_catches_a_planted_difference(loaded_pair, monkeypatch, caplog):
@@ -104,7 +109,7 @@ def test_transformers_assisted_generation_runs_with_a_trimmed_vocabulary_draft(l
     p, _ = loaded_pair
     q = load_model(trimmed_draft, device="cpu")
     assert q.vocab_map is not None and q.vocab_size < p.vocab_size
-    view = bench.hf_assistant(q, p, 3)
+    view = hf_assistant(q, p, 3)
     with torch.no_grad():
         logits = view(torch.tensor([[1, 5, 6, 7]])).logits
     assert logits.shape[-1] == p.vocab_size
@@ -165,4 +170,4 @@ def test_bench_puts_token_trees_beside_the_best_chain(loaded_pair):
     for _, r in trees.iterrows():
         assert f"against the best chain ({best}" in r["note"] and "plain steps" in r["note"]
     assert chains["vs_best_chain"].isna().all()
-    assert "nodes/call" in bench.format_table(t)
+    assert "nodes/call" in format_table(t)

@@ -10,8 +10,10 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specviz.pairs as pairs
+import specviz.pairs_measure as pairs_measure
 from specviz import SpecvizError, check_pair
-from specviz.pairs import compare_tokenizers, expected_speedup, speedup_table
+from specviz.pairs import expected_speedup, speedup_table
+from specviz.translate import compare_tokenizers
 
 V = 64
 
@@ -146,7 +148,7 @@ def test_a_draft_that_cannot_write_the_target_s_text_is_incompatible_and_nothing
         raise AssertionError("an incompatible pair must not be measured")
 
     monkeypatch.setattr(pairs, "forward_times", boom)
-    monkeypatch.setattr(pairs, "measure_acceptance", boom)
+    monkeypatch.setattr(pairs_measure, "measure_acceptance", boom)
     rep = check_pair(tiny_pair[0], draft, device="cpu")
     assert rep.verdict == "incompatible"
     assert "cannot be translated" in rep.reasons[0] and "comes back as" in rep.reasons[0]
@@ -278,7 +280,7 @@ def test_the_interval_covers_the_alpha_the_benchmark_measures(fast_pair):
     p, q = load_pair(*fast_pair, device="cpu")
     prompts = [x for v in pairs.SAMPLE_PROMPTS.values() for x in v]
     rep = check_pair(p, q, max_new_tokens=24)
-    table = run_bench(p, q, prompts, [pairs.CHECK_GAMMA], [0.0], max_new_tokens=24, hf=False)
+    table = run_bench(p, q, prompts, [pairs_measure.CHECK_GAMMA], [0.0], max_new_tokens=24, hf=False)
     assert rep.acceptance.low <= table["alpha"].iloc[0] <= rep.acceptance.high
 
 

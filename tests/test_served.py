@@ -330,7 +330,8 @@ def test_the_pair_check_measures_a_served_target(server, tiny_pair):
 
 def test_the_bench_has_a_served_target_row(server, tiny_pair):
     """Speedup over plain decoding through the same server, with the share of each lane's time in requests."""
-    from specviz.bench import format_table, run_bench
+    from specviz.bench import run_bench
+    from specviz.bench_cli import format_table
 
     p, q = served.load_served_pair(server.url, tiny_pair[1], device="cpu")
     table = run_bench(p, q, ["the cat sat", "hello hello"], [2, "auto"], [0.0], max_new_tokens=10, hf=False, raw=True)

@@ -15,10 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specviz import bench, export, lessons, metrics, record, render
+from specviz.bench_inputs import Config
+from specviz.bench_summary import summarise_runs
 from specviz.config import SamplingConfig, SpecConfig
 from specviz.engine import autoregressive_decode, race, speculative_decode
 from specviz.events import Done, Round, Start, Step, TreeRound
-from specviz.pairs import Acceptance
+from specviz.pairs_measure import Acceptance
 from specviz.request import RunRequest
 from specviz.tally import Tally
 from specviz.ui.race import RaceView
@@ -209,10 +211,10 @@ def test_every_consumer_shows_the_same_numbers_on_random_streams(spec, spec2, ar
     assert shown(export.lanes_html(rec, views).split('id="sv-lane-spec"')[1]) == page_numbers(ref, plain)
 
     # the benchmark's table: two prompts, both speculative runs under one configuration
-    cfg = bench.Config("model", 6, "constant")
+    cfg = Config("model", 6, "constant")
     rows = [bench.row(0.7, None, 0, i, "ar", bench.run_row(ar, 1.0)) for i in (0, 1)]
     rows += [bench.row(0.7, cfg, 0, i, "spec", bench.run_row(evs, 1.0)) for i, evs in enumerate((spec, spec2))]
-    (cell,) = bench.summarise_runs(pd.DataFrame(rows)).to_dict("records")
+    (cell,) = summarise_runs(pd.DataFrame(rows)).to_dict("records")
     two_plain = reference(ar, ar)
     for key, want in (("acceptance", both["acceptance_rate"]), ("alpha", both["alpha"]),
                       ("tokens_per_call", both["tokens_per_call"]), ("drafted_per_call", both["drafted_per_call"]),

@@ -12,7 +12,7 @@ import torch
 import specviz
 from specviz import served
 from specviz.__main__ import main
-from specviz.bench import load_prompts
+from specviz.bench_inputs import load_prompts
 from specviz.config import SpecvizError
 from specviz.events import Round, Start
 

@@ -12,7 +12,9 @@ import gradio as gr
 
 from .. import compute
 from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, CHECK_DRAFTERS, PRESETS, SpecvizError
-from ..pairs import CHECK_GAMMA, PairReport, check_pair, memory_words
+from ..pairs import check_pair
+from ..pairs_measure import CHECK_GAMMA
+from ..pairs_report import PairReport, memory_words
 from ..teach_plots import speedup_figure
 from .common import NO_QUANTIZE, UIContext, error_html, gpu
 

@@ -1,0 +1,135 @@
+"""The `bench` subcommand (python -m specviz bench): load the pair, run the grid, print the table and write files.
+
+The harness is bench.py, the table bench_summary.py, the figures bench_plots.py; this module reads the arguments,
+prints, and writes the CSV, JSON and plots a user asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from .api import encode_prompt
+from .bench import draft_ranks, measure, ranks_line
+from .bench_inputs import grid, load_prompts, parse_configs, parse_grid, parse_trees
+from .bench_plots import write_plots
+from .bench_summary import summarise_runs
+from .machine import machine_info
+from .models import LoadedModel
+from .request import RunRequest
+from .translate import needs_translation
+
+SHOW = {
+    "temperature": "T",
+    "config": "configuration",
+    "ar_tok_s": "ar tok/s",
+    "spec_tok_s": "spec tok/s",
+    "hf_spec_tok_s": "hf_spec tok/s",
+    "speedup_vs_ar": "spec/ar",
+    "speedup_vs_hf": "spec/hf_spec",
+    "speedup_vs_best_peer": "spec/best hf",
+    "ar_vs_hf_ar": "ar/hf_ar",
+    "acceptance": "accepted/drafted",
+    "alpha": "alpha",
+    "tokens_per_call": "tok/call",
+    "drafted_per_call": "nodes/call",
+    "verify_cost": "verify/step",
+    "vs_best_chain": "vs best chain",
+    "c": "c",
+    "theory": "theory",
+    "measured_over_theory": "meas/theory",
+    "identical": "identical",
+}
+SHOW_SERVED = {
+    "verify": "served verify",
+    "ar_request_share": "ar in requests",
+    "spec_request_share": "spec in requests",
+}
+
+
+def format_table(table: pd.DataFrame) -> str:
+    show = {**SHOW, **SHOW_SERVED} if (table["verify"] != "").any() else SHOW  # a served target's row
+    shown = table[list(show)].rename(columns=show).copy()
+    shown["identical"] = shown["identical"].map({True: "yes", False: "NO", None: "n/a (sampled)"})
+    return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="n/a")
+
+
+def _ranks_of(
+    target: LoadedModel, draft: LoadedModel | None, prompts: Sequence[str], runs: pd.DataFrame
+) -> dict | None:
+    """The draft's rank histogram on the plain greedy replies of this run (None without a draft of the target's
+    tokenizer or a greedy plain run)."""
+    ar = runs[(runs["method"] == "ar") & (runs["temperature"] == 0) & (runs["repeat"] == 0)].sort_values("prompt")
+    if draft is None or ar.empty or needs_translation(target, draft):
+        return None
+    ids = [encode_prompt(target, prompts[i]) for i in ar["prompt"]]
+    return draft_ranks(target, draft, ids, [list(t) for t in ar["tokens"]])
+
+
+def main(args) -> dict:
+    """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
+    from .api import load_for
+    from .models import pair_backend, pair_dtypes
+    from .served import is_url
+
+    prompts = load_prompts(args.prompts, args.limit)
+    gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
+    temperatures = parse_grid(args.temperatures, float, "temperatures")
+    drafters = [d.strip() for d in args.drafters.split(",") if d.strip()]
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    trees = parse_trees(getattr(args, "trees", "off"))
+    configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
+    given = {k: getattr(args, k, None) for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer",
+                                                 "max_new_tokens", "seed")}  # fmt: skip
+    request = RunRequest.of({k: v for k, v in given.items() if v is not None}, "bench")  # unset: RunRequest's
+    # both models, whatever the configurations (the peers need the draft); a served target: p scores on its server,
+    # both lanes through the same endpoint, and no transformers peers
+    p, q = load_for(request.replace(drafter="model"))
+    hf = not args.no_hf and not is_url(args.target)
+    runs = measure(p, q, prompts, configs, temperatures, args.repeats, request=request, hf=hf, progress=True)
+    table = summarise_runs(runs)
+    ranks = _ranks_of(p, q, prompts, runs) if any(c.tree != "off" for c in configs) else None
+    facts = machine_info()
+    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
+                 max_new_tokens=request.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
+    warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
+    warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
+    files = []
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+        files.append(args.csv)
+    if args.plots:
+        plot_files, plot_note = write_plots(table, args.plots)
+        files += plot_files
+        if plot_note:
+            warnings.append(plot_note)
+    records = json.loads(table.to_json(orient="records"))
+    out = {"machine": facts, "table": records, "warnings": warnings, "files": files, "ranks": ranks}
+    if args.json_out:
+        run_rows = json.loads(runs.drop(columns=["tokens"]).to_json(orient="records"))
+        Path(args.json_out).write_text(json.dumps({**out, "runs": run_rows}, indent=2))
+        files.append(args.json_out)
+    if not args.json:
+        print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
+              f"{request.max_new_tokens} new tokens")  # fmt: skip
+        print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
+              f"({facts['torch_threads']} threads) · transformers {facts['transformers']}")  # fmt: skip
+        print(f"On this CPU: {facts['backend']}")
+        print(format_table(table))
+        peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
+        for t, r in peers.dropna(how="all").iterrows():  # none with --no-hf
+            print(f"  T={t:g}: transformers assisted (defaults) {r['hf_assist_vs_ar']:.2f}x plain, "
+                  f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain")  # fmt: skip
+        for _, r in table[table["note"] != ""].iterrows():
+            print(f"  T={r['temperature']:g} {r['config']}: {r['note']}")
+        if ranks:
+            print(f"  Ranks: {ranks_line(ranks)}")
+        for w in warnings:
+            print(("!" * 8 + " " if "DIFFER" in w else "note: ") + w, file=sys.stderr)
+        for f in files:
+            print(f"wrote {f}")
+    return out

@@ -81,8 +81,21 @@ def bench_speedups(prompts: list[str], max_new_tokens: int, folder: Path) -> tup
     """Per-prompt speedup of the default configuration over plain decoding, from `python -m specviz bench`."""
     pfile, out = folder / "prompts.txt", folder / "bench.json"
     pfile.write_text("\n".join(p.replace("\n", "\\n") for p in prompts) + "\n", encoding="utf-8")
-    cmd = [sys.executable, "-m", "specviz", "bench", "--prompts", str(pfile), "--configs", "lookup+model:auto",
-           "--max-new-tokens", str(max_new_tokens), "--no-hf", "--json-out", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "specviz",
+        "bench",
+        "--prompts",
+        str(pfile),
+        "--configs",
+        "lookup+model:auto",
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--no-hf",
+        "--json-out",
+        str(out),
+    ]
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     data = json.loads(out.read_text())
     rate = {(r["method"], r["prompt"]): r["tokens_per_s"] for r in data["runs"]}

@@ -88,16 +88,20 @@ def main() -> None:
     m = machine_info()
     print(f"{m['cpu']} ({m['cpu_id']}; {m['cpu_vector']}) · torch {m['torch']}, {m['torch_threads']} threads")
     first = runs[paths[0]][0]
-    print(f"target weights {first['weights_mb']:.0f} MB; read-only bandwidth {first['bandwidth_gb_s']:.1f} GB/s "
-          f"-> memory-bound limit {first['limit_ms']:.1f} ms a step")  # fmt: skip
+    print(
+        f"target weights {first['weights_mb']:.0f} MB; read-only bandwidth {first['bandwidth_gb_s']:.1f} GB/s "
+        f"-> memory-bound limit {first['limit_ms']:.1f} ms a step"
+    )
     head = " ".join(f"{n:>5d}" for n in range(2, a.tokens + 1))
     print(f"{'path':20s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
     for path, rs in runs.items():
         med = lambda k, rs=rs: statistics.median(r[k] for r in rs)  # noqa: E731
         cost = [statistics.median(r["cost"][i] for r in rs) for i in range(a.tokens)]
-        print(f"{path:20s} {med('step_ms'):8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in cost[1:])} | "
-              f"{med('draft_float32_ms'):.2f}/{med('draft_float16_ms'):.2f}, "
-              f"{med('c_float32'):.3f}/{med('c_float16'):.3f}   ({rs[0]['backend']})")  # fmt: skip
+        print(
+            f"{path:20s} {med('step_ms'):8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in cost[1:])} | "
+            f"{med('draft_float32_ms'):.2f}/{med('draft_float16_ms'):.2f}, "
+            f"{med('c_float32'):.3f}/{med('c_float16'):.3f}   ({rs[0]['backend']})"
+        )
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"machine": m, "runs": runs}, indent=2))
 

@@ -181,16 +181,24 @@ def _print_served(a, results, lanes: dict) -> None:
     for r in results:
         s = r.stats
         share = s["request_s"] / s["wall_s"] if s["wall_s"] else 0.0
-        print(f"[{s['mode']} through {s['served']}: verify {s['verify']}, {s['requests']} requests, "
-              f"{s['request_s']:.2f} s in requests = {share:.0%} of the run]", file=sys.stderr)  # fmt: skip
+        print(
+            f"[{s['mode']} through {s['served']}: verify {s['verify']}, {s['requests']} requests, "
+            f"{s['request_s']:.2f} s in requests = {share:.0%} of the run]",
+            file=sys.stderr,
+        )
     panel = _engine_panel(a).get("engine_spec")
     if panel is None:
-        print("[the server runs no speculative decoding of its own: /metrics has no vllm:spec_decode counters]",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "[the server runs no speculative decoding of its own: /metrics has no vllm:spec_decode counters]",
+            file=sys.stderr,
+        )
     else:
         per_pos = " ".join(f"{x:.2f}" for x in panel["acceptance_per_pos"])
-        print(f"[the engine's own speculative decoding since it started: {panel['drafts']} drafts, acceptance per "
-              f"position {per_pos}, mean accepted length {panel['mean_accepted_length']:.2f}]", file=sys.stderr)  # fmt: skip
+        print(
+            f"[the engine's own speculative decoding since it started: {panel['drafts']} drafts, acceptance per "
+            f"position {per_pos}, mean accepted length {panel['mean_accepted_length']:.2f}]",
+            file=sys.stderr,
+        )
     rounds = [(len(ev.drafted), ev.n) for ev in lanes.get("spec", ()) if isinstance(ev, Round) and ev.drafted]
     if rounds:
         alphas = " ".join(f"{x:.2f}" for x in position_alphas(rounds))
@@ -207,9 +215,15 @@ def _engine_panel(a) -> dict:
     spec = engine_spec(connect(a.target, a.tokenizer, device=a.device))
     if spec is None:
         return {"engine_spec": None}
-    return {"engine_spec": {"drafts": spec.drafts, "draft_tokens": spec.draft_tokens, "accepted": spec.accepted,
-                            "acceptance_per_pos": list(spec.acceptance_per_pos),
-                            "mean_accepted_length": spec.mean_accepted_length}}  # fmt: skip
+    return {
+        "engine_spec": {
+            "drafts": spec.drafts,
+            "draft_tokens": spec.draft_tokens,
+            "accepted": spec.accepted,
+            "acceptance_per_pos": list(spec.acceptance_per_pos),
+            "mean_accepted_length": spec.mean_accepted_length,
+        }
+    }
 
 
 def _replay(a) -> dict:

@@ -119,8 +119,11 @@ def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, co
             except SpecvizError as e:
                 notes["hf_spec"] = f"n/a: {e}"
                 continue
-            kw = dict(**assist_kwargs(target, draft, view), num_assistant_tokens=int(c.gamma),
-                      num_assistant_tokens_schedule="constant")  # fmt: skip
+            kw = dict(
+                **assist_kwargs(target, draft, view),
+                num_assistant_tokens=int(c.gamma),
+                num_assistant_tokens_schedule="constant",
+            )
             out.append((c, "hf_spec", lambda ids, cfg, kw=kw: hf_generate(target, ids, cfg, **kw)))
     return out, notes
 
@@ -129,10 +132,20 @@ def row(temperature: float, c: Config | None, repeat: int, prompt: int, method: 
     """One row of `measure`: the cell it belongs to and one timed run `r` (`run_row`, or a peer's tokens and
     seconds); tokens_per_s is over the wall clock around the call, the same for every method."""
     n = len(r["tokens"])
-    return {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
-            "gamma": c and c.gamma, "policy": c and c.policy, "tree": c.tree if c else "", "repeat": repeat,
-            "prompt": prompt, "method": method, "new_tokens": n,
-            "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}  # fmt: skip
+    return {
+        "temperature": temperature,
+        "config": c.label if c else "",
+        "drafter": c and c.drafter,
+        "gamma": c and c.gamma,
+        "policy": c and c.policy,
+        "tree": c.tree if c else "",
+        "repeat": repeat,
+        "prompt": prompt,
+        "method": method,
+        "new_tokens": n,
+        "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"),
+        **r,
+    }
 
 
 def measure(
@@ -196,8 +209,13 @@ RANK_TOP = 4  # the rank histogram's ranks 1 .. RANK_TOP, then "beyond" (drafter
 
 
 @torch.inference_mode()
-def draft_ranks(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[list[int]],
-                replies: Sequence[Sequence[int]], top: int = RANK_TOP) -> dict:  # fmt: skip
+def draft_ranks(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: Sequence[list[int]],
+    replies: Sequence[Sequence[int]],
+    top: int = RANK_TOP,
+) -> dict:
     """The draft's rank histogram on the target's greedy replies: how often the target's token is the draft's 1st,
     2nd ... choice (ties count against it), teacher-forced: one draft call reads a prompt and the reply the
     target wrote, as a greedy round's draft always continues text the target wrote. It decides which trees are

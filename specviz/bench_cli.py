@@ -83,8 +83,10 @@ def main(args) -> dict:
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     trees = parse_trees(getattr(args, "trees", "off"))
     configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
-    given = {k: getattr(args, k, None) for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer",
-                                                 "max_new_tokens", "seed")}  # fmt: skip
+    given = {
+        k: getattr(args, k, None)
+        for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer", "max_new_tokens", "seed")
+    }
     request = RunRequest.of({k: v for k, v in given.items() if v is not None}, "bench")  # unset: RunRequest's
     # both models, whatever the configurations (the peers need the draft); a served target: p scores on its server,
     # both lanes through the same endpoint, and no transformers peers
@@ -94,8 +96,16 @@ def main(args) -> dict:
     table = summarise_runs(runs)
     ranks = _ranks_of(p, q, prompts, runs) if any(c.tree != "off" for c in configs) else None
     facts = machine_info()
-    facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
-                 max_new_tokens=request.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
+    facts.update(
+        target=p.name,
+        draft=q.name,
+        dtypes=pair_dtypes(p, q),
+        backend=pair_backend(p, q),
+        prompts=args.prompts,
+        n_prompts=len(prompts),
+        max_new_tokens=request.max_new_tokens,
+        command="python -m specviz " + " ".join(sys.argv[1:]),
+    )
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
     files = []
@@ -114,16 +124,22 @@ def main(args) -> dict:
         Path(args.json_out).write_text(json.dumps({**out, "runs": run_rows}, indent=2))
         files.append(args.json_out)
     if not args.json:
-        print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
-              f"{request.max_new_tokens} new tokens")  # fmt: skip
-        print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
-              f"({facts['torch_threads']} threads) · transformers {facts['transformers']}")  # fmt: skip
+        print(
+            f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
+            f"{request.max_new_tokens} new tokens"
+        )
+        print(
+            f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
+            f"({facts['torch_threads']} threads) · transformers {facts['transformers']}"
+        )
         print(f"On this CPU: {facts['backend']}")
         print(format_table(table))
         peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
         for t, r in peers.dropna(how="all").iterrows():  # none with --no-hf
-            print(f"  T={t:g}: transformers assisted (defaults) {r['hf_assist_vs_ar']:.2f}x plain, "
-                  f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain")  # fmt: skip
+            print(
+                f"  T={t:g}: transformers assisted (defaults) {r['hf_assist_vs_ar']:.2f}x plain, "
+                f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain"
+            )
         for _, r in table[table["note"] != ""].iterrows():
             print(f"  T={r['temperature']:g} {r['config']}: {r['note']}")
         if ranks:

@@ -61,8 +61,12 @@ class Config:
         return base.replace(mode="spec", drafter=self.drafter, gamma=self.gamma, gamma_policy=policy, tree=self.tree)
 
 
-def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Sequence[str] = ("constant",),
-         trees: Sequence = ("off",)) -> list:  # fmt: skip
+def grid(
+    gammas: Sequence,
+    drafters: Sequence[str] = ("model",),
+    policies: Sequence[str] = ("constant",),
+    trees: Sequence = ("off",),
+) -> list:
     """Every (drafter, gamma, policy, tree); gamma "auto" takes the auto policy alone, and trees go only to the
     drafters that grow them (config.TREE_DRAFTERS)."""
     out = []

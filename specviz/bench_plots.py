@@ -22,19 +22,33 @@ def _figures(table: pd.DataFrame) -> dict:
     for i, (t, cell) in enumerate(table.groupby("temperature")):
         colour = COLOURS[i % len(COLOURS)]
         speed.add_bar(x=cell["config"], y=cell["speedup_vs_ar"], name=f"specviz / plain, T={t:g}", marker_color=colour)
-        for col, name, dash in (("hf_assist_vs_ar", "transformers assisted (defaults)", "dash"),
-                                ("hf_lookup_vs_ar", "transformers prompt lookup", "dot")):  # fmt: skip
+        for col, name, dash in (
+            ("hf_assist_vs_ar", "transformers assisted (defaults)", "dash"),
+            ("hf_lookup_vs_ar", "transformers prompt lookup", "dot"),
+        ):
             v = cell[col].median()
             if pd.notna(v):
-                speed.add_hline(y=v, line={"color": colour, "dash": dash, "width": 1.5},
-                                annotation_text=f"{name}, T={t:g}: {v:.2f}x")  # fmt: skip
+                speed.add_hline(
+                    y=v,
+                    line={"color": colour, "dash": dash, "width": 1.5},
+                    annotation_text=f"{name}, T={t:g}: {v:.2f}x",
+                )
         accept.add_bar(x=cell["config"], y=cell["alpha"], name=f"alpha (per token), T={t:g}", marker_color=colour)
-        accept.add_bar(x=cell["config"], y=cell["acceptance"], name=f"accepted / drafted, T={t:g}",
-                       marker_color=colour, opacity=0.45)  # fmt: skip
+        accept.add_bar(
+            x=cell["config"],
+            y=cell["acceptance"],
+            name=f"accepted / drafted, T={t:g}",
+            marker_color=colour,
+            opacity=0.45,
+        )
     speed.add_hline(y=1.0, line={"color": "grey", "width": 1})
     speed.update_layout(title="Speedup over plain decoding by configuration", yaxis_title="speedup", barmode="group")
-    accept.update_layout(title="Acceptance by configuration: per token (alpha) and of all drafted tokens",
-                         yaxis_title="acceptance", yaxis={"range": [0, 1]}, barmode="group")  # fmt: skip
+    accept.update_layout(
+        title="Acceptance by configuration: per token (alpha) and of all drafted tokens",
+        yaxis_title="acceptance",
+        yaxis={"range": [0, 1]},
+        barmode="group",
+    )
     return {"speedup": speed, "acceptance": accept}
 
 

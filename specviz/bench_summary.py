@@ -114,7 +114,7 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 **{
                     f"{m}_tok_s": float(shared[m]["tokens_per_s"].median()) if len(shared[m]) else float("nan")
                     for m in SHARED[1:]
-                },  # fmt: skip
+                },
                 "hf_spec_tok_s": float(hf_spec["tokens_per_s"].median()) if len(hf_spec) else float("nan"),
                 "speedup_vs_ar": _paired(spec, ar),
                 "speedup_vs_hf": _paired(spec, hf_spec),

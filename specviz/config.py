@@ -162,9 +162,17 @@ class SpecConfig:
                 f"with tree, not {self.drafter}."
             )
         object.__setattr__(self, "tree", tree)
-        for name, value in (("gamma", g), ("relaxed_w", w), ("max_new_tokens", n), ("seed", s), ("detail", d), ("gamma_policy", policy),
-                            ("confidence", c), ("prompt_lookup_num_tokens", lookup_k),
-                            ("max_matching_ngram_size", ngram)):  # fmt: skip
+        for name, value in (
+            ("gamma", g),
+            ("relaxed_w", w),
+            ("max_new_tokens", n),
+            ("seed", s),
+            ("detail", d),
+            ("gamma_policy", policy),
+            ("confidence", c),
+            ("prompt_lookup_num_tokens", lookup_k),
+            ("max_matching_ngram_size", ngram),
+        ):
             object.__setattr__(self, name, value)
 
     @property

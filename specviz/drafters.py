@@ -265,8 +265,16 @@ class _Growth:
         if all(par == i - 1 for i, par in enumerate(self.parents)):  # it never branched: an ordinary chain
             stop = STOP_GAMMA if N == self.budget or self.depth[-1] == self.depth_max else STOP_TREE
             return Proposal(t, q if ctx.need_q else None, (name,) * N, self.budget, stop, said=tuple(self.said))
-        return Proposal(t, q, (name,) * N, self.budget, STOP_TREE, parents=tuple(self.parents),
-                        ranks=tuple(self.ranks), said=tuple(self.said))  # fmt: skip
+        return Proposal(
+            t,
+            q,
+            (name,) * N,
+            self.budget,
+            STOP_TREE,
+            parents=tuple(self.parents),
+            ranks=tuple(self.ranks),
+            said=tuple(self.said),
+        )
 
 
 def make_drafter(

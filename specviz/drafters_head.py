@@ -51,8 +51,9 @@ class HeadDrafter(Drafter):
         dev = self.head.embed.device
         pos = torch.arange(start + 1, start + 1 + len(tokens), device=dev)
         self.n_calls += 1
-        return self.head(torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos,
-                         self.cache)[0]  # fmt: skip
+        return self.head(
+            torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos, self.cache
+        )[0]
 
     def _logits(self, f: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
         """(H,) predicted feature -> (V,) logits in the target's vocabulary (-inf outside the head's rows)."""

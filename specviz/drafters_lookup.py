@@ -32,8 +32,11 @@ class LookupDrafter(Drafter):
 
     name = "lookup"
 
-    def __init__(self, prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS,
-                 max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE):  # fmt: skip
+    def __init__(
+        self,
+        prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS,
+        max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE,
+    ):
         if prompt_lookup_num_tokens < 1 or max_matching_ngram_size < 1:
             raise SpecvizError("prompt_lookup_num_tokens and max_matching_ngram_size must be at least 1.")
         self.num_tokens, self.max_ngram = prompt_lookup_num_tokens, max_matching_ngram_size
@@ -137,8 +140,16 @@ class LookupDrafter(Drafter):
                 u = at[(u, t)]
         t = torch.tensor(tokens, dtype=torch.long, device=ctx.device)
         q = torch.nn.functional.one_hot(t, ctx.V).float()  # (N, V) point masses
-        return Proposal(t, q, (self.name,) * len(tokens), k, STOP_TREE, estimate=self.key(n), parents=tuple(parents),
-                        ranks=tuple(ranks))  # fmt: skip
+        return Proposal(
+            t,
+            q,
+            (self.name,) * len(tokens),
+            k,
+            STOP_TREE,
+            estimate=self.key(n),
+            parents=tuple(parents),
+            ranks=tuple(ranks),
+        )
 
 
 class LookupModelDrafter(Drafter):

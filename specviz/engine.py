@@ -95,8 +95,14 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     p_run = open_run(target, target.vocab_size)
     prompt = torch.tensor(prompt_ids, device=dev)
     p_run.prefill(prompt)
-    start = Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature,
-                  prefill_s=clock.lap(), verify=_served_note(target, s, plain=True))  # fmt: skip
+    start = Start(
+        mode="ar",
+        prompt_ids=tuple(prompt_ids),
+        gamma=0,
+        temperature=s.temperature,
+        prefill_s=clock.lap(),
+        verify=_served_note(target, s, plain=True),
+    )
     tally = Tally().add(start)
     yield start
     clock.resume()
@@ -132,8 +138,9 @@ def make_run(
     V = target.vocab_size
     if isinstance(target, ServedTarget):
         _check_served(cfg)
-    lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
-                  max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
+    lookup = dict(
+        prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size
+    )
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"

@@ -102,8 +102,9 @@ class DraftHead(nn.Module):
             self._rows = self.out[self.target_ids]
         return self._rows
 
-    def forward(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
-                cache: HeadCache | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor, cache: HeadCache | None = None
+    ) -> torch.Tensor:
         """tokens (B, L) target ids x_{t+1}, feats (B, L, H) f_t, positions (L,) of x_{t+1} -> f^_{t+1} (B, L, H).
 
         With a cache (B = 1) the pairs attend to every cached pair and causally among themselves."""
@@ -140,8 +141,15 @@ class DraftHead(nn.Module):
         H = c.hidden_size
         heads = c.num_attention_heads
         theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", 10000.0)
-        cfg = {"hidden": H, "heads": heads, "kv_heads": c.num_key_value_heads, "intermediate": c.intermediate_size,
-               "eps": c.rms_norm_eps, "rope_theta": float(theta), "target_ids": list(map(int, target_ids))}  # fmt: skip
+        cfg = {
+            "hidden": H,
+            "heads": heads,
+            "kv_heads": c.num_key_value_heads,
+            "intermediate": c.intermediate_size,
+            "eps": c.rms_norm_eps,
+            "rope_theta": float(theta),
+            "target_ids": list(map(int, target_ids)),
+        }
         head = cls(
             cfg,
             target_model.get_input_embeddings().weight.detach(),
@@ -152,10 +160,15 @@ class DraftHead(nn.Module):
             head.fc.weight.zero_()
             head.fc.weight[:, H:] = torch.eye(H)
             head.fc.bias.zero_()
-            for mine, theirs in ((head.q, last.self_attn.q_proj), (head.k, last.self_attn.k_proj),
-                                 (head.v, last.self_attn.v_proj), (head.o, last.self_attn.o_proj),
-                                 (head.gate, last.mlp.gate_proj), (head.up, last.mlp.up_proj),
-                                 (head.down, last.mlp.down_proj)):  # fmt: skip
+            for mine, theirs in (
+                (head.q, last.self_attn.q_proj),
+                (head.k, last.self_attn.k_proj),
+                (head.v, last.self_attn.v_proj),
+                (head.o, last.self_attn.o_proj),
+                (head.gate, last.mlp.gate_proj),
+                (head.up, last.mlp.up_proj),
+                (head.down, last.mlp.down_proj),
+            ):
                 mine.weight.copy_(theirs.weight)
             head.norm_in.copy_(last.input_layernorm.weight)
             head.norm_mid.copy_(last.post_attention_layernorm.weight)
@@ -167,8 +180,10 @@ class DraftHead(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()},
-                  str(folder / HEAD_WEIGHTS))  # fmt: skip
+        save_file(
+            {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()},
+            str(folder / HEAD_WEIGHTS),
+        )
         (folder / HEAD_CONFIG).write_text(json.dumps(self.cfg))
 
 

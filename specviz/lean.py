@@ -255,7 +255,10 @@ class LeanLlama:
                 new.scales[q.data_ptr()] = scale.contiguous()
                 return q
 
-            new.layers = [(a, quantize(qkv), quantize(o), b, quantize(gu), quantize(down)) for (a, qkv, o, b, gu, down) in self.layers]  # fmt: skip
+            new.layers = [
+                (a, quantize(qkv), quantize(o), b, quantize(gu), quantize(down))
+                for (a, qkv, o, b, gu, down) in self.layers
+            ]
             new.head = quantize(self.head)
             new._pointers()
             new.engine = f"{self.engine}, int8 weights"
@@ -335,11 +338,28 @@ class LeanLlama:
         cos, sin = self.cos[pos], self.sin[pos]  # (L, d) each
         m = mask.float().contiguous() if mask is not None else None
         failed = self.lib.llama_layers(
-            self.weight_ptrs, self.scale_ptrs, self.norm_ptrs, len(self.layers), self.wtype,
-            self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps,
-            x.data_ptr(), x.shape[0], cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base,
-            cos.data_ptr(), sin.data_ptr(), m.data_ptr() if m is not None else None, torch.get_num_threads(),
-        )  # fmt: skip
+            self.weight_ptrs,
+            self.scale_ptrs,
+            self.norm_ptrs,
+            len(self.layers),
+            self.wtype,
+            self.H,
+            self.heads,
+            self.kv_heads,
+            self.d,
+            self.inter,
+            self.eps,
+            x.data_ptr(),
+            x.shape[0],
+            cache.k.data_ptr(),
+            cache.v.data_ptr(),
+            cache.k.shape[2],
+            base,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            m.data_ptr() if m is not None else None,
+            torch.get_num_threads(),
+        )
         if failed:
             raise RuntimeError("llama_layers refused its arguments")  # unreachable: forward checks them
 

@@ -81,8 +81,20 @@ def _numbers(events: list) -> dict:
     from .metrics import acceptance_by_position, rounds_frame
 
     t = Tally.of(events)
-    out = {k: getattr(t, k) for k in ("new_tokens", "tokens_per_s", "drafted", "accepted", "acceptance_rate",
-                                      "alpha", "target_calls", "verify_s", "tokens_per_call")}  # fmt: skip
+    out = {
+        k: getattr(t, k)
+        for k in (
+            "new_tokens",
+            "tokens_per_s",
+            "drafted",
+            "accepted",
+            "acceptance_rate",
+            "alpha",
+            "target_calls",
+            "verify_s",
+            "tokens_per_call",
+        )
+    }
     out["per_position"] = [float(v) for v in acceptance_by_position(rounds_frame(events))]
     return out
 

@@ -61,15 +61,46 @@ def rounds_frame(events: Iterable) -> pd.DataFrame:
         last[side] = ev.elapsed_s
         if isinstance(ev, Round):
             rows.append(
-                (name, ev.index, len(ev.tokens), ev.n, len(ev.drafted), ev.kind, ev.draft_s, ev.verify_s,
-                 max(row_s - ev.draft_s - ev.verify_s, 0.0), row_s, ev.elapsed_s, ev.tokens, ev.planned, ev.stop,
-                 ev.sources[0] if ev.sources else "", ev.proposed)
-            )  # fmt: skip
+                (
+                    name,
+                    ev.index,
+                    len(ev.tokens),
+                    ev.n,
+                    len(ev.drafted),
+                    ev.kind,
+                    ev.draft_s,
+                    ev.verify_s,
+                    max(row_s - ev.draft_s - ev.verify_s, 0.0),
+                    row_s,
+                    ev.elapsed_s,
+                    ev.tokens,
+                    ev.planned,
+                    ev.stop,
+                    ev.sources[0] if ev.sources else "",
+                    ev.proposed,
+                )
+            )
         else:
             rows.append(
-                (name, ev.index, 1, 0, 0, "step", 0.0, ev.forward_s, max(row_s - ev.forward_s, 0.0), row_s,
-                 ev.elapsed_s, (ev.token,), 0, "", "", 0)
-            )  # fmt: skip
+                (
+                    name,
+                    ev.index,
+                    1,
+                    0,
+                    0,
+                    "step",
+                    0.0,
+                    ev.forward_s,
+                    max(row_s - ev.forward_s, 0.0),
+                    row_s,
+                    ev.elapsed_s,
+                    (ev.token,),
+                    0,
+                    "",
+                    "",
+                    0,
+                )
+            )
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

@@ -24,12 +24,7 @@ from .pairs_measure import CHECK_GAMMA, acceptance_by_kind, measure_trees
 from .pairs_report import PairReport
 from .pairs_verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
 from .served import ServedTarget, engine_step_s, is_url, load_served_pair
-from .theory import (  # noqa: F401  (expected_speedup: re-exported)
-    expected_speedup,
-    expected_speedup_measured,
-    expected_tokens,
-    speedup_table,
-)
+from .theory import expected_speedup, expected_speedup_measured, expected_tokens, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 from .translate import compare_tokenizers, needs_translation
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
@@ -152,8 +147,12 @@ def check_pair(
         e_step = engine_step_s(p, first)
         e_speedups = speedup_table(acc.a, q_s / e_step, MEASURED_GAMMAS)
         e_best = max(range(len(e_speedups)), key=e_speedups.__getitem__)
-        served = dict(served=p.url, engine_step_s=e_step, engine_speedup=e_speedups[e_best],
-                      engine_best_gamma=MEASURED_GAMMAS[e_best])  # fmt: skip
+        served = dict(
+            served=p.url,
+            engine_step_s=e_step,
+            engine_speedup=e_speedups[e_best],
+            engine_best_gamma=MEASURED_GAMMAS[e_best],
+        )
     return PairReport(
         **served,
         verdict=verdict,

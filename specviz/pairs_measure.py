@@ -54,8 +54,23 @@ class Acceptance:
     @classmethod
     def of(cls, t: Tally, block_sizes: tuple[int, ...], translate_s: float, by_kind=()) -> Acceptance:
         low, high = wilson_interval(t.accepted, t.judged)
-        return cls(t.alpha, t.accepted, t.judged, t.drafted, t.rounds, t.new_tokens, low, high, tuple(by_kind),
-                   t.draft_s, t.decode_s, tuple(block_sizes), translate_s, t.draft_calls, t)  # fmt: skip
+        return cls(
+            t.alpha,
+            t.accepted,
+            t.judged,
+            t.drafted,
+            t.rounds,
+            t.new_tokens,
+            low,
+            high,
+            tuple(by_kind),
+            t.draft_s,
+            t.decode_s,
+            tuple(block_sizes),
+            translate_s,
+            t.draft_calls,
+            t,
+        )
 
 
 def _within(events, deadline: float | None):
@@ -66,8 +81,14 @@ def _within(events, deadline: float | None):
         yield ev
 
 
-def _acceptance_runs(target: LoadedModel, draft: LoadedModel, prompt_ids: list[list[int]], max_new_tokens: int,
-                     deadline: float | None, drafter: str) -> tuple[Tally, list[int], float]:  # fmt: skip
+def _acceptance_runs(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    deadline: float | None,
+    drafter: str,
+) -> tuple[Tally, list[int], float]:
     """Greedy speculative decoding of each prompt at CHECK_GAMMA: (their Tally, rounds by block size, seconds spent
     re-tokenising)."""
     from .drafters import make_drafter
@@ -81,8 +102,10 @@ def _acceptance_runs(target: LoadedModel, draft: LoadedModel, prompt_ids: list[l
     for ids in prompt_ids:
         made = None
         if translated:  # built here, so its re-tokenising time can be read after the run
-            lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
-                          max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
+            lookup = dict(
+                prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
+                max_matching_ngram_size=cfg.max_matching_ngram_size,
+            )
             made = make_drafter(drafter, draft, target.vocab_size, target=target, **lookup)
         for ev in _within(speculative_decode(target, draft, ids, cfg, drafter=made), deadline):
             t.add(ev)
@@ -149,9 +172,16 @@ class TreeTrial:
     speedup: float  # expected over plain decoding (theory.speedup_per_round)
 
 
-def measure_trees(target: LoadedModel, draft: LoadedModel, prompt_ids: list[list[int]], max_new_tokens: int,
-                  times: list[float], plain: float, deadline: float | None = None,
-                  drafter: str = "model") -> tuple[TreeTrial, ...]:  # fmt: skip
+def measure_trees(
+    target: LoadedModel,
+    draft: LoadedModel,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    times: list[float],
+    plain: float,
+    deadline: float | None = None,
+    drafter: str = "model",
+) -> tuple[TreeTrial, ...]:
     """One TreeTrial per TREE_BUDGETS entry (depth at most AUTO_GAMMA_MAX); times[k]: a target call over k + 1
     tokens (forward_times), plain: one plain decoding step, in target steps."""
     from .engine import speculative_decode

@@ -94,8 +94,11 @@ class PairReport:
     def report(self) -> str:
         """A readable summary for the terminal."""
         t = self.tokenizer
-        size = (f"{_params(self.target_params)} parameters, {self.target_precision}, {_bytes(self.target_memory_bytes)}" if not self.served
-                else "served (its size is the server's business)")  # fmt: skip
+        size = (
+            f"{_params(self.target_params)} parameters, {self.target_precision}, {_bytes(self.target_memory_bytes)}"
+            if not self.served
+            else "served (its size is the server's business)"
+        )
         ratio = f"{self.param_ratio:.3g}x the target's parameters" if not self.served else "a draft running here"
         lines = [
             f"target      {self.target}: {size}, output layer {self.target_vocab_rows:,} rows",

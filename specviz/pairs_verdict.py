@@ -60,8 +60,12 @@ def translation_findings(p: LoadedModel, q: LoadedModel, t: TokenizerCheck) -> t
     shared = tr.shared(q.vocab_size)
     gap = tr.gap(p.name, q.name, shared)
     m = sampling_method(shared)
-    extra = dict(translation=f"text: {METHODS['text']}", sampling_translation=f"{m}: {METHODS[m]}",
-                 coverage=shared.coverage, draft_share=shared.draft_share)  # fmt: skip
+    extra = dict(
+        translation=f"text: {METHODS['text']}",
+        sampling_translation=f"{m}: {METHODS[m]}",
+        coverage=shared.coverage,
+        draft_share=shared.draft_share,
+    )
     warn = [
         f"The tokenizers differ ({t.mismatches:,} of {t.compared:,} token ids mean other tokens), so the draft's "
         f"guesses are translated through text: it has {shared.coverage:.0%} of the target's vocabulary by string "

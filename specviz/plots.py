@@ -97,14 +97,33 @@ def gamma_timeline_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
         if not len(f):
             continue
         for stop, part in f.groupby("stop"):
-            fig.add_trace(go.Bar(x=part["round"], y=part["gamma"], name=f"{label}: stopped by {stop or 'gamma'}",
-                                 marker_color=STOP_COLORS.get(stop, GREY), opacity=1.0 if lane == 0 else 0.55,
-                                 legendgroup=label))  # fmt: skip
-        fig.add_trace(go.Scatter(x=f["round"], y=f["planned"], mode="markers", name=f"{label}: most allowed",
-                                 marker={"symbol": "line-ew-open", "size": 12, "color": "#333"}, legendgroup=label))  # fmt: skip
+            fig.add_trace(
+                go.Bar(
+                    x=part["round"],
+                    y=part["gamma"],
+                    name=f"{label}: stopped by {stop or 'gamma'}",
+                    marker_color=STOP_COLORS.get(stop, GREY),
+                    opacity=1.0 if lane == 0 else 0.55,
+                    legendgroup=label,
+                )
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=f["round"],
+                y=f["planned"],
+                mode="markers",
+                name=f"{label}: most allowed",
+                marker={"symbol": "line-ew-open", "size": 12, "color": "#333"},
+                legendgroup=label,
+            )
+        )
     fig = _layout(fig, "Gamma per round: guesses proposed, and why a round stopped", "round", "guesses")
-    fig.update_layout(barmode="group", legend={"orientation": "h", "yanchor": "top", "y": -0.25, "xanchor": "left",
-                      "x": 0}, margin={"b": 90}, height=HEIGHT + 60)  # fmt: skip
+    fig.update_layout(
+        barmode="group",
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "xanchor": "left", "x": 0},
+        margin={"b": 90},
+        height=HEIGHT + 60,
+    )
     fig.update_yaxes(rangemode="tozero", dtick=1)
     return fig
 
@@ -125,12 +144,17 @@ def position_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
         by_pos = theory.expected_tokens_by_position(list(alphas)[:mean_k])
         textbook = theory.expected_tokens(a, mean_k)
         measured = float(f["tokens"].sum() / len(f))
-        name = (f"{label}: {measured:.2f} tokens/call measured; per-position α predicts {by_pos:.2f}, "
-                f"one α = {a:.2f} predicts {textbook:.2f} (γ≈{mean_k})")  # fmt: skip
+        name = (
+            f"{label}: {measured:.2f} tokens/call measured; per-position α predicts {by_pos:.2f}, "
+            f"one α = {a:.2f} predicts {textbook:.2f} (γ≈{mean_k})"
+        )
         fig.add_trace(go.Bar(x=list(alphas.index), y=list(alphas.values), name=name, marker_color=color))
     fig = _layout(fig, "Acceptance at each draft position (of the rounds that got there)", "position k", "α_k")
-    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.25, "xanchor": "left", "x": 0},
-                      margin={"b": 90}, height=HEIGHT + 60)  # fmt: skip
+    fig.update_layout(
+        legend={"orientation": "h", "yanchor": "top", "y": -0.25, "xanchor": "left", "x": 0},
+        margin={"b": 90},
+        height=HEIGHT + 60,
+    )
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%")
     fig.update_xaxes(dtick=1)
     return fig
@@ -161,13 +185,23 @@ def tree_figure(table: pd.DataFrame) -> go.Figure:
         part = table[table["rank"] == j] if len(table) else table
         if not len(part):
             continue
-        fig.add_trace(go.Bar(x=part["depth"], y=part["share"], name=f"draft's {name} choice", marker_color=color,
-                             marker_pattern_shape=hatch, text=[f"{k}/{n}" for k, n in zip(part["kept"], part["tested"])],
-                             textposition="outside", customdata=part[["kept", "tested"]].to_numpy(),
-                             hovertemplate=f"depth %{{x}}, the draft's {name} choice: kept %{{customdata[0]}} of "
-                             "%{customdata[1]} tested (%{y:.0%})<extra></extra>"))  # fmt: skip
-    fig = _layout(fig, "Token trees: guesses kept, by depth and by the draft's choice", "depth in the tree",
-                  "kept / tested")  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=part["depth"],
+                y=part["share"],
+                name=f"draft's {name} choice",
+                marker_color=color,
+                marker_pattern_shape=hatch,
+                text=[f"{k}/{n}" for k, n in zip(part["kept"], part["tested"])],
+                textposition="outside",
+                customdata=part[["kept", "tested"]].to_numpy(),
+                hovertemplate=f"depth %{{x}}, the draft's {name} choice: kept %{{customdata[0]}} of "
+                "%{customdata[1]} tested (%{y:.0%})<extra></extra>",
+            )
+        )
+    fig = _layout(
+        fig, "Token trees: guesses kept, by depth and by the draft's choice", "depth in the tree", "kept / tested"
+    )
     fig.update_layout(barmode="group")
     fig.update_yaxes(range=[0, 1.15], tickformat=".0%")
     fig.update_xaxes(dtick=1)

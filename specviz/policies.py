@@ -115,8 +115,14 @@ class Auto(GammaPolicy):
             a[j] += j < n
 
 
-def make_policy(name: str, gamma: int, threshold: float, verify_s: Sequence[float] = (), draft_step_s: float = 0.0,
-                paid: str = "model"):  # fmt: skip
+def make_policy(
+    name: str,
+    gamma: int,
+    threshold: float,
+    verify_s: Sequence[float] = (),
+    draft_step_s: float = 0.0,
+    paid: str = "model",
+):
     if name == "heuristic":
         return Heuristic(gamma)
     if name == "confidence":
@@ -208,8 +214,14 @@ class TreePolicy:
             self.calls[k] += calls[min(k, len(calls) - 1)]
         self.weight = self.weight * AUTO_DECAY + 1.0
 
-    def update(self, said: Sequence[float], ranks: Sequence[int], parents: Sequence[int], path: Sequence[int],
-               kept: Sequence[bool]) -> None:  # fmt: skip
+    def update(
+        self,
+        said: Sequence[float],
+        ranks: Sequence[int],
+        parents: Sequence[int],
+        path: Sequence[int],
+        kept: Sequence[bool],
+    ) -> None:
         """A verified tree: the draft's probability `said` for each node and whether the target kept it. Only the
         children of nodes the walk reached count (the others were never in play). A tree without the draft's
         probabilities (prompt lookup's) teaches nothing here."""

@@ -60,8 +60,9 @@ STATES = {  # what a screen reader says before a speculative token's text (its a
 }
 
 
-def _span(cls: str, body: str, title: str, special: bool = False, text: str = "", source: str = "",
-          branch: int = 0) -> str:  # fmt: skip
+def _span(
+    cls: str, body: str, title: str, special: bool = False, text: str = "", source: str = "", branch: int = 0
+) -> str:
     extra = (" tok-special" if special else "") + (f" src-{source}" if source == "lookup" else "")
     extra += " tok-branch" if branch else ""
     name = ""
@@ -124,13 +125,15 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
                 pieces.text(token),
                 _source(rnd, i),
                 rank,
-            )  # fmt: skip
+            )
         )
     if emitted == n + 1:  # the target's own token was emitted (not cut off by EOS or the budget)
         token = rnd.tokens[n]
         if rnd.kind == "plain":
-            why = {"no match": "prompt lookup found no earlier occurrence of the last words",
-                   "confidence": "the draft was not confident enough to guess"}.get(rnd.stop, "nothing was proposed")  # fmt: skip
+            why = {
+                "no match": "prompt lookup found no earlier occurrence of the last words",
+                "confidence": "the draft was not confident enough to guess",
+            }.get(rnd.stop, "nothing was proposed")
             title = f"round {rnd.index + 1}: {pieces.text(token)}\nno guess this round ({why}): one plain target step"
             parts.append(_span("tok-plain", pieces.html(token), title, pieces.is_special(token), pieces.text(token)))
         elif n < len(rnd.drafted):
@@ -148,7 +151,7 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
                     False,
                     pieces.text(rejected),
                     _source(rnd, n),
-                )  # fmt: skip
+                )
             )
             how = (
                 "greedy: the target's top token here"

@@ -70,11 +70,21 @@ class RunRequest:
         if not isinstance(self.raw, bool) or not isinstance(self.allow_lossy, bool):
             raise SpecvizError("raw and allow_lossy must be True or False.")
         sampling = SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
-        cfg = SpecConfig(gamma=self.gamma, max_new_tokens=self.max_new_tokens, seed=self.seed, sampling=sampling,
-                         detail=self.detail, drafter=self.drafter, head=self.head, gamma_policy=self.gamma_policy,
-                         confidence=self.confidence, prompt_lookup_num_tokens=self.prompt_lookup_num_tokens,
-                         max_matching_ngram_size=self.max_matching_ngram_size, relaxed_w=self.relaxed_w,
-                         tree=self.tree)  # fmt: skip
+        cfg = SpecConfig(
+            gamma=self.gamma,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            sampling=sampling,
+            detail=self.detail,
+            drafter=self.drafter,
+            head=self.head,
+            gamma_policy=self.gamma_policy,
+            confidence=self.confidence,
+            prompt_lookup_num_tokens=self.prompt_lookup_num_tokens,
+            max_matching_ngram_size=self.max_matching_ngram_size,
+            relaxed_w=self.relaxed_w,
+            tree=self.tree,
+        )
         if cfg.relaxed_w < 1.0 and not self.allow_lossy:
             raise SpecvizError(
                 "relaxed_w below 1 makes the output stop following the target (not exact); "

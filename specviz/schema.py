@@ -200,8 +200,15 @@ _JSON_TYPES = {
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
 }
-_WORDS = {"object": "an object", "array": "a list", "string": "text", "integer": "a whole number",
-          "number": "a number", "boolean": "true or false", "null": "null"}  # fmt: skip
+_WORDS = {
+    "object": "an object",
+    "array": "a list",
+    "string": "text",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
 def _where(path: list) -> str:

@@ -48,10 +48,17 @@ def bytelevel_tokenizer(lines: list[str], vocab: int) -> PreTrainedTokenizerFast
     t.decoder = decoders.ByteLevel()
     special = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=vocab, special_tokens=special,
-                                                     initial_alphabet=alphabet, show_progress=False))  # fmt: skip
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                  additional_special_tokens=["<|user|>", "<|assistant|>"])  # fmt: skip
+    t.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(vocab_size=vocab, special_tokens=special, initial_alphabet=alphabet, show_progress=False),
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=t,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
     tok.chat_template = TEMPLATE_P
     return tok
 
@@ -61,8 +68,15 @@ def metaspace_tokenizer(lines: list[str], vocab: int) -> PreTrainedTokenizerFast
     t = Tokenizer(models.BPE(unk_token="<unk>"))
     t.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")  # no ▁ after a special token
     chars = sorted(set("".join(lines)) | set("abcdefghijklmnopqrstuvwxyz0123456789 .,!?'\n:()"))
-    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<|im_start|>",
-                          "<|im_end|>"], initial_alphabet=chars, show_progress=False))  # fmt: skip
+    t.train_from_iterator(
+        lines,
+        trainers.BpeTrainer(
+            vocab_size=vocab,
+            special_tokens=["<unk>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=chars,
+            show_progress=False,
+        ),
+    )
     spec = json.loads(t.to_str())  # every byte as an ordinary token, for the text no merge covers
     for b in range(256):
         spec["model"]["vocab"].setdefault(f"<0x{b:02X}>", len(spec["model"]["vocab"]))
@@ -71,8 +85,9 @@ def metaspace_tokenizer(lines: list[str], vocab: int) -> PreTrainedTokenizerFast
     t.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )
-    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>", eos_token="<|im_end|>",
-                                  additional_special_tokens=["<|im_start|>"])  # fmt: skip
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=t, unk_token="<unk>", eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>"]
+    )
     tok.chat_template = TEMPLATE_Q
     return tok
 
@@ -91,9 +106,18 @@ def train_lm(tok, texts: list[str], seed: int, steps: int = 150, hidden: int = 6
     """A 2-layer Llama trained `steps` steps of next-token prediction on `texts` (a few seconds on a CPU)."""
     torch.manual_seed(seed)
     eos = tok.eos_token_id
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=tok.bos_token_id, eos_token_id=eos, tie_word_embeddings=False)  # fmt: skip
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     ids = [i for text in texts for i in tok(text, add_special_tokens=False)["input_ids"] + [eos]]
     data = torch.tensor(ids)

@@ -156,8 +156,13 @@ class ProtocolServer:
                 if self._faulty():
                     return
                 if self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [
-                        {"id": server.model_dir, "root": server.model_dir, "max_model_len": 512}]})  # fmt: skip
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": server.model_dir, "root": server.model_dir, "max_model_len": 512}],
+                        },
+                    )
                 elif self.path == "/metrics":
                     self._send(200, server.metrics.encode(), ctype="text/plain")
                 else:

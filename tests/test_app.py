@@ -169,9 +169,12 @@ def test_three_lanes_race_on_one_clock_with_lookup_marks(client):
 
 @pytest.mark.parametrize(
     "extra, expected",
-    [(("magic", "constant"), "drafter must be one of"), (("model", "sometimes"), "gamma policy must be one of"),
-     (("model", "constant", "psychic", "auto"), "the third lane&#x27;s drafter must be one of")],
-)  # fmt: skip
+    [
+        (("magic", "constant"), "drafter must be one of"),
+        (("model", "sometimes"), "gamma policy must be one of"),
+        (("model", "constant", "psychic", "auto"), "the third lane&#x27;s drafter must be one of"),
+    ],
+)
 def test_bad_drafter_or_policy_is_one_sentence(client, extra, expected):
     _, final = _race(client, "hello", 3, 0.0, 0, 1.0, 8, 0, *extra)
     assert "sv-error" in final[MESSAGE] and expected in final[MESSAGE]

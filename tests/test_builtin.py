@@ -10,8 +10,32 @@ pytestmark = pytest.mark.real
 # SmolLM2-135M-Instruct's own greedy reply, recorded in ../shared/data/smollm2-teacher (first 24 tokens):
 # the converted target must reproduce it token for token.
 TEACHER_PROMPT = "Explain inflation to a 10-year-old."
-TEACHER_IDS = [4792, 346, 457, 253, 10976, 1076, 338, 506, 4048, 253, 2341, 282, 2478, 30, 3569, 28, 4219, 338, 1076,
-               314, 4048, 253, 2341, 282]  # fmt: skip
+TEACHER_IDS = [
+    4792,
+    346,
+    457,
+    253,
+    10976,
+    1076,
+    338,
+    506,
+    4048,
+    253,
+    2341,
+    282,
+    2478,
+    30,
+    3569,
+    28,
+    4219,
+    338,
+    1076,
+    314,
+    4048,
+    253,
+    2341,
+    282,
+]
 
 
 @pytest.fixture(scope="module")

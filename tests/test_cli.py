@@ -83,8 +83,20 @@ def test_missing_folder_in_a_real_process_has_no_traceback(tmp_path):
 
 
 def test_generate_with_a_token_tree(tiny_pair, capsys):
-    code, out, _ = run(capsys, "generate", "hello world", *models(tiny_pair), "--tree", "6", "--drafter", "model",
-                       "--max-new-tokens", "16", "--compare", "--json")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "generate",
+        "hello world",
+        *models(tiny_pair),
+        "--tree",
+        "6",
+        "--drafter",
+        "model",
+        "--max-new-tokens",
+        "16",
+        "--compare",
+        "--json",
+    )
     d = json.loads(out)
     assert code == 0 and d["spec"]["text"] == d["ar"]["text"]  # greedy: the tree keeps the output
     assert d["spec"]["stats"]["tree_rounds"] > 0

@@ -18,9 +18,19 @@ from specviz.training import build_prompts, teacher_io
 ROOT = Path(__file__).resolve().parent.parent
 
 KINDS = {
-    "question", "howto", "advice", "creative", "list", "comparison", "reasoning", "code_write", "code_edit",
-    "summarise", "rewrite", "answer_from_text",
-}  # fmt: skip
+    "question",
+    "howto",
+    "advice",
+    "creative",
+    "list",
+    "comparison",
+    "reasoning",
+    "code_write",
+    "code_edit",
+    "summarise",
+    "rewrite",
+    "answer_from_text",
+}
 
 
 @pytest.fixture(scope="module")

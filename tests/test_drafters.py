@@ -131,8 +131,9 @@ def test_greedy_output_equals_plain_greedy_for_every_drafter_and_policy(loaded_p
     for prompt in PROMPTS:
         ar = generate(prompt, target=p, mode="ar", max_new_tokens=40)
         extra = {"confidence": 0.1} if policy == "confidence" else {}  # the tiny draft is rarely surer than 0.4
-        sp = generate(prompt, target=p, draft=q, drafter=drafter, gamma_policy=policy, gamma=gamma, max_new_tokens=40,
-                      **extra)  # fmt: skip
+        sp = generate(
+            prompt, target=p, draft=q, drafter=drafter, gamma_policy=policy, gamma=gamma, max_new_tokens=40, **extra
+        )
         assert sp.token_ids == ar.token_ids, (prompt, drafter, policy, gamma)
         rejected += sp.stats["resampled"]
         drafted += sp.stats["drafted"]

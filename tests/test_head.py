@@ -17,8 +17,20 @@ from specviz.engine import speculative_decode
 from specviz.head import DraftHead, head_for, load_head
 from specviz.training import label_teacher, train_head
 
-TRAIN_PROMPTS = ["hello world", "tell me a story", "abc abc", "what is 1 + 2?", "name a colour", "x = (1, 2)",
-                 "the cat sat", "why?", "count to five", "say hi", "write code", "a poem please"]  # fmt: skip
+TRAIN_PROMPTS = [
+    "hello world",
+    "tell me a story",
+    "abc abc",
+    "what is 1 + 2?",
+    "name a colour",
+    "x = (1, 2)",
+    "the cat sat",
+    "why?",
+    "count to five",
+    "say hi",
+    "write code",
+    "a poem please",
+]
 TRAIN_ARGS: list[str] = []  # the fixture's train_head.py arguments (less --steps), for the resume test
 
 
@@ -35,14 +47,51 @@ def trained_head(tiny_pair, loaded_pair, tmp_path_factory) -> Path:
     with gzip.open(root / "teacher.jsonl.gz", "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     target_dir = tiny_pair[0]
-    label_teacher.main(["--data", str(root / "teacher.jsonl.gz"), "--out", str(root / "lab"), "--target", target_dir,
-                        "--features", "--threads", "1", "--topk", "4"])  # fmt: skip
+    label_teacher.main(
+        [
+            "--data",
+            str(root / "teacher.jsonl.gz"),
+            "--out",
+            str(root / "lab"),
+            "--target",
+            target_dir,
+            "--features",
+            "--threads",
+            "1",
+            "--topk",
+            "4",
+        ]
+    )
     vocab = root / "vocab.json"
     vocab.write_text(json.dumps({"target_ids": list(range(p.vocab_size))}))
-    args = ["--features", str(root / "lab" / "features"), "--data", str(root / "teacher.jsonl.gz"), "--vocab",
-            str(vocab), "--out", str(root / "run"), "--target", target_dir, "--heldout", "", "--heldout-dir", "",
-            "--minutes", "0", "--lr", "3e-3", "--warmup-steps", "5", "--batch-size", "4", "--val-frac", "0.2",
-            "--threads", "1"]  # fmt: skip
+    args = [
+        "--features",
+        str(root / "lab" / "features"),
+        "--data",
+        str(root / "teacher.jsonl.gz"),
+        "--vocab",
+        str(vocab),
+        "--out",
+        str(root / "run"),
+        "--target",
+        target_dir,
+        "--heldout",
+        "",
+        "--heldout-dir",
+        "",
+        "--minutes",
+        "0",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "5",
+        "--batch-size",
+        "4",
+        "--val-frac",
+        "0.2",
+        "--threads",
+        "1",
+    ]
     train_head.main(args + ["--steps", "150"])
     TRAIN_ARGS[:] = args
     return root / "run" / "final"
@@ -58,16 +107,33 @@ def test_training_learns_and_resumes(trained_head):
     assert [r["step"] for r in log if "loss" in r].count(1) == 1 and log[-1]["step"] == 155
 
 
-@pytest.mark.parametrize("drafter, policy", [("head", "constant"), ("head", "auto"), ("lookup+head", "constant"),
-                                             ("lookup+head", "auto"), ("head", "confidence")])  # fmt: skip
+@pytest.mark.parametrize(
+    "drafter, policy",
+    [
+        ("head", "constant"),
+        ("head", "auto"),
+        ("lookup+head", "constant"),
+        ("lookup+head", "auto"),
+        ("head", "confidence"),
+    ],
+)
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_output_equals_plain_greedy(loaded_pair, trained_head, drafter, policy, gamma):
     p, _ = loaded_pair
     drafted = accepted = rejected = 0
     for prompt in PROMPTS:
         ar = generate(prompt, target=p, mode="ar", max_new_tokens=40)
-        sp = generate(prompt, target=p, draft=None, drafter=drafter, head=str(trained_head), gamma=gamma,
-                      gamma_policy=policy, confidence=0.1, max_new_tokens=40)  # fmt: skip
+        sp = generate(
+            prompt,
+            target=p,
+            draft=None,
+            drafter=drafter,
+            head=str(trained_head),
+            gamma=gamma,
+            gamma_policy=policy,
+            confidence=0.1,
+            max_new_tokens=40,
+        )
         assert sp.token_ids == ar.token_ids, (prompt, drafter, policy, gamma)
         drafted, accepted, rejected = (
             drafted + sp.stats["drafted"],
@@ -181,9 +247,28 @@ def test_eval_draft_measures_a_head(tiny_pair, trained_head, tmp_path):
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(TRAIN_PROMPTS[:3] + ["an unseen prompt"]) + "\n")
-    res = eval_draft.main(["--target", tiny_pair[0], "--head", str(trained_head), "--prompts", str(prompts),
-                           "--cache", str(tmp_path / "cache.json"), "--max-new-tokens", "24", "--timing-steps", "3",
-                           "--decode-gamma", "3", "--decode-tokens", "24", "--threads", "1"])  # fmt: skip
+    res = eval_draft.main(
+        [
+            "--target",
+            tiny_pair[0],
+            "--head",
+            str(trained_head),
+            "--prompts",
+            str(prompts),
+            "--cache",
+            str(tmp_path / "cache.json"),
+            "--max-new-tokens",
+            "24",
+            "--timing-steps",
+            "3",
+            "--decode-gamma",
+            "3",
+            "--decode-tokens",
+            "24",
+            "--threads",
+            "1",
+        ]
+    )
     assert 0.2 < res["alpha"] <= 1.0 and res["tokens"] > 0 and res["c"] > 0
     d = res["decode"]
     assert 1 <= len(d["position_alphas"]) <= 3 and all(0 <= a <= 1 for a in d["position_alphas"])

@@ -56,8 +56,22 @@ def test_from_env_reads_every_variable(clean_env):
         clean_env.setenv(k, v)
     clean_env.setenv("SPECVIZ_TARGET_URLS", "http://10.0.0.5:8000/v1, http://gpu:8000")
     lim = Limits.from_env()
-    assert lim == Limits(32, 100, 6, 3, 20, 2, 10, 2, ("a/b", "c/d"), ("/srv/m1", "/srv/m2"), 60, 12, 256,
-                         ("http://10.0.0.5:8000/v1", "http://gpu:8000"))  # fmt: skip
+    assert lim == Limits(
+        32,
+        100,
+        6,
+        3,
+        20,
+        2,
+        10,
+        2,
+        ("a/b", "c/d"),
+        ("/srv/m1", "/srv/m2"),
+        60,
+        12,
+        256,
+        ("http://10.0.0.5:8000/v1", "http://gpu:8000"),
+    )
     assert lim.check_model("http://gpu:8000/v1/") == "http://gpu:8000/v1"
 
 
@@ -107,8 +121,7 @@ def test_without_allowlist_any_well_formed_hub_id_passes():
 
 
 @pytest.mark.parametrize(
-    "name",
-    ["a b", "<script>alert(1)</script>", "x\x00y", "x\ny", "\ud800", "\x1b[31m", "a" * 400, "a--b", "foo::bar"],
+    "name", ["a b", "<script>alert(1)</script>", "x\x00y", "x\ny", "\ud800", "\x1b[31m", "a" * 400, "a--b", "foo::bar"]
 )
 def test_malformed_names_are_refused_with_one_sentence(name):
     with pytest.raises(SpecvizError) as e:

@@ -158,8 +158,21 @@ def _requests(n: int) -> list[tuple]:
     out = []
     for i in range(n):
         j = i % 10
-        out.append((f"{words[j]} number {j}", 1 + j % 5, [0.0, 0.7, 1.0, 1.3][j % 4], [0, 5][j % 2], 1.0, 6, 100 + j,
-                    "model", "constant", "none", "auto"))  # fmt: skip
+        out.append(
+            (
+                f"{words[j]} number {j}",
+                1 + j % 5,
+                [0.0, 0.7, 1.0, 1.3][j % 4],
+                [0, 5][j % 2],
+                1.0,
+                6,
+                100 + j,
+                "model",
+                "constant",
+                "none",
+                "auto",
+            )
+        )
     return out
 
 

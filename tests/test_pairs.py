@@ -169,8 +169,10 @@ def test_identical_tokenizers_fast_draft_is_compatible_with_numbers(fast_pair):
     assert rep.target_params > 3 * rep.draft_params and 0 < rep.param_ratio < 1
     q_bytes = 2 if rep.dtype == "float32, draft float16" else 4  # float16 where this CPU runs it faster
     assert rep.dtype in ("float32", "float32, draft float16")
-    for n_params, mem, width in ((rep.target_params, rep.target_memory_bytes, 4),
-                                 (rep.draft_params, rep.draft_memory_bytes, q_bytes)):  # fmt: skip
+    for n_params, mem, width in (
+        (rep.target_params, rep.target_memory_bytes, 4),
+        (rep.draft_params, rep.draft_memory_bytes, q_bytes),
+    ):
         assert n_params * width <= mem < n_params * width + 4096  # the weights plus a few small buffers
     assert 0 < rep.c < 0.8, rep.report()
     assert rep.c == pytest.approx(rep.draft_step_s / rep.target_step_s)

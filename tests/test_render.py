@@ -131,12 +131,34 @@ def test_a_tree_round_marks_kept_tokens_from_a_branch_other_than_the_first_choic
 
     a, b, c, x = (tid(pieces, ch) for ch in "abcx")
     # root -> a (1st choice, turned down), b (2nd, kept); b -> c (1st, kept, a leaf): bonus x
-    tree = TreeRound(tokens=(a, b, c), parents=(-1, -1, 1), ranks=(0, 1, 0), sources=("model",) * 3,
-                     p=(0.1, 0.5, 0.6), q=(0.4, 0.3, 0.5), accept_prob=(0.25, 1.0, 1.0), r=(0.7, 0.2, 0.3),
-                     status=("rejected", "kept", "kept"), path=(1, 2))  # fmt: skip
-    rd = Round(index=0, drafted=(b, c), q=(0.3, 0.5), p=(0.5, 0.6), accept_prob=(1.0, 1.0), r=(0.2, 0.3), n=2,
-               correction=x, kind="bonus", tokens=(b, c, x), draft_s=0.01, verify_s=0.02, elapsed_s=0.03,
-               tree=tree)  # fmt: skip
+    tree = TreeRound(
+        tokens=(a, b, c),
+        parents=(-1, -1, 1),
+        ranks=(0, 1, 0),
+        sources=("model",) * 3,
+        p=(0.1, 0.5, 0.6),
+        q=(0.4, 0.3, 0.5),
+        accept_prob=(0.25, 1.0, 1.0),
+        r=(0.7, 0.2, 0.3),
+        status=("rejected", "kept", "kept"),
+        path=(1, 2),
+    )
+    rd = Round(
+        index=0,
+        drafted=(b, c),
+        q=(0.3, 0.5),
+        p=(0.5, 0.6),
+        accept_prob=(1.0, 1.0),
+        r=(0.2, 0.3),
+        n=2,
+        correction=x,
+        kind="bonus",
+        tokens=(b, c, x),
+        draft_s=0.01,
+        verify_s=0.02,
+        elapsed_s=0.03,
+        tree=tree,
+    )
     html = render.round_html(pieces, rd, greedy=False)
     assert count(html, "tok-accepted") == 2 and count(html, "tok-bonus") == 1
     branch = re.findall(r'class="tok tok-accepted tok-branch"[^>]*>([^<]+)<', html)

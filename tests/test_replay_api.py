@@ -53,7 +53,11 @@ def test_a_recorded_race_names_the_settings_that_ran(client):
     assert rec.settings == PAGE.replace(gamma=3, max_new_tokens=16).settings("the cat sat on the mat")
     s = rec.settings  # and what the engine says it ran agrees with the file, field by field
     assert (s["drafter"], s["gamma_policy"], s["gamma"], s["temperature"]) == (
-        start.drafter, start.gamma_policy, start.gamma, start.temperature)  # fmt: skip
+        start.drafter,
+        start.gamma_policy,
+        start.gamma,
+        start.temperature,
+    )
     assert (s["tree"], s["max_new_tokens"], s["seed"]) == ("off", 16, 0)
     assert len(rec.done("spec").token_ids) <= 16 and rec.done("spec").token_ids == rec.done("ar").token_ids
 
@@ -61,8 +65,15 @@ def test_a_recorded_race_names_the_settings_that_ran(client):
 def test_a_page_race_records_each_lane_as_it_ran(tiny_pair):
     ctx = UIContext(limits=Limits(max_new_tokens=32), device="cpu")
     ctx.default_target, ctx.default_draft = tiny_pair
-    values = dict(prompt="the cat sat", gamma=4, max_new_tokens=12, drafter="lookup", gamma_policy="heuristic",
-                  drafter2="model", policy2="constant")  # fmt: skip
+    values = dict(
+        prompt="the cat sat",
+        gamma=4,
+        max_new_tokens=12,
+        drafter="lookup",
+        gamma_policy="heuristic",
+        drafter2="model",
+        policy2="constant",
+    )
     stream = race_page(ctx, values)
     while True:
         try:

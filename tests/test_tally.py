@@ -46,8 +46,19 @@ def _chain(draw, index, greedy):
     kind = "plain" if k == 0 else "bonus" if n == k else "resampled"
     half = (0.5,) * k
     r = (math.nan,) * k if greedy else tuple(0.2 if i < n else 0.9 for i in range(k))
-    return dict(index=index, drafted=drafted, q=half, p=half, accept_prob=half, r=r, n=n, correction=correction,
-                kind=kind, tokens=drafted[:n] + (correction,), sources=("model",) * k)  # fmt: skip
+    return dict(
+        index=index,
+        drafted=drafted,
+        q=half,
+        p=half,
+        accept_prob=half,
+        r=r,
+        n=n,
+        correction=correction,
+        kind=kind,
+        tokens=drafted[:n] + (correction,),
+        sources=("model",) * k,
+    )
 
 
 def _tree(draw, index, greedy):
@@ -64,22 +75,50 @@ def _tree(draw, index, greedy):
     status = tuple("kept" if i < n else "rejected" if rejected and i == n else "" for i in range(N))
     line = list(range(n)) + ([n] if rejected else [])
     half = (0.5,) * N
-    tree = TreeRound(tokens=tokens, parents=tuple(parents), ranks=ranks, sources=("model",) * N, p=half, q=half,
-                     accept_prob=half, r=(math.nan,) * N, status=status, path=tuple(range(n)))  # fmt: skip
+    tree = TreeRound(
+        tokens=tokens,
+        parents=tuple(parents),
+        ranks=ranks,
+        sources=("model",) * N,
+        p=half,
+        q=half,
+        accept_prob=half,
+        r=(math.nan,) * N,
+        status=status,
+        path=tuple(range(n)),
+    )
     k, correction = len(line), draw(ids)
     r = (math.nan,) * k if greedy else tuple(0.2 if i < n else 0.9 for i in range(k))
-    return dict(index=index, drafted=tuple(tokens[i] for i in line), q=(0.5,) * k, p=(0.5,) * k,
-                accept_prob=(0.5,) * k, r=r, n=n, correction=correction,
-                kind="resampled" if rejected else "bonus", tokens=tokens[:n] + (correction,),
-                sources=("model",) * k, tree=tree)  # fmt: skip
+    return dict(
+        index=index,
+        drafted=tuple(tokens[i] for i in line),
+        q=(0.5,) * k,
+        p=(0.5,) * k,
+        accept_prob=(0.5,) * k,
+        r=r,
+        n=n,
+        correction=correction,
+        kind="resampled" if rejected else "bonus",
+        tokens=tokens[:n] + (correction,),
+        sources=("model",) * k,
+        tree=tree,
+    )
 
 
 @st.composite
 def spec_run(draw, greedy=True):
     """Start, 1-8 rounds (chains, trees, no-guess rounds; the last one's tokens maybe cut at EOS / the budget), Done."""
     prefill = draw(seconds)
-    start = Start(mode="spec", prompt_ids=(1, 2, 3), gamma=6, temperature=0.0 if greedy else 0.7, prefill_s=prefill,
-                  drafter="model", gamma_policy="constant", calibration_s=draw(st.sampled_from([0.0, 0.25])))  # fmt: skip
+    start = Start(
+        mode="spec",
+        prompt_ids=(1, 2, 3),
+        gamma=6,
+        temperature=0.0 if greedy else 0.7,
+        prefill_s=prefill,
+        drafter="model",
+        gamma_policy="constant",
+        calibration_s=draw(st.sampled_from([0.0, 0.25])),
+    )
     events, elapsed, out = [start], prefill, []
     rounds = draw(st.integers(1, 8))
     for i in range(rounds):
@@ -176,9 +215,22 @@ def test_every_consumer_shows_the_same_numbers_on_random_streams(spec, spec2, ar
 
     # the Tally itself, folded event by event, pooled with +, rebuilt from its counts
     t, t2, t_ar = Tally.of(spec), Tally.of(spec2), Tally.of(ar)
-    for key in ("new_tokens", "target_calls", "drafted", "accepted", "rejected", "alpha", "acceptance_rate",
-                "tokens_per_call", "drafted_per_call", "tokens_per_s", "step_s", "draft_call_s", "resampled",
-                "tree_rounds"):  # fmt: skip
+    for key in (
+        "new_tokens",
+        "target_calls",
+        "drafted",
+        "accepted",
+        "rejected",
+        "alpha",
+        "acceptance_rate",
+        "tokens_per_call",
+        "drafted_per_call",
+        "tokens_per_s",
+        "step_s",
+        "draft_call_s",
+        "resampled",
+        "tree_rounds",
+    ):
         assert close(getattr(t, key), ref[key]), key
         assert close(getattr(t + t2, key), both[key]) and close(getattr(Tally.of(spec + spec2), key), both[key]), key
         assert close(getattr(Tally.from_counts((t + t2).counts()), key), both[key]), key
@@ -201,8 +253,11 @@ def test_every_consumer_shows_the_same_numbers_on_random_streams(spec, spec2, ar
         view.add(side, ev)
     ar_html, spec_html, spec2_html = view.stats()
     assert shown(spec_html) == page_numbers(ref, plain) and shown(spec2_html) == page_numbers(ref2, plain)
-    assert shown(ar_html) == {"tokens": str(plain["new_tokens"]), "tokens/s": f"{plain['tokens_per_s']:.1f}",
-                              "target calls": str(plain["target_calls"])}  # fmt: skip
+    assert shown(ar_html) == {
+        "tokens": str(plain["new_tokens"]),
+        "tokens/s": f"{plain['tokens_per_s']:.1f}",
+        "target calls": str(plain["target_calls"]),
+    }
 
     # a recording of that race, saved and loaded, as the Replay tab and the exported page show it
     rec = record.loads(record.make("race", {"prompt": "p"}, {"ar": ar, "spec": spec}, Tok(), {}).dumps())
@@ -216,15 +271,24 @@ def test_every_consumer_shows_the_same_numbers_on_random_streams(spec, spec2, ar
     rows += [bench.row(0.7, cfg, 0, i, "spec", bench.run_row(evs, 1.0)) for i, evs in enumerate((spec, spec2))]
     (cell,) = summarise_runs(pd.DataFrame(rows)).to_dict("records")
     two_plain = reference(ar, ar)
-    for key, want in (("acceptance", both["acceptance_rate"]), ("alpha", both["alpha"]),
-                      ("tokens_per_call", both["tokens_per_call"]), ("drafted_per_call", both["drafted_per_call"]),
-                      ("c", c_of(both, two_plain))):  # fmt: skip
+    for key, want in (
+        ("acceptance", both["acceptance_rate"]),
+        ("alpha", both["alpha"]),
+        ("tokens_per_call", both["tokens_per_call"]),
+        ("drafted_per_call", both["drafted_per_call"]),
+        ("c", c_of(both, two_plain)),
+    ):
         assert close(cell[key], want), key
 
     # the pair check's acceptance, the sweep and the lessons
     acc = Acceptance.of(Tally.of(spec), (), 0.0)
     assert (acc.accepted, acc.tested, acc.drafted, acc.rounds, acc.new_tokens) == (
-        ref["accepted"], ref["accepted"] + ref["rejected"], ref["drafted"], ref["target_calls"], ref["new_tokens"])  # fmt: skip
+        ref["accepted"],
+        ref["accepted"] + ref["rejected"],
+        ref["drafted"],
+        ref["target_calls"],
+        ref["new_tokens"],
+    )
     assert close(acc.a, ref["alpha"])
     table, a, c = sweep_numbers({"ar": ar, "gamma = 1": spec, "gamma = 2": spec2})
     assert close(a, both["alpha"]) and close(c, c_of(both, plain))
@@ -240,10 +304,38 @@ def test_a_rejection_whose_correction_was_cut_off_counts_in_alpha():
     budget ran out before its correction. alpha counts the rejection; resampled counts emitted corrections."""
     start = Start(mode="spec", prompt_ids=(1,), gamma=2, temperature=0.0, prefill_s=0.01)
     half = (0.5, 0.5)
-    kept = Round(index=0, drafted=(7, 8), q=half, p=half, accept_prob=half, r=(math.nan,) * 2, n=2, correction=9,
-                 kind="bonus", tokens=(7, 8, 9), draft_s=0.01, verify_s=0.01, elapsed_s=0.04, draft_calls=2)  # fmt: skip
-    cut = Round(index=1, drafted=(3, 4), q=half, p=half, accept_prob=half, r=(math.nan,) * 2, n=1, correction=5,
-                kind="resampled", tokens=(3,), draft_s=0.01, verify_s=0.01, elapsed_s=0.07, draft_calls=2)  # fmt: skip
+    kept = Round(
+        index=0,
+        drafted=(7, 8),
+        q=half,
+        p=half,
+        accept_prob=half,
+        r=(math.nan,) * 2,
+        n=2,
+        correction=9,
+        kind="bonus",
+        tokens=(7, 8, 9),
+        draft_s=0.01,
+        verify_s=0.01,
+        elapsed_s=0.04,
+        draft_calls=2,
+    )
+    cut = Round(
+        index=1,
+        drafted=(3, 4),
+        q=half,
+        p=half,
+        accept_prob=half,
+        r=(math.nan,) * 2,
+        n=1,
+        correction=5,
+        kind="resampled",
+        tokens=(3,),
+        draft_s=0.01,
+        verify_s=0.01,
+        elapsed_s=0.07,
+        draft_calls=2,
+    )
     events = [start, kept, cut, Done(token_ids=(7, 8, 9, 3), finish_reason="length", stats={"wall_s": 0.07})]
     t = Tally.of(events)
     assert (t.accepted, t.rejected, t.resampled, t.bonus, t.new_tokens) == (3, 1, 0, 1, 4)

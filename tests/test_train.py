@@ -33,18 +33,30 @@ def target_dir(tmp_path_factory) -> Path:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<|endoftext|>", bos_token="<|im_start|>", eos_token="<|im_end|>",
+        tokenizer_object=tok,
+        unk_token="<|endoftext|>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
         pad_token="<|im_end|>",
-    )  # fmt: skip
+    )
     hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     hf.chat_template = TEMPLATE
     hf.save_pretrained(folder)
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=256, tie_word_embeddings=True,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2,
-    )  # fmt: skip
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
     LlamaForCausalLM(cfg).save_pretrained(folder)
     return folder
 
@@ -68,8 +80,14 @@ def test_prompt_ids_use_the_chat_template(target_dir):
     tok = AutoTokenizer.from_pretrained(target_dir)
     ids = train_draft.prompt_ids(tok, "hello world")
     assert tok.convert_ids_to_tokens(ids) == [
-        "<|im_start|>", "user", "hello", "world", "<|im_end|>", "<|im_start|>", "assistant",
-    ]  # fmt: skip
+        "<|im_start|>",
+        "user",
+        "hello",
+        "world",
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant",
+    ]
 
 
 def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
@@ -79,9 +97,34 @@ def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
     rows = fake_teacher(tmp_path / "teacher.jsonl.gz", tok)
     heldout = tmp_path / "heldout.txt"
     heldout.write_text("Write a poem\n")  # matches "write a poem" (case-insensitive): must not be trained on
-    args = ["--data", str(tmp_path / "teacher.jsonl.gz"), "--out", str(tmp_path / "run"), "--target",
-            str(target_dir), "--heldout", str(heldout), "--layers", "1", "--batch-size", "4", "--minutes", "0",
-            "--steps", "40", "--lr", "3e-3", "--warmup-steps", "2", "--val-frac", "0.4", "--min-count", "1", "--threads", "1"]  # fmt: skip
+    args = [
+        "--data",
+        str(tmp_path / "teacher.jsonl.gz"),
+        "--out",
+        str(tmp_path / "run"),
+        "--target",
+        str(target_dir),
+        "--heldout",
+        str(heldout),
+        "--layers",
+        "1",
+        "--batch-size",
+        "4",
+        "--minutes",
+        "0",
+        "--steps",
+        "40",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--val-frac",
+        "0.4",
+        "--min-count",
+        "1",
+        "--threads",
+        "1",
+    ]
     cfg = train_draft.parse_args(args)
     final = train_draft.train(cfg, log=lambda *a: None)
 
@@ -120,9 +163,20 @@ def test_pca_init_when_the_draft_is_narrower(tmp_path, target_dir):
     tok = AutoTokenizer.from_pretrained(target_dir)
     fake_teacher(tmp_path / "t.jsonl.gz", tok)
     cfg = train_draft.TrainConfig(
-        data=[str(tmp_path / "t.jsonl.gz")], out=str(tmp_path / "run"), target=str(target_dir), heldout="",
-        layers=1, hidden=16, heads=2, intermediate=32, steps=2, minutes=0, batch_size=2, min_count=1, threads=1,
-    )  # fmt: skip
+        data=[str(tmp_path / "t.jsonl.gz")],
+        out=str(tmp_path / "run"),
+        target=str(target_dir),
+        heldout="",
+        layers=1,
+        hidden=16,
+        heads=2,
+        intermediate=32,
+        steps=2,
+        minutes=0,
+        batch_size=2,
+        min_count=1,
+        threads=1,
+    )
     final = train_draft.train(cfg, log=lambda *a: None)
     assert AutoModelForCausalLM.from_pretrained(final).config.hidden_size == 16
 
@@ -132,8 +186,25 @@ def test_make_teacher_data_is_resumable_and_skips_heldout(tmp_path, target_dir):
     heldout = tmp_path / "heldout.txt"
     heldout.write_text(prompts[1] + "\n")
     out = tmp_path / "teacher.jsonl.gz"
-    args = ["--out", str(out), "--n-prompts", "3", "--temperatures", "0", "1.0", "--max-new-tokens", "5",
-            "--batch-size", "2", "--target", str(target_dir), "--heldout", str(heldout), "--threads", "1"]  # fmt: skip
+    args = [
+        "--out",
+        str(out),
+        "--n-prompts",
+        "3",
+        "--temperatures",
+        "0",
+        "1.0",
+        "--max-new-tokens",
+        "5",
+        "--batch-size",
+        "2",
+        "--target",
+        str(target_dir),
+        "--heldout",
+        str(heldout),
+        "--threads",
+        "1",
+    ]
     make_teacher_data.main(args)
     with gzip.open(out, "rt") as f:
         first = [json.loads(line) for line in f]
@@ -168,9 +239,31 @@ def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_
     held.mkdir()
     (held / "later.txt").write_text("TELL me about dogs\n")  # a held-out set: never generated for
     out = tmp_path / "teacher.jsonl.gz"
-    args = ["--out", str(out), "--prompts", str(pfile), "--temperatures", "0", "1.0", "--max-new-tokens", "6",
-            "--batch-size", "2", "--window", "2", "--topk", "4", "--target", str(target_dir),
-            "--heldout-dir", str(held), "--threads", "1", "--topk-part-mb", "0.0002"]  # fmt: skip
+    args = [
+        "--out",
+        str(out),
+        "--prompts",
+        str(pfile),
+        "--temperatures",
+        "0",
+        "1.0",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "2",
+        "--window",
+        "2",
+        "--topk",
+        "4",
+        "--target",
+        str(target_dir),
+        "--heldout-dir",
+        str(held),
+        "--threads",
+        "1",
+        "--topk-part-mb",
+        "0.0002",
+    ]
 
     # 1. a run killed in its third batch, after its top-k write: the files end with a half-written member
     real, calls = make_teacher_data.generate_batch, []
@@ -228,8 +321,21 @@ def test_label_teacher_gives_the_targets_topk_and_features_and_resumes(tmp_path,
 
     tok = AutoTokenizer.from_pretrained(target_dir)
     rows = fake_teacher(tmp_path / "teacher.jsonl.gz", tok)
-    argv = ["--data", str(tmp_path / "teacher.jsonl.gz"), "--out", str(tmp_path / "lab"), "--target", str(target_dir),
-            "--topk", "4", "--features", "--threads", "1", "--batch-tokens", "64"]  # fmt: skip
+    argv = [
+        "--data",
+        str(tmp_path / "teacher.jsonl.gz"),
+        "--out",
+        str(tmp_path / "lab"),
+        "--target",
+        str(target_dir),
+        "--topk",
+        "4",
+        "--features",
+        "--threads",
+        "1",
+        "--batch-tokens",
+        "64",
+    ]
     assert label_teacher.main(argv) == 0
     top_file = tmp_path / "lab" / f"{label_teacher.label_name(tmp_path / 'teacher.jsonl.gz')}.topk.jsonl.gz"
     recs = {teacher_io.reply_key(r): r for r in teacher_io.read_jsonl(top_file)}
@@ -265,18 +371,65 @@ def test_soft_labels_and_starting_from_an_earlier_draft(tmp_path, target_dir):
 
     tok = AutoTokenizer.from_pretrained(target_dir)
     fake_teacher(tmp_path / "t.jsonl.gz", tok)
-    label_teacher.main(["--data", str(tmp_path / "t.jsonl.gz"), "--out", str(tmp_path / "lab"), "--target",
-                        str(target_dir), "--topk", "4", "--threads", "1"])  # fmt: skip
+    label_teacher.main(
+        [
+            "--data",
+            str(tmp_path / "t.jsonl.gz"),
+            "--out",
+            str(tmp_path / "lab"),
+            "--target",
+            str(target_dir),
+            "--topk",
+            "4",
+            "--threads",
+            "1",
+        ]
+    )
     topk = next((tmp_path / "lab").glob("*.topk.jsonl.gz"))
-    base = ["--data", str(tmp_path / "t.jsonl.gz"), "--target", str(target_dir), "--heldout", "", "--layers", "1",
-            "--batch-size", "4", "--minutes", "0", "--lr", "3e-3", "--warmup-steps", "2", "--val-frac", "0",
-            "--min-count", "1", "--threads", "1"]  # fmt: skip
-    first = train_draft.train(train_draft.parse_args(base + ["--out", str(tmp_path / "a"), "--steps", "10"]),
-                              log=lambda *a: None)  # fmt: skip
+    base = [
+        "--data",
+        str(tmp_path / "t.jsonl.gz"),
+        "--target",
+        str(target_dir),
+        "--heldout",
+        "",
+        "--layers",
+        "1",
+        "--batch-size",
+        "4",
+        "--minutes",
+        "0",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--val-frac",
+        "0",
+        "--min-count",
+        "1",
+        "--threads",
+        "1",
+    ]
+    first = train_draft.train(
+        train_draft.parse_args(base + ["--out", str(tmp_path / "a"), "--steps", "10"]), log=lambda *a: None
+    )
 
     lines = []
-    cfg = train_draft.parse_args(base + ["--out", str(tmp_path / "b"), "--steps", "30", "--topk", str(topk),
-                                         "--soft-weight", "0.7", "--init", str(first)])  # fmt: skip
+    cfg = train_draft.parse_args(
+        base
+        + [
+            "--out",
+            str(tmp_path / "b"),
+            "--steps",
+            "30",
+            "--topk",
+            str(topk),
+            "--soft-weight",
+            "0.7",
+            "--init",
+            str(first),
+        ]
+    )
     train_draft.train(cfg, log=lines.append)
     assert any("12 with soft labels" in x for x in lines) and any("started from" in x for x in lines)
     log_a, log_b = ([json.loads(x) for x in (tmp_path / r / "log.jsonl").read_text().splitlines()] for r in "ab")
@@ -338,8 +491,10 @@ def test_split_rows_drops_prompts_that_share_a_passage_with_a_prompt_set(tmp_pat
     sets = tmp_path / "sets"
     sets.mkdir()
     (sets / "grounded.txt").write_text("Summarise: the quick brown fox jumps over the lazy dog near the river bank\n")
-    rows = [{"prompt": "Rewrite: the quick brown fox jumps over the lazy dog near a tree", "ids": [5]},
-            {"prompt": "Tell me about foxes", "ids": [5]}]  # fmt: skip
+    rows = [
+        {"prompt": "Rewrite: the quick brown fox jumps over the lazy dog near a tree", "ids": [5]},
+        {"prompt": "Tell me about foxes", "ids": [5]},
+    ]
     cfg = train_draft.TrainConfig(heldout_dir=str(sets), val_frac=0)
     train, val, dropped = train_draft.split_rows(rows, [], cfg)
     assert dropped == 1 and [r["prompt"] for r in train] == ["Tell me about foxes"] and val == []

@@ -15,8 +15,14 @@ from specviz.engine import eos_ids, speculative_decode
 from specviz.render import Pieces, round_html
 from specviz.translate import shared_vocabulary, space_marker, translator
 
-PROMPTS = ["the red fox", "a small dog sees", "the old farmer helps the", "tell me about the river", "12 times",
-           "The Quick Bird!"]  # fmt: skip
+PROMPTS = [
+    "the red fox",
+    "a small dog sees",
+    "the old farmer helps the",
+    "tell me about the river",
+    "12 times",
+    "The Quick Bird!",
+]
 
 
 @pytest.fixture(scope="module")

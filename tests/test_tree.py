@@ -202,8 +202,14 @@ def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pa
     counts = torch.zeros(V * V + V)
     shapes = set()
     for seed in range(n):
-        cfg = SpecConfig(gamma=2, tree=children * (children + 1), drafter="model", max_new_tokens=2, seed=seed,
-                         sampling=SamplingConfig(1.0))  # fmt: skip
+        cfg = SpecConfig(
+            gamma=2,
+            tree=children * (children + 1),
+            drafter="model",
+            max_new_tokens=2,
+            seed=seed,
+            sampling=SamplingConfig(1.0),
+        )
         events = list(speculative_decode(p, q, ids, cfg))
         first = next(e for e in events if isinstance(e, Round))
         if first.tree is not None:
@@ -226,8 +232,9 @@ def test_prompt_lookup_proposes_a_tree_where_the_text_continued_differently_befo
     seq = [5, 6, 7, 8, 9, 5, 6, 3, 4, 5, 6, 7, 8, 1, 5, 6]  # "5 6" went on with 7 8 9 5 .., 3 4 5 6 .., 7 8 1 5 ..
     d = LookupDrafter(max_matching_ngram_size=2)
     g = torch.Generator().manual_seed(0)
-    ctx = DraftContext(SamplingConfig(0.0), g, 64, torch.device("cpu"), GammaPolicy(4), 50, need_q=False,
-                       tree=TreePolicy(9, 9))  # fmt: skip
+    ctx = DraftContext(
+        SamplingConfig(0.0), g, 64, torch.device("cpu"), GammaPolicy(4), 50, need_q=False, tree=TreePolicy(9, 9)
+    )
     prop = d.propose(seq, ctx)
     assert prop.tokens.tolist() == [7, 8, 1, 5, 3, 4, 5, 6, 9]  # the most recent continuation whole, then the others
     assert prop.parents == (-1, 0, 1, 2, -1, 4, 5, 6, 1) and prop.ranks == (0, 0, 0, 0, 1, 0, 0, 0, 1)
@@ -247,8 +254,14 @@ def test_greedy_lookup_trees_equal_plain_decoding(loaded_pair, drafter):
     for pr in prompts:
         plain = generate(pr, target=p, mode="ar", max_new_tokens=40, raw=True).token_ids
         for tree in (3, 8, "auto"):
-            events = list(speculative_decode(p, q, p.tokenizer(pr)["input_ids"], SpecConfig(
-                gamma=4, tree=tree, drafter=drafter, max_new_tokens=40)))  # fmt: skip
+            events = list(
+                speculative_decode(
+                    p,
+                    q,
+                    p.tokenizer(pr)["input_ids"],
+                    SpecConfig(gamma=4, tree=tree, drafter=drafter, max_new_tokens=40),
+                )
+            )
             assert events[-1].token_ids == plain, (pr, tree)
             trees += sum(isinstance(e, Round) and e.tree is not None and e.tree.sources[0] == "lookup" for e in events)
     assert trees > 0
@@ -303,8 +316,9 @@ def test_the_calibration_learns_how_often_each_rank_is_kept():
 # --- settings, errors, the event ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value, want", [("off", "off"), (0, "off"), (None, "off"), ("auto", "auto"), (7, 7),
-                                         ("12", 12)])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, want", [("off", "off"), (0, "off"), (None, "off"), ("auto", "auto"), (7, 7), ("12", 12)]
+)
 def test_the_tree_setting(value, want):
     assert SpecConfig(tree=value).tree == want
 
@@ -350,8 +364,16 @@ def test_a_tree_round_says_what_the_walk_did(loaded_pair):
 def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_pair, tmp_path):
     from specviz import export_html, load_recording, record_run
 
-    rec = record_run("once upon a time", target=tiny_pair[0], draft=tiny_pair[1], device="cpu", drafter="model",
-                     gamma=3, tree=8, max_new_tokens=30)  # fmt: skip
+    rec = record_run(
+        "once upon a time",
+        target=tiny_pair[0],
+        draft=tiny_pair[1],
+        device="cpu",
+        drafter="model",
+        gamma=3,
+        tree=8,
+        max_new_tokens=30,
+    )
     path = tmp_path / "run.json"
     rec.save(path)
     back = load_recording(path)  # validated against the schema built from the events
@@ -361,8 +383,9 @@ def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_p
     assert back.settings["tree"] == 8 and back.lanes["spec"][0].tree == "8"
     export_html(back, tmp_path / "run.html")
     page = (tmp_path / "run.html").read_text()
-    assert "sv-round" in page and ("tok-branch" in page) == any(r.tree and any(r.tree.ranks[i] for i in r.tree.path)
-                                                                  for r in rounds)  # fmt: skip
+    assert "sv-round" in page and ("tok-branch" in page) == any(
+        r.tree and any(r.tree.ranks[i] for i in r.tree.path) for r in rounds
+    )
 
 
 def test_a_float16_draft_grows_trees_through_its_own_mask_dtype(tiny_pair, monkeypatch):
@@ -373,8 +396,9 @@ def test_a_float16_draft_grows_trees_through_its_own_mask_dtype(tiny_pair, monke
     trees = 0
     for pr in PROMPTS[:4]:
         plain = generate(pr, target=p, mode="ar", max_new_tokens=32).token_ids
-        events = list(speculative_decode(p, q, _ids(p, pr), SpecConfig(gamma=3, tree=8, drafter="model",
-                                                                        max_new_tokens=32)))  # fmt: skip
+        events = list(
+            speculative_decode(p, q, _ids(p, pr), SpecConfig(gamma=3, tree=8, drafter="model", max_new_tokens=32))
+        )
         assert events[-1].token_ids == plain
         trees += sum(isinstance(e, Round) and e.tree is not None and max(e.tree.depths) > 1 for e in events)
     assert trees > 0  # the draft read tree nodes (depth 2 needs a tree-masked draft call)
@@ -389,13 +413,35 @@ def _sampled_tree_round():
     at 11; 14 under 10 was never tested."""
     from specviz.events import TreeRound
 
-    tree = TreeRound(tokens=(10, 11, 12, 13, 14), parents=(-1, -1, 1, 1, 0), ranks=(0, 1, 0, 1, 0),
-                     sources=("model",) * 5, p=(0.05, 0.6, 0.1, 0.02, 0.3), q=(0.5, 0.3, 0.4, 0.2, 0.7),
-                     accept_prob=(0.1, 1.0, 0.25, 0.125, math.nan), r=(0.62, 0.41, 0.9, 0.5, math.nan),
-                     status=("rejected", "kept", "rejected", "rejected", ""), path=(1,))  # fmt: skip
-    return Round(index=0, drafted=(11, 12), q=(0.3, 0.4), p=(0.6, 0.1), accept_prob=(1.0, 0.25), r=(0.41, 0.9), n=1,
-                 correction=40, kind="resampled", tokens=(11, 40), draft_s=0.01, verify_s=0.02, elapsed_s=0.03,
-                 sources=("model", "model"), tree=tree)  # fmt: skip
+    tree = TreeRound(
+        tokens=(10, 11, 12, 13, 14),
+        parents=(-1, -1, 1, 1, 0),
+        ranks=(0, 1, 0, 1, 0),
+        sources=("model",) * 5,
+        p=(0.05, 0.6, 0.1, 0.02, 0.3),
+        q=(0.5, 0.3, 0.4, 0.2, 0.7),
+        accept_prob=(0.1, 1.0, 0.25, 0.125, math.nan),
+        r=(0.62, 0.41, 0.9, 0.5, math.nan),
+        status=("rejected", "kept", "rejected", "rejected", ""),
+        path=(1,),
+    )
+    return Round(
+        index=0,
+        drafted=(11, 12),
+        q=(0.3, 0.4),
+        p=(0.6, 0.1),
+        accept_prob=(1.0, 0.25),
+        r=(0.41, 0.9),
+        n=1,
+        correction=40,
+        kind="resampled",
+        tokens=(11, 40),
+        draft_s=0.01,
+        verify_s=0.02,
+        elapsed_s=0.03,
+        sources=("model", "model"),
+        tree=tree,
+    )
 
 
 def _nodes(html: str) -> dict[str, tuple[str, str]]:
@@ -435,8 +481,12 @@ def test_the_chart_counts_tested_guesses_by_depth_and_rank():
 
     rd = _sampled_tree_round()
     table = metrics.tree_acceptance([rd, rd, Round(**{**rd.__dict__, "tree": None})])  # a chain round adds nothing
-    assert table[["depth", "rank", "tested", "kept"]].values.tolist() == [[1, 0, 2, 0], [1, 1, 2, 2], [2, 0, 2, 0],
-                                                                          [2, 1, 2, 0]]  # fmt: skip
+    assert table[["depth", "rank", "tested", "kept"]].values.tolist() == [
+        [1, 0, 2, 0],
+        [1, 1, 2, 2],
+        [2, 0, 2, 0],
+        [2, 1, 2, 0],
+    ]
     fig = plots.tree_figure(table)
     assert [t.name for t in fig.data] == ["draft's 1st choice", "draft's 2nd choice"]
     assert list(fig.data[1].y) == [1.0, 0.0] and list(fig.data[1].text) == ["2/2", "0/2"]
@@ -488,8 +538,9 @@ def test_the_step_throughs_leftover_where_the_walk_stopped_is_what_the_correctio
     p, q = load_pair(*small_vocab_pair, device="cpu")
     V, seen, naive_wrong = p.vocab_size, 0, 0
     for seed in range(60):
-        cfg = SpecConfig(gamma=2, tree=6, drafter="model", max_new_tokens=6, seed=seed, detail=V,
-                         sampling=SamplingConfig(1.0))  # fmt: skip
+        cfg = SpecConfig(
+            gamma=2, tree=6, drafter="model", max_new_tokens=6, seed=seed, detail=V, sampling=SamplingConfig(1.0)
+        )
         for rd in speculative_decode(p, q, [1, 5, 6], cfg):
             if not isinstance(rd, Round) or rd.tree is None or rd.kind != "resampled":
                 continue

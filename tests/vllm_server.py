@@ -32,9 +32,27 @@ class VLLMServer:
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = log
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-        cmd = ["nice", "-n", "19", str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-               "--dtype", "float32", "--max-model-len", "2048", "--max-logprobs", "-1",
-               "--host", "127.0.0.1", "--port", str(self.port), *extra]  # fmt: skip
+        cmd = [
+            "nice",
+            "-n",
+            "19",
+            str(PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_dir,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--max-logprobs",
+            "-1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *extra,
+        ]
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.started = time.monotonic()

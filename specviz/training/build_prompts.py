@@ -274,10 +274,17 @@ def grounded(rng: random.Random) -> dict[str, list[str]]:
     def question(text: str) -> str:
         words = [w for w in re.findall(r"[A-Za-z]{6,}", text) if w.lower() not in {"should", "because", "through"}]
         word = rng.choice(words) if words else "this"
-        q = rng.choice([f"What does the text say about {word}?", "What is the main point of the text?",
-                        "What problem does the text describe, and how is it solved?", f"Why is {word} mentioned in the text?",
-                        "Who would find this text useful, and why?", "According to the text, what should the reader do?",
-                        "Does the text mention any limitation or warning? Quote it."])  # fmt: skip
+        q = rng.choice(
+            [
+                f"What does the text say about {word}?",
+                "What is the main point of the text?",
+                "What problem does the text describe, and how is it solved?",
+                f"Why is {word} mentioned in the text?",
+                "Who would find this text useful, and why?",
+                "According to the text, what should the reader do?",
+                "Does the text mention any limitation or warning? Quote it.",
+            ]
+        )
         lead = rng.choice(
             ["Answer from this text only", "Read the text and answer the question", "Using the text below, answer"]
         )

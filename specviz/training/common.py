@@ -33,7 +33,9 @@ class HeldOut:
 
     def __init__(self, prompts: list[str]):
         self.exact = {norm_prompt(p) for p in prompts}
-        self.shingles = {tuple(w[i : i + SHINGLE]) for p in prompts for w in [_words(p)] for i in range(len(w) - SHINGLE + 1)}  # fmt: skip
+        self.shingles = {
+            tuple(w[i : i + SHINGLE]) for p in prompts for w in [_words(p)] for i in range(len(w) - SHINGLE + 1)
+        }
 
     @classmethod
     def from_dir(cls, folder: str | Path = HELDOUT_DIR) -> HeldOut:

@@ -63,8 +63,9 @@ def target_replies(target, tokenizer, prompts: list[str], cache: Path, max_new_t
         ids = torch.tensor([[2] * (T - len(x)) + x for x in chunk])  # (B, T) left-padded
         mask = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in chunk])
         with torch.inference_mode():
-            out = target.generate(input_ids=ids, attention_mask=mask, do_sample=False,
-                                  max_new_tokens=max_new_tokens, pad_token_id=2)  # fmt: skip
+            out = target.generate(
+                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=2
+            )
         chunk = todo[i : i + batch_size]
         for p, row in zip(chunk, out[:, T:].tolist()):
             done[key(p)] = row[: row.index(2) + 1] if 2 in row else row  # up to <|im_end|> (eos), kept
@@ -141,9 +142,13 @@ def rank_histogram(
                 b2 = min(int(top2[1] * 10), 9)
                 second[b2][0] += rank == 1
                 second[b2][1] += 1
-    return {"tokens": total, "oov": oov / total, "rank_rates": [r / total for r in ranks],
-            "top1_by_confidence": [(i / 10, h / n if n else None, n) for i, (h, n) in enumerate(bins)],
-            "second_given_miss_by_q2": [(i / 10, h / n if n else None, n) for i, (h, n) in enumerate(second)]}  # fmt: skip
+    return {
+        "tokens": total,
+        "oov": oov / total,
+        "rank_rates": [r / total for r in ranks],
+        "top1_by_confidence": [(i / 10, h / n if n else None, n) for i, (h, n) in enumerate(bins)],
+        "second_given_miss_by_q2": [(i / 10, h / n if n else None, n) for i, (h, n) in enumerate(second)],
+    }
 
 
 def acceptance(draft, target_ids: torch.Tensor, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
@@ -206,9 +211,13 @@ def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], g
                 resampled += ev.stats["resampled"]
                 calls, new = calls + ev.stats["target_calls"], new + len(ev.token_ids)
     pairs = [(len(r.drafted), r.n) for r in rounds if r.drafted]
-    return {"gamma": gamma, "position_alphas": position_alphas(pairs), "alpha": alpha(accepted, resampled),
-            "accepted_per_drafted": accepted / max(drafted, 1),
-            "tokens_per_call": new / max(calls, 1)}  # fmt: skip
+    return {
+        "gamma": gamma,
+        "position_alphas": position_alphas(pairs),
+        "alpha": alpha(accepted, resampled),
+        "accepted_per_drafted": accepted / max(drafted, 1),
+        "tokens_per_call": new / max(calls, 1),
+    }
 
 
 def speedup(alpha: float, c: float, gamma: int) -> float:
@@ -252,17 +261,25 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         draft, target_ids = load_draft(args.draft)
         res = acceptance(draft, target_ids, tokenizer, prompts, replies)
-    print(f"alpha (greedy acceptance, first guess, teacher-forced) = {res['alpha']:.3f} over {res['tokens']} tokens "
-          f"of {len(prompts)} held-out prompts; target tokens outside the guesser's vocabulary: {res['oov_rate']:.3%}")  # fmt: skip
+    print(
+        f"alpha (greedy acceptance, first guess, teacher-forced) = {res['alpha']:.3f} over {res['tokens']} tokens "
+        f"of {len(prompts)} held-out prompts; target tokens outside the guesser's vocabulary: {res['oov_rate']:.3%}"
+    )
     if args.ranks and not args.head:
         res["ranks"] = h = rank_histogram(draft, target_ids, tokenizer, prompts, replies)
         shares = ", ".join(f"{i + 1}: {r:.3f}" for i, r in enumerate(h["rank_rates"][:-1]))
-        print(f"the target's token is the draft's choice number {shares}; beyond: {h['rank_rates'][-1]:.3f}; "
-              f"outside its vocabulary: {h['oov']:.3f} ({h['tokens']} tokens)")  # fmt: skip
-        print("top-1 right by the draft's top-1 probability: "
-              + ", ".join(f"{b:.1f}+: {r:.2f} ({n})" for b, r, n in h["top1_by_confidence"] if n))  # fmt: skip
-        print("after a top-1 miss, 2nd right by the draft's 2nd probability: "
-              + ", ".join(f"{b:.1f}+: {r:.2f} ({n})" for b, r, n in h["second_given_miss_by_q2"] if n))  # fmt: skip
+        print(
+            f"the target's token is the draft's choice number {shares}; beyond: {h['rank_rates'][-1]:.3f}; "
+            f"outside its vocabulary: {h['oov']:.3f} ({h['tokens']} tokens)"
+        )
+        print(
+            "top-1 right by the draft's top-1 probability: "
+            + ", ".join(f"{b:.1f}+: {r:.2f} ({n})" for b, r, n in h["top1_by_confidence"] if n)
+        )
+        print(
+            "after a top-1 miss, 2nd right by the draft's 2nd probability: "
+            + ", ".join(f"{b:.1f}+: {r:.2f} ({n})" for b, r, n in h["second_given_miss_by_q2"] if n)
+        )
     if args.timing_steps:
         p = prompt_ids(tokenizer, prompts[0])
         if args.head:
@@ -275,8 +292,10 @@ def main(argv: list[str] | None = None) -> dict:
         res.update(ms_draft=ms_q, ms_target=ms_p, c=c)
         res["speedup"] = {g: speedup(res["alpha"], c, g) for g in range(1, 9)}
         best = max(res["speedup"], key=res["speedup"].get)
-        print(f"draft {ms_q:.2f} ms/token, target {ms_p:.2f} ms/token, c = {c:.3f}; expected speedup "
-              f"(verify = one target step) {res['speedup'][best]:.2f}x at gamma={best}")  # fmt: skip
+        print(
+            f"draft {ms_q:.2f} ms/token, target {ms_p:.2f} ms/token, c = {c:.3f}; expected speedup "
+            f"(verify = one target step) {res['speedup'][best]:.2f}x at gamma={best}"
+        )
     if args.decode_gamma:
         res["decode"] = decode_alphas(target_dir, args.draft, args.head, prompts, args.decode_gamma, args.decode_tokens)
         d = res["decode"]

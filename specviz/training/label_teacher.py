@@ -109,8 +109,15 @@ def main(argv: list[str] | None = None) -> int:
             feats, tops = label_batch(model, batch, args.topk, device)
             if args.features:
                 tmp = out / "features" / f"shard-{shard:05d}.tmp"
-                torch.save({"keys": [k for k, _, _ in batch], "ids": [s for _, _, s in batch],
-                            "prompt_len": [len(s) - len(r["ids"]) for _, r, s in batch], "feats": feats}, tmp)  # fmt: skip
+                torch.save(
+                    {
+                        "keys": [k for k, _, _ in batch],
+                        "ids": [s for _, _, s in batch],
+                        "prompt_len": [len(s) - len(r["ids"]) for _, r, s in batch],
+                        "feats": feats,
+                    },
+                    tmp,
+                )
                 tmp.replace(out / "features" / f"shard-{shard:05d}.pt")
                 shard += 1
             append_jsonl(top_file, tops)

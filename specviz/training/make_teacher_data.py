@@ -171,8 +171,14 @@ def generate_batch(
     steps = []  # per step: (rows, next token, top ids, top p), all on the CPU
     for _ in range(max_new_tokens):
         # 1. the target's next-token logits for the rows still generating
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwargs(model, cache),
-                    use_cache=True, logits_to_keep=1)  # fmt: skip
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            **cache_kwargs(model, cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = out.logits[:, -1].float()  # (b, V)
         # 2. the next token: greedy, or sampled at `temperature` from the one generator
         if temperature:
@@ -228,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSONL file to append to (.gz for gzip)")
     ap.add_argument("--prompts", default="", help="prompt file from scripts/build_prompts.py (or a .txt)")
-    ap.add_argument("--n-prompts", type=int, default=None, help="use the first N prompts (default: 600 built-in, all of --prompts)")  # fmt: skip
+    ap.add_argument(
+        "--n-prompts", type=int, default=None, help="use the first N prompts (default: 600 built-in, all of --prompts)"
+    )
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--batch-size", type=int, default=16)
@@ -277,14 +285,19 @@ def main(argv: list[str] | None = None) -> int:
         todo = sorted(todo, key=lambda p: len(encoded[p]))
         for i in range(0, len(todo), args.batch_size):
             chunk = todo[i : i + args.batch_size]
-            replies, tops = generate_batch(model, [encoded[p] for p in chunk], t, args.max_new_tokens, args.topk,
-                                           generator)  # fmt: skip
-            rows = [{"prompt": p, "temperature": t, "ids": r} | ({"kind": kinds[p]} if kinds[p] else {})
-                    for p, r in zip(chunk, replies)]  # fmt: skip
+            replies, tops = generate_batch(
+                model, [encoded[p] for p in chunk], t, args.max_new_tokens, args.topk, generator
+            )
+            rows = [
+                {"prompt": p, "temperature": t, "ids": r} | ({"kind": kinds[p]} if kinds[p] else {})
+                for p, r in zip(chunk, replies)
+            ]
             # 3. top-k first, then the replies, one gzip member each: a kill loses at most this batch
             if args.topk:
-                tops_rows = [{"prompt": r["prompt"], "temperature": t, "ids": r["ids"], **encode_topk(*tk)}
-                             for r, tk in zip(rows, tops)]  # fmt: skip
+                tops_rows = [
+                    {"prompt": r["prompt"], "temperature": t, "ids": r["ids"], **encode_topk(*tk)}
+                    for r, tk in zip(rows, tops)
+                ]
                 append_jsonl(topk_part(out, part_bytes), tops_rows)
             append_jsonl(out, rows)
             done += len(chunk)

@@ -124,8 +124,13 @@ def read_soft(paths: list[str]) -> dict[str, dict]:
     return {reply_key(r): r for p in paths for r in read_jsonl(p)}
 
 
-def encode(rows: list[dict], prompts: dict[str, list[int]], lookup: torch.Tensor, max_len: int,
-           soft: dict[str, dict] | None = None) -> list[tuple]:  # fmt: skip
+def encode(
+    rows: list[dict],
+    prompts: dict[str, list[int]],
+    lookup: torch.Tensor,
+    max_len: int,
+    soft: dict[str, dict] | None = None,
+) -> list[tuple]:
     """Each row -> (draft rows (T,), index of the first reply token, temperature, soft labels or None).
     Unknown tokens become row 0; soft labels are (rows (R, K), probabilities (R, K)) over the kept reply."""
     out = []
@@ -187,8 +192,9 @@ def lr_at(progress: float, step: int, cfg) -> float:
     return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cos)
 
 
-def reply_loss(draft, ids: torch.Tensor, mask: torch.Tensor, soft: tuple | None = None,
-               soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def reply_loss(
+    draft, ids: torch.Tensor, mask: torch.Tensor, soft: tuple | None = None, soft_weight: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy over reply positions only; the output layer runs on those positions alone.
 
     Where `soft` labels exist, a share `soft_weight` of a position's loss is the cross-entropy to the target's

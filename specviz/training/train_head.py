@@ -109,8 +109,11 @@ def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--features", required=True, help="feature shards folder (label_teacher.py --features)")
     ap.add_argument("--data", nargs="+", required=True, help="the teacher files those features came from")
-    ap.add_argument("--vocab", default=str(ROOT / "assets" / "draft" / "specviz_vocab.json"),
-                    help="the head's output rows: a specviz_vocab.json (target_ids)")  # fmt: skip
+    ap.add_argument(
+        "--vocab",
+        default=str(ROOT / "assets" / "draft" / "specviz_vocab.json"),
+        help="the head's output rows: a specviz_vocab.json (target_ids)",
+    )
     ap.add_argument("--out", default=str(ROOT / "runs" / "head"))
     ap.add_argument("--target", default="", help="target folder; default: the built-in target")
     ap.add_argument("--heldout", default=str(HELDOUT))
@@ -148,8 +151,11 @@ def main(argv: list[str] | None = None) -> Path:
     lookup = torch.full((target.get_output_embeddings().weight.shape[0],), -1, dtype=torch.long)
     lookup[torch.tensor(target_ids)] = torch.arange(len(target_ids))
     n_tok = sum(len(s["ids"]) - s["plen"] for s in train)
-    print(f"data: {len(train)} train sequences ({n_tok} reply tokens), {len(val)} val, {dropped} held-out "
-          f"replies dropped; {len(target_ids)} output rows", flush=True)  # fmt: skip
+    print(
+        f"data: {len(train)} train sequences ({n_tok} reply tokens), {len(val)} val, {dropped} held-out "
+        f"replies dropped; {len(target_ids)} output rows",
+        flush=True,
+    )
 
     # 2. the head (from the target's last block) and its optimiser, or the saved state
     head = DraftHead.from_target(target, target_ids).to(device)
@@ -176,8 +182,16 @@ def main(argv: list[str] | None = None) -> Path:
         if (out / name).exists():
             shutil.rmtree(out / name)
         stage.rename(out / name)
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
-                    "rng": rng.getstate()}, out / "state.tmp")  # fmt: skip
+        torch.save(
+            {
+                "head": head.state_dict(),
+                "opt": opt.state_dict(),
+                "step": step,
+                "elapsed": elapsed,
+                "rng": rng.getstate(),
+            },
+            out / "state.tmp",
+        )
         (out / "state.tmp").replace(state_path)
         with open(out / "log.jsonl", "a") as f:
             f.write(json.dumps({"event": "checkpoint", **meta}) + "\n")

@@ -41,8 +41,21 @@ PAGE = RunRequest()  # the page's controls start at the one set of defaults (gam
 
 # The Race tab's inputs in the order its /race endpoint takes them (API clients send them so: new ones go at the
 # end), and the sweep's: the one place that knows the positions; handlers read the values by these names.
-RACE_INPUTS = ("prompt", "gamma", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "drafter",
-               "gamma_policy", "drafter2", "policy2", "tree", "tree2")  # fmt: skip
+RACE_INPUTS = (
+    "prompt",
+    "gamma",
+    "temperature",
+    "top_k",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "drafter",
+    "gamma_policy",
+    "drafter2",
+    "policy2",
+    "tree",
+    "tree2",
+)
 SWEEP_INPUTS = ("prompt", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "drafter")
 
 
@@ -61,8 +74,9 @@ def page_request(ctx: UIContext, values: dict) -> RunRequest:
         gamma, policy = min(AUTO_GAMMA_MAX, ctx.limits.max_gamma), "auto"
     tree = values.get("tree", PAGE.tree)
     given = {k: values[k] for k in ("temperature", "top_k", "top_p", "max_new_tokens", "seed") if k in values}
-    return PAGE.replace(drafter=drafter, gamma_policy=policy, gamma=gamma, tree=tree if tree not in (None, "") else "off",
-                        **given)  # fmt: skip
+    return PAGE.replace(
+        drafter=drafter, gamma_policy=policy, gamma=gamma, tree=tree if tree not in (None, "") else "off", **given
+    )
 
 
 def race_requests(ctx: UIContext, values: dict) -> dict[str, RunRequest]:
@@ -71,8 +85,12 @@ def race_requests(ctx: UIContext, values: dict) -> dict[str, RunRequest]:
     lanes = {"spec": page_request(ctx, values)}
     second = lane_drafter(values.get("drafter2"))
     if second is not None:
-        third = {**values, "drafter": second, "gamma_policy": values.get("policy2", PAGE.gamma_policy),
-                 "tree": values.get("tree2", PAGE.tree)}  # fmt: skip
+        third = {
+            **values,
+            "drafter": second,
+            "gamma_policy": values.get("policy2", PAGE.gamma_policy),
+            "tree": values.get("tree2", PAGE.tree),
+        }
         lanes["spec2"] = page_request(ctx, third)
     return lanes
 

@@ -142,8 +142,12 @@ def build_pair_tab(ctx: UIContext) -> None:
         max_new = gr.Slider(8, min(64, ctx.limits.max_new_tokens), value=24, step=8, label="tokens per sample prompt")
         drafter = gr.Dropdown(list(CHECK_DRAFTERS), value="model", label="guesses from (drafter)", scale=1)
     with gr.Row():
-        target = gr.Textbox(first.target, label="Target p: a Hugging Face id or a folder", max_lines=1,
-                            info="or a served target's address where the operator allows it: http://HOST:PORT/v1")  # fmt: skip
+        target = gr.Textbox(
+            first.target,
+            label="Target p: a Hugging Face id or a folder",
+            max_lines=1,
+            info="or a served target's address where the operator allows it: http://HOST:PORT/v1",
+        )
         draft = gr.Textbox(first.draft, label="Draft q: a Hugging Face id or a folder", max_lines=1)
     with gr.Accordion("Advanced", open=False):
         quantize = gr.Dropdown(

@@ -235,13 +235,21 @@ def build_race_tab(ctx: UIContext) -> None:
         drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)
         policy = gr.Dropdown(list(GAMMA_POLICIES), value=PAGE.gamma_policy, label="gamma policy", scale=1)
         gamma = gr.Slider(
-            1, lim.max_gamma, value=min(PAGE.gamma, lim.max_gamma), step=1, scale=2,
+            1,
+            lim.max_gamma,
+            value=min(PAGE.gamma, lim.max_gamma),
+            step=1,
+            scale=2,
             label="gamma: guesses per round (the most per round under confidence and auto)",
-        )  # fmt: skip
+        )
         temperature = gr.Slider(
-            0, TEMPERATURE_MAX, value=PAGE.temperature, step=0.05, scale=2,
+            0,
+            TEMPERATURE_MAX,
+            value=PAGE.temperature,
+            step=0.05,
+            scale=2,
             label="temperature (0 = greedy: always the top token)",
-        )  # fmt: skip
+        )
         tree = gr.Dropdown(list(TREES), value=str(PAGE.tree), label="token tree (model drafters)", scale=1)
     with gr.Accordion("Race a third lane (another drafter, policy or tree on the same clock)", open=False):
         with gr.Row():
@@ -253,9 +261,12 @@ def build_race_tab(ctx: UIContext) -> None:
             top_k = gr.Slider(0, 200, value=PAGE.top_k, step=1, label="top-k (0 = off)")
             top_p = gr.Slider(0, 1, value=PAGE.top_p, step=0.05, label="top-p (1 = off; must be above 0)")
             max_new = gr.Slider(
-                1, lim.max_new_tokens, value=min(PAGE.max_new_tokens, lim.max_new_tokens), step=1,
+                1,
+                lim.max_new_tokens,
+                value=min(PAGE.max_new_tokens, lim.max_new_tokens),
+                step=1,
                 label="max new tokens",
-            )  # fmt: skip
+            )
             seed = gr.Number(value=PAGE.seed, precision=0, minimum=0, label="seed")
     message = gr.HTML(elem_id="sv-message", js_on_load=None)
     echo = gr.HTML(js_on_load=None)
@@ -307,11 +318,37 @@ def build_race_tab(ctx: UIContext) -> None:
     # so a bad value through the API (NaN, a string, out of range) gets one sentence in the page too.
     # New inputs and outputs go at the end, so API clients written for two lanes keep working; the gr.State
     # outputs (the finished race / sweep, for the downloads) are hidden from the API.
-    outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share,
-               spec2_pane, spec2_stats, fig_position, fig_timeline]  # fmt: skip
-    by_name = dict(prompt=prompt, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
-                   max_new_tokens=max_new, seed=seed, drafter=drafter, gamma_policy=policy, drafter2=drafter2,
-                   policy2=policy2, tree=tree, tree2=tree2)  # fmt: skip
+    outputs = [
+        echo,
+        ar_pane,
+        spec_pane,
+        ar_stats,
+        spec_stats,
+        message,
+        fig_race,
+        fig_accept,
+        fig_hist,
+        fig_share,
+        spec2_pane,
+        spec2_stats,
+        fig_position,
+        fig_timeline,
+    ]
+    by_name = dict(
+        prompt=prompt,
+        gamma=gamma,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_new_tokens=max_new,
+        seed=seed,
+        drafter=drafter,
+        gamma_policy=policy,
+        drafter2=drafter2,
+        policy2=policy2,
+        tree=tree,
+        tree2=tree2,
+    )
     inputs = [by_name[k] for k in RACE_INPUTS]
     race_ev = run.click(
         on_race, inputs, [*outputs, race_done], api_name="race", preprocess=False, concurrency_id="models"
@@ -327,17 +364,7 @@ def build_race_tab(ctx: UIContext) -> None:
     private = {"api_visibility": "private", "queue": False}
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
-    race_ev.then(
-        lambda view: downloads(race_recording(ctx, view), "race"),
-        [race_done],
-        list(race_dl),
-        **private,
-    )
-    sweep_ev.then(
-        lambda res: downloads(sweep_recording(ctx, res), "sweep"),
-        [sweep_done],
-        list(sweep_dl),
-        **private,
-    )
+    race_ev.then(lambda view: downloads(race_recording(ctx, view), "race"), [race_done], list(race_dl), **private)
+    sweep_ev.then(lambda res: downloads(sweep_recording(ctx, res), "sweep"), [sweep_done], list(sweep_dl), **private)
     stop.click(None, cancels=[race_ev, sweep_ev])
     drafter2.change(lambda d: gr.Column(visible=d != NO_LANE), drafter2, lane3, queue=False, api_visibility="private")

@@ -266,8 +266,15 @@ def build_replay_tab(ctx: UIContext) -> None:
     ) -> str:
         """Race plain against speculative decoding on the server's pair, at the page's defaults for what is not
         given (drafter, gamma policy, tree); returns the JSON recording as text."""
-        values = dict(prompt=prompt, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
-                      max_new_tokens=max_new_tokens, seed=seed)  # fmt: skip
+        values = dict(
+            prompt=prompt,
+            gamma=gamma,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+        )
         return record_race(ctx, values)
 
     gr.api(api_record_race, api_name="record_race", concurrency_id="models")

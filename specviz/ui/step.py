@@ -73,11 +73,13 @@ def _settings(ctx: UIContext, prompt, gamma, temperature, seed, lossy=False, w=1
     if tree not in TREES and tree not in (None, ""):
         raise SpecvizError(f"tree must be one of {', '.join(TREES)}, not {tree!r}.")
     tokens = min(STEP_TOKENS, ctx.limits.max_new_tokens)
-    cfg = SpecConfig(gamma, tokens, seed, SamplingConfig(temperature), relaxed_w=1.0 if w is None else w,
-                     tree=tree or "off")  # fmt: skip
+    cfg = SpecConfig(
+        gamma, tokens, seed, SamplingConfig(temperature), relaxed_w=1.0 if w is None else w, tree=tree or "off"
+    )
     ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
-    return StepSettings(prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens, cfg.relaxed_w,
-                        cfg.tree)  # fmt: skip
+    return StepSettings(
+        prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens, cfg.relaxed_w, cfg.tree
+    )
 
 
 def _prompt_ids(ctx: UIContext, p, prompt: str) -> list[int]:
@@ -137,8 +139,9 @@ def build_step_tab(ctx: UIContext) -> None:
                 temperature = gr.Slider(0, TEMPERATURE_MAX, value=0.0, step=0.1, label="temperature (0 = greedy)")
                 seed = gr.Number(0, label="seed", precision=0)
             with gr.Row(elem_classes=["sv-lossy-row"]):
-                tree = gr.Dropdown(list(TREES), value="off", label="token tree: guesses per round (depth ≤ gamma)",
-                                   scale=1)  # fmt: skip
+                tree = gr.Dropdown(
+                    list(TREES), value="off", label="token tree: guesses per round (depth ≤ gamma)", scale=1
+                )
                 lossy = gr.Checkbox(False, label="relaxed verification (not exact)", scale=1)
                 w = gr.Slider(0, 1, value=1.0, step=0.05, label=LOSSY_LABEL, visible=False, scale=2)
             with gr.Row():

@@ -10,15 +10,7 @@ import html
 
 from ..events import Round
 from ..render import Pieces, round_html
-from ..teach import (
-    GreedyCheck,
-    SampleCheck,
-    Stepper,
-    describe_round,
-    describe_tree_round,
-    label,
-    prob,
-)
+from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, describe_tree_round, label, prob
 from .tree_html import TREE_LEGEND, ranks_html, tree_html
 
 START = '<div class="sv-say">Press <b>Next round</b> to let the draft make its first guesses.</div>'
@@ -155,8 +147,9 @@ def text_html(pieces: Pieces, rounds: list[Round], greedy: bool) -> str:
     return f'<div class="sv-step-text"><span class="sv-old">{old}</span>{now}</div>{LEGEND}'
 
 
-def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0, rounds: list[Round] | None = None,
-               last: str = "") -> str:  # fmt: skip
+def draws_html(
+    rd: Round, name, greedy: bool, relaxed_w: float = 1.0, rounds: list[Round] | None = None, last: str = ""
+) -> str:
     """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token.
     A tree round shows its tree instead, and the chart of what was kept by depth and rank."""
     if rd.tree is not None:

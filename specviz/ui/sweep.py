@@ -48,8 +48,10 @@ def sweep_numbers(lanes: dict[str, list]) -> tuple[list[dict], float, float]:
     pooled, c against the plain lane's step (tally.py); lanes: "ar" and "gamma = g" -> that run's events."""
     plain = Tally.of(lanes["ar"])
     runs = {int(name.split("= ")[1]): Tally.of(evs) for name, evs in lanes.items() if name != "ar"}
-    rows = [{"gamma": g, "acceptance": t.acceptance_rate, "speedup": t.tokens_per_s / max(plain.tokens_per_s, 1e-9)}
-            for g, t in runs.items()]  # fmt: skip
+    rows = [
+        {"gamma": g, "acceptance": t.acceptance_rate, "speedup": t.tokens_per_s / max(plain.tokens_per_s, 1e-9)}
+        for g, t in runs.items()
+    ]
     pooled = sum(runs.values(), Tally())
     return rows, pooled.alpha, pooled.c(plain)
 

@@ -60,8 +60,11 @@ def tree_html(rd: Round, name, greedy: bool, last: str = "") -> str:
         items = [node(i) for i in kids.get(u, [])]
         if u == stop and emitted:  # where the walk stopped: the target's own token
             bonus = not kids.get(u)
-            how = ("the target's top choice" if greedy else "drawn from p") if bonus else (
-                "the target's top choice" if greedy else "drawn from what was left of p")  # fmt: skip
+            how = (
+                ("the target's top choice" if greedy else "drawn from p")
+                if bonus
+                else ("the target's top choice" if greedy else "drawn from what was left of p")
+            )
             what = "bonus: the branch ended with every guess kept" if bonus else "in place of the guesses turned down"
             cls, mark = ("sv-t-bonus", "★") if bonus else ("sv-t-fix", "↻")
             title = html.escape(f"“{name(rd.correction)}”: {what}; {how}", quote=True)

@@ -178,6 +178,7 @@ class ServedTarget:
     memory_bytes: int = 0  # nothing of it is held here
     max_model_len: int = 0
     n_params: int = 0  # not known here: the weights live on the server
+    engine: str = "vllm"  # or llamacpp.ENGINE: llama-cpp-python's server, which takes text (llamacpp.py)
 
     @property
     def precision(self) -> str:
@@ -189,15 +190,30 @@ class ServedTarget:
         return self.client.base
 
     def verify_mode(self, s: SamplingConfig) -> str:
-        """ "greedy", "exact" (T = 1, no filter) or "approximate: top-20": how this target verifies under `s`."""
+        """ "greedy", "exact" (T = 1, no filter) or "approximate: top-20": how this target verifies under `s`;
+        one sentence where it cannot (llama-cpp-python's server at T > 0, llamacpp.py)."""
         if s.greedy:
             return "greedy"
-        if s.temperature == 1.0 and s.top_k == 0 and s.top_p >= 1.0:
+        if self.engine != "vllm":
+            raise SpecvizError(
+                f"The server at {self.url} ({self.engine}) names tokens by their text, which verifies greedy "
+                "decoding exactly but not sampling; use temperature 0 here, or a vLLM server."
+            )
+        if _untempered(s):
             return "exact"
         return f"approximate: top-{APPROX_TOP}"
 
     def open_run(self) -> ServedRun:
+        if self.engine != "vllm":
+            from .llamacpp import LlamaCppRun
+
+            return LlamaCppRun(self)
         return ServedRun(self)
+
+
+def _untempered(s: SamplingConfig) -> bool:
+    """T = 1 and no top-k/top-p: p is the model's own softmax, the engine's logprobs as they come."""
+    return s.temperature == 1.0 and s.top_k == 0 and s.top_p >= 1.0
 
 
 def _sampling_body(s: SamplingConfig, gen: torch.Generator | None = None) -> dict:
@@ -388,7 +404,7 @@ class ServedRun:
         token, lp, _ = self._generated(choice)
         if s.greedy:
             return token, 1.0
-        return token, math.exp(lp) if self.t.verify_mode(s) == "exact" else float("nan")
+        return token, math.exp(lp) if _untempered(s) else float("nan")
 
 
 def _missing(t: ServedTarget, what: str) -> SpecvizError:
@@ -440,9 +456,10 @@ def _connect(client: Client, name: str, tokenizer: str | None, dev: torch.device
     model = str(info["id"])
     source = tokenizer or str(info.get("root") or model)
     tok, vocab_size, eos = _tokenizer(source, model, tokenizer is not None)
+    engine, theirs = _probe_tokenize(client, model)
     target = ServedTarget(name=name, client=client, model=model, tokenizer=tok, vocab_size=vocab_size, eos=eos,
-                          device=dev, max_model_len=int(info.get("max_model_len") or 0))  # fmt: skip
-    _check_tokenizer(target, source)
+                          device=dev, max_model_len=int(info.get("max_model_len") or 0), engine=engine)  # fmt: skip
+    _check_tokenizer(target, source, theirs)
     _check_prompt_logprobs(target)
     return target
 
@@ -476,14 +493,29 @@ def _tokenizer(source: str, model: str, named: bool):
     return tok, vocab_size, frozenset(eos)
 
 
-def _check_tokenizer(t: ServedTarget, source: str) -> None:
-    """The tokenizer here must split a probe text as the server's own tokenizer does (vLLM's /tokenize)."""
-    data = t.client.post("/tokenize", {"model": t.model, "prompt": PROBE_TEXT, "add_special_tokens": False})
-    theirs = data.get("tokens") if isinstance(data, dict) else None
+def _probe_tokenize(client: Client, model: str) -> tuple[str, object]:
+    """(engine, the server's token ids of PROBE_TEXT): vLLM's /tokenize, else llama-cpp-python's own endpoint
+    (llamacpp.py); a server with neither gets the /tokenize request's sentence."""
+    from . import llamacpp
+
+    try:
+        data = client.post("/tokenize", {"model": model, "prompt": PROBE_TEXT, "add_special_tokens": False})
+    except SpecvizError:
+        theirs = llamacpp.probe_tokens(client, PROBE_TEXT)
+        if theirs is None:
+            raise
+        return llamacpp.ENGINE, theirs
+    return "vllm", data.get("tokens") if isinstance(data, dict) else None
+
+
+def _check_tokenizer(t: ServedTarget, source: str, theirs) -> None:
+    """The tokenizer here must split a probe text as the server's own tokenizer does (its tokenize endpoint)."""
+    from .llamacpp import same_tokens
+
     if not isinstance(theirs, list):
         raise _missing(t, "the token ids of /tokenize")
     ours = t.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    if list(map(int, theirs)) != list(ours):
+    if not same_tokens(list(map(int, theirs)), list(ours), t.tokenizer):
         raise SpecvizError(
             f"The tokenizer {source} splits text differently from the server's model {t.model}; "
             "name the model's own tokenizer."
@@ -496,7 +528,8 @@ def _check_prompt_logprobs(t: ServedTarget) -> None:
     run = t.open_run()
     run._set(ids[:-2])
     logits = run.feed(torch.tensor(ids[-2:]))  # (2, V)
-    if not torch.isfinite(logits[0, ids[-1]]):
+    scored = logits[0, ids[-1]] if t.engine == "vllm" else logits[0].max()  # llama-cpp-python: its top tokens
+    if not torch.isfinite(scored):
         raise SpecvizError(f"The server at {t.url} sent no logprob for a prompt token; specviz needs them.")
 
 
@@ -552,6 +585,8 @@ def parse_spec_metrics(text: str) -> EngineSpec | None:
 
 def engine_spec(target: ServedTarget) -> EngineSpec | None:
     """What the engine's own speculative decoding measured so far (GET /metrics); None when it does not speculate."""
+    if target.engine != "vllm":  # llama-cpp-python's server has no /metrics
+        return None
     return parse_spec_metrics(target.client.get("/metrics").decode("utf-8", "replace"))
 
 
@@ -596,6 +631,10 @@ def engine_step_s(target: ServedTarget, prompt_ids: list[int], n: int = 16, reps
     def timed(tokens: int) -> float:
         body = {"model": target.model, "prompt": prompt_ids, "max_tokens": tokens, "temperature": 0.0,
                 "ignore_eos": True}  # fmt: skip
+        if target.engine != "vllm":  # text in; its end of turn kept out by a logit bias (it has no ignore_eos)
+            from .llamacpp import step_body
+
+            body = step_body(target, prompt_ids, tokens)
         t0 = time.perf_counter()
         target.client.post("/v1/completions", body)
         return time.perf_counter() - t0

@@ -2,9 +2,12 @@
 choice and the per-CPU tables in BENCHMARKS.md.
 
     python scripts/cpu_costs.py                 # the built-in pair, every linear-layer path, 1-8 tokens
-    python scripts/cpu_costs.py --tokens 5 --paths torch,kernel
+    python scripts/cpu_costs.py --tokens 5 --paths torch,kernel,kernel:transformers
 
-For each path (SPECVIZ_CPU_GEMM forced, in a fresh process each, interleaved over --rounds) it prints the target's
+A path is a linear-layer path (SPECVIZ_CPU_GEMM: torch, transposed, kernel), run by the lean forward where the
+model fits (specviz/lean.py: llama.c with the kernel, PyTorch ops otherwise); ":transformers" runs it through
+transformers' own forward instead (SPECVIZ_FORWARD=transformers).
+For each path (forced, in a fresh process each, interleaved over --rounds) it prints the target's
 one-token step in ms, the cost of a call of 2..N tokens in one-token steps of the same path, and the draft's step
 and c (draft step / target step) in float32 and float16. The limit: the target's weights in bytes over the
 bandwidth of one pass that only reads them (a sum over a buffer as large as the weights), i.e. the fastest a step
@@ -29,7 +32,9 @@ PROMPT = "Tell me about gravity, the moon and the tides of the sea, and why a da
 
 def one(path: str, tokens: int) -> dict:
     """In this process: the target's forward times over 1..tokens and the draft's one-token step on `path`."""
-    os.environ["SPECVIZ_CPU_GEMM"] = path
+    gemm, _, forward = path.partition(":")
+    os.environ["SPECVIZ_CPU_GEMM"] = gemm
+    os.environ["SPECVIZ_FORWARD"] = forward or "auto"
     import torch
 
     from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
@@ -62,7 +67,7 @@ def _timed(fn) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--paths", default="torch,transposed,kernel")
+    ap.add_argument("--paths", default="torch,transposed,kernel,torch:transformers,kernel:transformers")
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2, help="each path this many times, interleaved; medians shown")
     ap.add_argument("--json-out", default="")
@@ -86,11 +91,11 @@ def main() -> None:
     print(f"target weights {first['weights_mb']:.0f} MB; read-only bandwidth {first['bandwidth_gb_s']:.1f} GB/s "
           f"-> memory-bound limit {first['limit_ms']:.1f} ms a step")  # fmt: skip
     head = " ".join(f"{n:>5d}" for n in range(2, a.tokens + 1))
-    print(f"{'path':12s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
+    print(f"{'path':20s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
     for path, rs in runs.items():
         med = lambda k, rs=rs: statistics.median(r[k] for r in rs)  # noqa: E731
         cost = [statistics.median(r["cost"][i] for r in rs) for i in range(a.tokens)]
-        print(f"{path:12s} {med('step_ms'):8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in cost[1:])} | "
+        print(f"{path:20s} {med('step_ms'):8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in cost[1:])} | "
               f"{med('draft_float32_ms'):.2f}/{med('draft_float16_ms'):.2f}, "
               f"{med('c_float32'):.3f}/{med('c_float16'):.3f}   ({rs[0]['backend']})")  # fmt: skip
     if a.json_out:

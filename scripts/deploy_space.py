@@ -3,8 +3,9 @@
     python scripts/deploy_space.py USER/SPACE --dry-run   # the files, their sizes, which go to large-file storage
     python scripts/deploy_space.py USER/SPACE             # upload (a write token: HF_TOKEN or `hf auth login`)
 
-What goes up (`ALLOW`): the app (app.py and every file of specviz/, any source it builds at run time included),
-what it reads at run time (assets/: the draft's and the head's weights, prompts, recordings, style),
+What goes up (`ALLOW`): the app (app.py and every file of specviz/ but the training tools in specviz/training/,
+any source it builds at run time included), what it reads at run time (assets/: the draft's and the head's
+weights, prompts, recordings, style),
 requirements.txt, packages.txt (the Debian packages a Space installs: gcc, for specviz's few-token CPU kernel,
 compiled at first start), and the pages the Space shows (README.md with the Space's front matter, BENCHMARKS.md, the
 model cards and the images they embed). Never data/ (training data), runs/,
@@ -39,7 +40,7 @@ from huggingface_hub.utils import filter_repo_objects
 
 ROOT = Path(__file__).resolve().parent.parent
 ALLOW = ("app.py", "requirements.txt", "packages.txt", "README.md", "BENCHMARKS.md", "specviz/*", "assets/*")
-IGNORE = ("*__pycache__*", "*.pyc")
+IGNORE = ("*__pycache__*", "*.pyc", "specviz/training/*")  # training: the draft's tools, never the app's
 DELETE = ("specviz/*", "assets/*")  # on the Space: files there that this upload no longer has are removed
 LFS_MIN_BYTES = 10 * 2**20  # the Hub refuses files this large outside large-file storage
 SAMPLE_BYTES = 512  # what the upload API shows the Hub of each file

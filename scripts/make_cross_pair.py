@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))  # tests/ is reached as the namespace package `tests`
 
 
 def teacher_texts(n: int) -> tuple[list[str], list[str]]:
@@ -42,7 +42,7 @@ def teacher_texts(n: int) -> tuple[list[str], list[str]]:
 
 
 def builtin_draft(out: Path, replies: int, vocab: int, hidden: int, steps: int) -> str:
-    from cross_pair import metaspace_tokenizer, save, train_lm
+    from tests.cross_pair import metaspace_tokenizer, save, train_lm
 
     prompts, texts = teacher_texts(replies)
     tok = metaspace_tokenizer(prompts + texts, vocab)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.pair == "tiny":
-        from cross_pair import cross_pair
+        from tests.cross_pair import cross_pair
 
         print("\n".join(cross_pair(out)))
     else:

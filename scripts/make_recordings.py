@@ -45,7 +45,7 @@ def sweep(prompt: str, tokens: int):
         except StopIteration as stop:
             result = stop.value
             break
-    from specviz.ui.replay import sweep_recording
+    from specviz.ui.keep import sweep_recording
 
     if result is None:
         raise SystemExit("The sweep failed; run it in the app to see why.")
@@ -72,9 +72,12 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = {
-        f"race-gravity-greedy-{a.tag}": lambda: record_run("Tell me about gravity.", gamma=3, max_new_tokens=96),
+        # the page's defaults (lookup+model, gamma auto): what a visitor's first race runs
+        f"race-gravity-greedy-{a.tag}": lambda: record_run(
+            "Tell me about gravity.", drafter="lookup+model", gamma="auto", max_new_tokens=96
+        ),
         f"race-fibonacci-t0.7-{a.tag}": lambda: record_run(
-            "def fibonacci(n):", gamma=3, temperature=0.7, max_new_tokens=96, seed=1
+            "def fibonacci(n):", drafter="lookup+model", gamma="auto", temperature=0.7, max_new_tokens=96, seed=1
         ),
         f"step-ai-t1.0-{a.tag}": lambda: step_session("What is AI?", 4, 1.0, 0, 48),
         f"sweep-gravity-greedy-{a.tag}": lambda: sweep("Tell me about gravity.", 64),

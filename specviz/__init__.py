@@ -12,6 +12,7 @@ from .config import SamplingConfig, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, race, speculative_decode
 from .events import Candidates, Done, Round, Start, Step
 from .models import LoadedModel, load_model, load_pair
+from .request import RunRequest
 
 __all__ = [
     "Candidates",
@@ -19,6 +20,7 @@ __all__ = [
     "LoadedModel",
     "Result",
     "Round",
+    "RunRequest",
     "SamplingConfig",
     "SpecConfig",
     "SpecvizError",

@@ -25,39 +25,40 @@ def _gamma(text: str):
 
 
 def _sampling_args(ap: argparse.ArgumentParser) -> None:
-    from .config import DEFAULT_DRAFTER, DEFAULT_GAMMA_SETTING, DRAFTERS, GAMMA_POLICIES
+    """A run's options; each left unset stays unset, so the run gets request.RunRequest's default (named here)."""
+    from .config import DRAFTERS, GAMMA_POLICIES
+    from .request import RunRequest
 
-    ap.add_argument(
-        "--drafter",
-        choices=DRAFTERS,
-        default=DEFAULT_DRAFTER,
-        help=f"where guesses come from (default {DEFAULT_DRAFTER})",
-    )
-    ap.add_argument(
-        "--gamma",
-        type=_gamma,
-        default=DEFAULT_GAMMA_SETTING,
-        help="tokens proposed per round (1-16), or auto (default)",
-    )
-    ap.add_argument("--gamma-policy", choices=GAMMA_POLICIES, default="constant", help="how gamma changes per round")
+    def d(name: str) -> str:
+        return f"default {RunRequest.default(name)}"
+
+    ap.add_argument("--drafter", choices=DRAFTERS, help=f"where guesses come from ({d('drafter')})")
+    ap.add_argument("--gamma", type=_gamma, help=f"tokens proposed per round (1-16), or auto ({d('gamma')})")
+    ap.add_argument("--gamma-policy", choices=GAMMA_POLICIES, help=f"how gamma changes per round ({d('gamma_policy')})")
     ap.add_argument(
         "--tree",
-        default="off",
-        help="token trees from the draft model: off (chains, default), a node budget 1-32, or auto; depth <= gamma",
+        help=f"token trees from the draft model: off (chains), a node budget 1-32, or auto; depth <= gamma ({d('tree')})",
     )
-    ap.add_argument("--confidence", type=float, default=0.4, help="the confidence policy's threshold")
-    ap.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="lookup: most tokens per match")
-    ap.add_argument("--max-matching-ngram-size", type=int, default=3, help="lookup: longest suffix tried first")
-    ap.add_argument("--head", default="", help="head / lookup+head: the head folder (default: the built-in target's)")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    ap.add_argument("--top-k", type=int, default=0)
-    ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--confidence", type=float, help=f"the confidence policy's threshold ({d('confidence')})")
+    ap.add_argument(
+        "--prompt-lookup-num-tokens", type=int, help=f"lookup: most tokens per match ({d('prompt_lookup_num_tokens')})"
+    )
+    ap.add_argument(
+        "--max-matching-ngram-size",
+        type=int,
+        help=f"lookup: longest suffix tried first ({d('max_matching_ngram_size')})",
+    )
+    ap.add_argument("--head", help="head / lookup+head: the head folder (default: the built-in target's)")
+    ap.add_argument("--temperature", type=float, help=f"0 is greedy ({d('temperature')})")
+    ap.add_argument("--top-k", type=int, help=f"0 is off ({d('top_k')})")
+    ap.add_argument("--top-p", type=float, help=f"1 is off ({d('top_p')})")
+    ap.add_argument("--max-new-tokens", type=int, help=f"({d('max_new_tokens')})")
+    ap.add_argument("--seed", type=int, help=f"({d('seed')})")
 
 
 def parser() -> argparse.ArgumentParser:
     from .config import CHECK_DRAFTERS
+    from .request import RunRequest
 
     ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -106,54 +107,40 @@ def parser() -> argparse.ArgumentParser:
         "model:auto:tree=auto",
     )
     b.add_argument("--temperatures", default="0")
-    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--max-new-tokens", type=int, help=f"(default {RunRequest.default('max_new_tokens')})")
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
     b.add_argument("--no-hf", action="store_true", help="skip transformers' peers (assisted generation, prompt lookup)")
     b.add_argument("--csv")
     b.add_argument("--json-out", help="write the table and machine facts as JSON")
     b.add_argument("--plots", help="folder for plotly charts (HTML, and PNG where kaleido works)")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, help=f"the first prompt's seed (default {RunRequest.default('seed')})")
     b.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
     return ap
 
 
+def _request(a):
+    """The run the arguments ask for: the options given, RunRequest's defaults for the rest."""
+    from .request import NAMES, RunRequest
+
+    return RunRequest(**{k: v for k, v in vars(a).items() if k in NAMES and v is not None})
+
+
 def _generate(a) -> dict:
-    from . import generate
+    from .api import result
     from .served import is_url
 
-    kw = dict(
-        target=a.target,
-        draft=a.draft,
-        gamma=a.gamma,
-        drafter=a.drafter,
-        gamma_policy=a.gamma_policy,
-        tree=a.tree,
-        confidence=a.confidence,
-        prompt_lookup_num_tokens=a.prompt_lookup_num_tokens,
-        max_matching_ngram_size=a.max_matching_ngram_size,
-        head=a.head,
-        temperature=a.temperature,
-        top_k=a.top_k,
-        top_p=a.top_p,
-        max_new_tokens=a.max_new_tokens,
-        seed=a.seed,
-        raw=a.raw,
-        device=a.device,
-        dtype=a.dtype,
-        quantize=a.quantize,
-        tokenizer=a.tokenizer,
-    )
+    req = _request(a)
     recorded, lanes = {}, {}
     if a.record or is_url(a.target):  # one recorded run (both modes raced for --compare), read back below
-        from .record import run
+        from .record import run_request
 
-        rec = run(a.prompt, ("ar", "spec") if a.compare else (a.mode,), **kw)
+        rec = run_request(a.prompt, ("ar", "spec") if a.compare else (a.mode,), req)
         if a.record:
             rec.save(a.record)
         recorded, lanes = {m: rec.result(m) for m in rec.lanes}, rec.lanes
     if not a.compare:
-        r = recorded.get(a.mode) or generate(a.prompt, mode=a.mode, **kw)
+        r = recorded.get(a.mode) or result(a.prompt, req)
         if not a.json:
             print(r.text)
             s = r.stats
@@ -163,8 +150,8 @@ def _generate(a) -> dict:
             print(line + "]", file=sys.stderr)
             _print_served(a, [r], lanes)
         return {"text": r.text, "token_ids": list(r.token_ids), "stats": r.stats, **_engine_panel(a)}
-    ar = recorded.get("ar") or generate(a.prompt, mode="ar", **kw)
-    sp = recorded.get("spec") or generate(a.prompt, mode="spec", **kw)
+    ar = recorded.get("ar") or result(a.prompt, req.replace(mode="ar"))
+    sp = recorded.get("spec") or result(a.prompt, req.replace(mode="spec"))
     speedup = ar.stats["wall_s"] / sp.stats["wall_s"] if sp.stats["wall_s"] else 0.0
     if not a.json:
         print("── plain decoding ──\n" + ar.text)

@@ -16,7 +16,9 @@ Per cell it reports tokens/s (median over prompts and repeats), speedups (median
 ratios), the acceptance rate (accepted / drafted), the per-token acceptance alpha (accepted / proposals the
 target ruled on), tokens per target call, the cost ratio c, the theoretical speedup
 (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) and, where measured falls >15% short of it, where the time went.
-At temperature 0 all four outputs must be identical token for token; a difference is flagged loudly.
+At temperature 0 every method must give the plain output of its own forward token for token (spec = ar; hf_spec,
+hf_assist and hf_lookup = hf_ar); a difference is flagged loudly. ar and hf_ar may run different forwards (lean.py
+beside transformers'), which can part on a float32 near-tie: `forwards_agree` says whether they did.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import logging
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,13 +39,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from . import metrics
 from .api import encode_prompt
-from .config import ASSETS, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
+from .config import ASSETS, TREE_DRAFTERS, SpecConfig, SpecvizError
 from .engine import autoregressive_decode, eos_ids, speculative_decode
-from .events import Done, Step
+from .events import Done
 from .models import LoadedModel
-from .theory import alpha, cost_ratio, expected_speedup  # noqa: F401  (expected_speedup: re-exported)
+from .request import RunRequest
+from .tally import Tally
+from .theory import expected_speedup
 from .translate import needs_translation
 
 log = logging.getLogger("specviz")
@@ -53,7 +55,9 @@ PROMPT_DIR = ASSETS / "prompts"
 PROMPT_SETS = ("everyday", "stories", "code", "summarise", "grounded")
 METHODS = ("ar", "spec", "hf_spec", "hf_assist", "hf_lookup", "hf_ar")
 SHARED = ("ar", "hf_assist", "hf_lookup", "hf_ar")  # run once per prompt, whatever the configuration
-HF_LOOKUP_TOKENS = 10
+# the transformers peers run at transformers' own defaults, not specviz's (RunRequest's), even where they agree
+HF_LOOKUP_TOKENS = 10  # prompt_lookup_num_tokens
+HF_ASSIST_TOKENS, HF_ASSIST_CONFIDENCE = 20, 0.4  # num_assistant_tokens, assistant_confidence_threshold
 SHORTFALL = 0.85  # measured below 85% of theory: say where the time went
 WARMUP_TOKENS = 8
 
@@ -210,32 +214,31 @@ def assist_kwargs(target: LoadedModel, draft: LoadedModel, view: torch.nn.Module
 # --- one timed run per method ---------------------------------------------------------------------
 
 
-def _ours(events_fn) -> dict:
-    t0 = time.perf_counter()
-    events = list(events_fn())
-    seconds = time.perf_counter() - t0
+def run_row(events: list, seconds: float) -> dict:
+    """One run of our engine as a row of `measure`: its tokens, the wall clock around the call, its Tally's
+    counts (pooled again by `pool`) and, for a served target, its requests, their seconds and how it decided."""
     done = events[-1]
     assert isinstance(done, Done)
-    s = metrics.summary(events)
-    steps = [e.forward_s for e in events if isinstance(e, Step)]
     return {
         "tokens": list(done.token_ids),
         "seconds": seconds,
-        "target_calls": s["target_calls"],
-        "draft_calls": done.stats.get("draft_calls", 0),
-        "drafted": s["drafted"],
-        "accepted": s["accepted"],
-        "rejected": s["rejected"],
-        "prefill_s": s["prefill_s"],
-        "draft_s": s["draft_s"],
-        "verify_s": s["verify_s"],
-        "other_s": s["other_s"],
-        "step_s": statistics.median(steps) if steps else float("nan"),
-        # a served target (served.py): its requests, their seconds, and how it decided; nan / "" for a local one
+        **Tally.of(events).counts(),
         "requests": done.stats.get("requests", 0),
-        "request_s": done.stats.get("request_s", float("nan")),
+        "request_s": done.stats.get("request_s", float("nan")),  # nan / "" for a local target
         "verify": done.stats.get("verify", ""),
     }
+
+
+def pool(rows: pd.DataFrame) -> Tally:
+    """The Tally of every run of ours among `rows` (rows of `run_row`), pooled."""
+    names = [k for k in Tally().counts() if k in rows.columns]
+    return sum((Tally.from_counts(dict(zip(names, r))) for r in rows[names].itertuples(index=False)), Tally())
+
+
+def _ours(events_fn) -> dict:
+    t0 = time.perf_counter()
+    events = list(events_fn())
+    return run_row(events, time.perf_counter() - t0)
 
 
 def _hf(target: LoadedModel, ids: list[int], cfg: SpecConfig, **extra) -> dict:
@@ -269,10 +272,10 @@ class Config:
         tree = "" if self.tree == "off" else f", tree {self.tree}"
         return f"{self.drafter}, {'auto' if self.gamma == 'auto' else g}{tree}"
 
-    def spec_config(self, max_new_tokens: int, seed: int, sampling: SamplingConfig) -> SpecConfig:
-        return SpecConfig(gamma=self.gamma, max_new_tokens=max_new_tokens, seed=seed, sampling=sampling,
-                          drafter=self.drafter, gamma_policy="auto" if self.gamma == "auto" else self.policy,
-                          tree=self.tree)  # fmt: skip
+    def request(self, base: RunRequest) -> RunRequest:
+        """`base` (the run's other options) with this configuration's drafter, gamma, policy and tree."""
+        policy = "auto" if self.gamma == "auto" else self.policy
+        return base.replace(mode="spec", drafter=self.drafter, gamma=self.gamma, gamma_policy=policy, tree=self.tree)
 
 
 def grid(gammas: Sequence, drafters: Sequence[str] = ("model",), policies: Sequence[str] = ("constant",),
@@ -315,7 +318,7 @@ def parse_configs(text: str) -> list[Config]:
         policy = "auto" if gamma == "auto" else (parts[2] if len(parts) == 3 else "constant")
         out.append(Config(parts[0], gamma, policy, tree))
     for c in out:
-        c.spec_config(8, 0, SamplingConfig())  # one sentence for an unknown drafter or policy, before loading
+        c.request(RunRequest())  # one sentence for an unknown drafter or policy, before loading
     return out
 
 
@@ -327,8 +330,8 @@ def _shared_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool) ->
         return runners, notes
     if draft is not None:
         try:
-            default = hf_assistant(draft, target, 20)
-            default.generation_config.assistant_confidence_threshold = 0.4  # transformers' own defaults
+            default = hf_assistant(draft, target, HF_ASSIST_TOKENS)
+            default.generation_config.assistant_confidence_threshold = HF_ASSIST_CONFIDENCE
             assist = assist_kwargs(target, draft, default)
             runners["hf_assist"] = lambda ids, cfg: _hf(target, ids, cfg, **assist)
         except SpecvizError as e:
@@ -363,69 +366,108 @@ def _config_runners(target: LoadedModel, draft: LoadedModel | None, hf: bool, co
     return out, notes
 
 
+def row(temperature: float, c: Config | None, repeat: int, prompt: int, method: str, r: dict) -> dict:
+    """One row of `measure`: the cell it belongs to and one timed run `r` (`run_row`, or a peer's tokens and
+    seconds); tokens_per_s is over the wall clock around the call, the same for every method."""
+    n = len(r["tokens"])
+    return {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
+            "gamma": c and c.gamma, "policy": c and c.policy, "tree": c.tree if c else "", "repeat": repeat,
+            "prompt": prompt, "method": method, "new_tokens": n,
+            "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}  # fmt: skip
+
+
 def measure(
     target: LoadedModel,
     draft: LoadedModel | None,
     prompts: Sequence[str],
     configs: Sequence[Config],
     temperatures: Sequence[float],
-    max_new_tokens: int = 64,
     repeats: int = 1,
     *,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
+    request: RunRequest | None = None,
     hf: bool = True,
-    raw: bool = False,
     progress: bool = False,
 ) -> pd.DataFrame:
-    """Every timed run: one row per (temperature, repeat, prompt, method[, configuration]). See `summarise_runs`."""
+    """Every timed run: one row per (temperature, repeat, prompt, method[, configuration]). See `summarise_runs`.
+
+    request: the options every run shares (max_new_tokens, top_k, top_p, seed, raw; default RunRequest()'s); each
+    configuration sets the drafter, gamma, policy and tree, the grid the temperature, and each prompt its seed."""
     from tqdm.auto import tqdm
 
-    samplings = {t: SamplingConfig(t, top_k, top_p) for t in temperatures}
+    base = request or RunRequest()
     for c in configs:  # validates every value before anything runs
-        c.spec_config(max_new_tokens, seed, SamplingConfig())
+        c.request(base)
+    for t in temperatures:
+        base.replace(temperature=t)
     if repeats < 1:
         raise SpecvizError("--repeats must be at least 1.")
     if not prompts or not configs:
         raise SpecvizError("There are no prompts or no configurations to run.")
-    encoded = [encode_prompt(target, p, raw) for p in prompts]
+    encoded = [encode_prompt(target, p, base.raw) for p in prompts]
     shared, notes = _shared_runners(target, draft, hf)
     per_config, more = _config_runners(target, draft, hf, configs)
     notes.update(more)
     for note in notes.values():
         log.warning("a transformers peer is skipped: %s", note)
 
-    warm_s = SamplingConfig(0.0)
+    warm = base.replace(max_new_tokens=min(WARMUP_TOKENS, base.max_new_tokens), temperature=0.0)
     for run in shared.values():  # first calls pay for lazy initialisation (and auto's cost calibration): untimed
-        run(encoded[0], SpecConfig(max_new_tokens=min(WARMUP_TOKENS, max_new_tokens), seed=seed, sampling=warm_s))
+        run(encoded[0], warm.replace(mode="ar").spec)
     for c, _, run in per_config:
-        run(encoded[0], c.spec_config(min(WARMUP_TOKENS, max_new_tokens), seed, warm_s))
+        run(encoded[0], c.request(warm).spec)
 
     rows = []
-    bar = tqdm(total=len(samplings) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
+    bar = tqdm(total=len(temperatures) * repeats * len(prompts), desc="bench", unit="prompt", disable=not progress)
     with bar:
-        for temperature, sampling in samplings.items():
+        for temperature in temperatures:
             for rep in range(repeats):
                 for i, ids in enumerate(encoded):
-                    run_seed = seed + 1000 * rep + i
+                    at = base.replace(temperature=temperature, seed=base.seed + 1000 * rep + i)
                     slot = [(None, m, r) for m, r in shared.items()] + per_config
                     for c, method, run in slot:
-                        cfg = (c.spec_config(max_new_tokens, run_seed, sampling) if c else
-                               SpecConfig(max_new_tokens=max_new_tokens, seed=run_seed, sampling=sampling))  # fmt: skip
-                        r = run(ids, cfg)
-                        n = len(r["tokens"])
-                        rows.append(
-                            {"temperature": temperature, "config": c.label if c else "", "drafter": c and c.drafter,
-                             "gamma": c and c.gamma, "policy": c and c.policy, "tree": c.tree if c else "",
-                             "repeat": rep, "prompt": i,
-                             "method": method, "new_tokens": n,
-                             "tokens_per_s": n / r["seconds"] if r["seconds"] > 0 else float("nan"), **r}
-                        )  # fmt: skip
+                        cfg = c.request(at).spec if c else at.replace(mode="ar").spec
+                        rows.append(row(temperature, c, rep, i, method, run(ids, cfg)))
                     bar.update(1)
     runs = pd.DataFrame(rows)
     runs.attrs["notes"] = notes
     return runs
+
+
+RANK_TOP = 4  # the rank histogram's ranks 1 .. RANK_TOP, then "beyond" (drafters.TREE_CHILDREN branches at most)
+
+
+@torch.inference_mode()
+def draft_ranks(target: LoadedModel, draft: LoadedModel, prompt_ids: Sequence[list[int]],
+                replies: Sequence[Sequence[int]], top: int = RANK_TOP) -> dict:  # fmt: skip
+    """The draft's rank histogram on the target's greedy replies: how often the target's token is the draft's 1st,
+    2nd ... choice (ties count against it), teacher-forced: one draft call reads a prompt and the reply the
+    target wrote, as a greedy round's draft always continues text the target wrote. It decides which trees are
+    worth growing: a runner-up pays only where the target's token is often the draft's 2nd or 3rd choice.
+    Returns {"tokens": n, "shares": [rank 1, ..., rank top, beyond]}."""
+    from .models import CachedModel
+
+    counts = [0] * (top + 1)
+    for ids, reply in zip(prompt_ids, replies):
+        if not reply:
+            continue
+        run = CachedModel(draft, target.vocab_size)
+        run.prefill(torch.tensor(ids, device=draft.device))
+        logits = run.feed(torch.tensor([*ids[-1:], *reply[:-1]], device=draft.device))  # (R, V): row j -> reply[j]
+        want = logits.gather(1, torch.tensor(list(reply), device=logits.device)[:, None])  # (R, 1)
+        for r in (logits > want).sum(1).tolist():
+            counts[min(r, top)] += 1
+    total = sum(counts)
+    return {"tokens": total, "shares": [c / total if total else float("nan") for c in counts]}
+
+
+def ranks_line(ranks: dict) -> str:
+    """The rank histogram in one sentence."""
+    nth = ("1st", "2nd", "3rd", *(f"{i}th" for i in range(4, len(ranks["shares"]))))
+    shares = ", ".join(f"{n} {s:.0%}" for n, s in zip(nth, ranks["shares"][:-1]))
+    return (
+        f"the target's greedy token is the draft's {shares}, beyond {ranks['shares'][-1]:.0%} "
+        f"({ranks['tokens']} tokens of the plain replies, teacher-forced)"
+    )
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -455,18 +497,18 @@ def _identical(runs: list[pd.DataFrame], ar: pd.DataFrame) -> tuple[bool | None,
     return not diffs, diffs
 
 
-def _where_time_goes(spec: pd.DataFrame, ar: pd.DataFrame, gamma: int, c: float) -> dict:
-    """Shares of spec's decode time (prefill excluded) and what one verify call cost in AR steps."""
+def _where_time_goes(spec: pd.DataFrame, run: Tally, plain: Tally, gamma: int, c: float) -> dict:
+    """Shares of spec's decode time (prefill excluded) and what one verify call cost in plain steps."""
     decode = float((spec["seconds"] - spec["prefill_s"]).sum())
-    rounds = float(spec["target_calls"].sum())
-    step = float(ar["step_s"].median())
-    draft, verify = float(spec["draft_s"].sum()), float(spec["verify_s"].sum())
+    step = plain.step_s
+    draft, verify, rounds = run.draft_s, run.verify_s, run.rounds
     return {
         "draft_share": draft / decode if decode > 0 else float("nan"),
         "verify_share": verify / decode if decode > 0 else float("nan"),
         "other_share": max(decode - draft - verify, 0.0) / decode if decode > 0 else float("nan"),
         "prefill_share": float(spec["prefill_s"].sum() / spec["seconds"].sum()),
         "verify_cost": verify / rounds / step if rounds and step > 0 else float("nan"),  # theory assumes 1
+        "draft_per_call": draft / rounds / step if rounds and step > 0 else float("nan"),  # drafting per round, steps
         "draft_cost": draft / rounds / (gamma * c * step) if rounds and c > 0 and step > 0 else float("nan"),
     }
 
@@ -488,22 +530,25 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
     for temperature, at_t in runs.groupby("temperature", sort=True):
         shared = {m: at_t[at_t["method"] == m] for m in SHARED}
         ar = shared["ar"]
-        step = float(ar["step_s"].median())
+        plain = pool(ar)
         ar_dec = ar["new_tokens"].sum() / (ar["seconds"] - ar["prefill_s"]).sum()
         for label, cell in at_t[at_t["config"] != ""].groupby("config", sort=False):
             spec, hf_spec = cell[cell["method"] == "spec"], cell[cell["method"] == "hf_spec"]
             first = spec.iloc[0]
-            drafted, accepted = int(spec["drafted"].sum()), int(spec["accepted"].sum())
-            a = alpha(accepted, int(spec["rejected"].sum()))  # per-token acceptance: what the formula assumes
-            calls = int(spec["draft_calls"].sum())
-            c = cost_ratio(float(spec["draft_s"].sum()), calls, step) if calls else 0.0
+            run = pool(spec)  # every count and the acceptance, alpha, tokens per call and c read from it
+            a, c = run.alpha, run.c(plain)  # per-token acceptance: what the formula assumes
             spec_dec = spec["new_tokens"].sum() / (spec["seconds"] - spec["prefill_s"]).sum()
             constant = first["policy"] == "constant"
             gamma = int(first["gamma"]) if first["gamma"] != "auto" else first["gamma"]
             theory = expected_speedup(a, gamma, c) if constant and math.isfinite(c) else float("nan")
             peers = pd.concat([shared["hf_assist"], shared["hf_lookup"]])
             best_peer = peers.groupby(["repeat", "prompt"], as_index=False)["tokens_per_s"].max()
-            ok, diffs = _identical([spec, hf_spec, *(shared[m] for m in SHARED[1:])], ar)
+            # each method against plain decoding on its own forward: ours (maybe lean.py's) against ar,
+            # transformers' against its own generate; the two forwards may part on a float32 near-tie
+            ok, diffs = _identical([spec], ar)
+            ok_hf, diffs_hf = _identical([hf_spec, shared["hf_assist"], shared["hf_lookup"]], shared["hf_ar"])
+            ok, diffs = (ok if ok_hf is None else ok_hf if ok is None else ok and ok_hf), diffs + diffs_hf
+            agree = _identical([shared["hf_ar"]], ar)[0] if len(shared["hf_ar"]) else None
             row = {
                 "temperature": temperature,
                 "config": label,
@@ -526,17 +571,18 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 "ar_vs_hf_ar": _paired(ar, shared["hf_ar"]),
                 "hf_assist_vs_ar": _paired(shared["hf_assist"], ar),
                 "hf_lookup_vs_ar": _paired(shared["hf_lookup"], ar),
-                "acceptance": accepted / drafted if drafted else 0.0,
+                "acceptance": run.acceptance_rate,
                 "alpha": a,
-                "tokens_per_call": float(spec["new_tokens"].sum() / spec["target_calls"].sum()),
-                "drafted_per_call": float(drafted / spec["target_calls"].sum()),
+                "tokens_per_call": run.tokens_per_call,
+                "drafted_per_call": run.drafted_per_call,
                 "c": c,
                 "decode_speedup": float(spec_dec / ar_dec),
                 "theory": theory,
                 "measured_over_theory": float(spec_dec / ar_dec / theory) if theory > 0 else float("nan"),
-                **_where_time_goes(spec, ar, gamma if constant else 1, c),
+                **_where_time_goes(spec, run, plain, gamma if constant else 1, c),
                 "identical": ok,
                 "differences": "; ".join(diffs),
+                "forwards_agree": agree,  # ar's tokens == transformers' generate's (both plain, greedy)
                 "verify": first["verify"],  # a served target: greedy | exact | approximate: top-20
                 "ar_request_share": float(ar["request_s"].sum() / ar["seconds"].sum()),
                 "spec_request_share": float(spec["request_s"].sum() / spec["seconds"].sum()),
@@ -567,11 +613,16 @@ def _beside_best_chain(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
                 ratio,
                 tpc,
             ]
+            extra = row["drafted_per_call"] - best["drafted_per_call"]  # positions more than the chain's per verify
+            per_node = (row["verify_cost"] - best["verify_cost"]) / extra if abs(extra) >= 0.5 else math.nan
             table.loc[i, "note"] = (
                 f"{row['tokens_per_call']:.2f} tokens per call, {tpc - 1:+.0%} against the best chain "
                 f"({best['config']}: {best['tokens_per_call']:.2f}); a verify of {row['drafted_per_call'] + 1:.1f} "
                 f"positions costs {row['verify_cost']:.2f} plain steps (the chain's of "
-                f"{best['drafted_per_call'] + 1:.1f}: {best['verify_cost']:.2f}), so it runs {ratio:.2f}x the chain"
+                f"{best['drafted_per_call'] + 1:.1f}: {best['verify_cost']:.2f}"
+                + (f", {per_node:+.3f} a node" if math.isfinite(per_node) else "")
+                + f") and drafting {row['draft_per_call']:.2f} (the chain's: {best['draft_per_call']:.2f}), "
+                f"so it runs {ratio:.2f}x the chain"
             )
     return table
 
@@ -582,25 +633,31 @@ def run_bench(
     prompts: Sequence[str],
     gammas: Sequence,
     temperatures: Sequence[float],
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
     repeats: int = 1,
     *,
     drafters: Sequence[str] = ("model",),
     policies: Sequence[str] = ("constant",),
     trees: Sequence = ("off",),
-    **kwargs,
+    hf: bool = True,
+    progress: bool = False,
+    **options,
 ) -> pd.DataFrame:
-    """Run the grid (see `measure` for the keyword options) and return the per-cell table.
+    """Run the grid and return the per-cell table. options: a run's options every run shares (top_k, top_p, seed,
+    raw; request.RunRequest's, as is max_new_tokens, whose default is RunRequest's); hf, progress as in `measure`.
 
     Cells: every drafter x gamma (a number or "auto") x policy. Columns: temperature, config, drafter, gamma,
     policy, prompts, repeats, {ar,spec,hf_spec,hf_assist,hf_lookup,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
     speedup_vs_best_peer, ar_vs_hf_ar, acceptance, alpha, tokens_per_call, drafted_per_call, c, decode_speedup,
-    theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost,
+    theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost, draft_per_call,
     draft_cost, identical, differences, note, tree, best_chain, vs_best_chain, tokens_per_call_vs_best_chain
     (tree rows beside the fastest chain of their temperature).
     """
     configs = grid(gammas, drafters, policies, trees)
-    runs = measure(target, draft, prompts, configs, temperatures, max_new_tokens, repeats, **kwargs)
+    if max_new_tokens is not None:
+        options["max_new_tokens"] = max_new_tokens
+    request = RunRequest.of(options, "run_bench")
+    runs = measure(target, draft, prompts, configs, temperatures, repeats, request=request, hf=hf, progress=progress)
     table = summarise_runs(runs)
     for d in table.loc[table["identical"] == False, "differences"]:  # noqa: E712  (None means not greedy)
         log.warning("GREEDY OUTPUTS DIFFER: %s", d)
@@ -697,10 +754,23 @@ def write_plots(table: pd.DataFrame, folder: str | Path) -> tuple[list[str], str
     return files, note
 
 
+def _ranks_of(
+    target: LoadedModel, draft: LoadedModel | None, prompts: Sequence[str], runs: pd.DataFrame
+) -> dict | None:
+    """The draft's rank histogram on the plain greedy replies of this run (None without a draft of the target's
+    tokenizer or a greedy plain run)."""
+    ar = runs[(runs["method"] == "ar") & (runs["temperature"] == 0) & (runs["repeat"] == 0)].sort_values("prompt")
+    if draft is None or ar.empty or needs_translation(target, draft):
+        return None
+    ids = [encode_prompt(target, prompts[i]) for i in ar["prompt"]]
+    return draft_ranks(target, draft, ids, [list(t) for t in ar["tokens"]])
+
+
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
-    from .models import load_pair, pair_backend, pair_dtypes
-    from .served import is_url, load_served_pair
+    from .api import load_for
+    from .models import pair_backend, pair_dtypes
+    from .served import is_url
 
     prompts = load_prompts(args.prompts, args.limit)
     gammas = parse_grid(args.gammas, lambda v: "auto" if v.strip() == "auto" else int(v), "gammas")
@@ -709,19 +779,19 @@ def main(args) -> dict:
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     trees = parse_trees(getattr(args, "trees", "off"))
     configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
-    if is_url(args.target):  # p scores on its server, both lanes through the same endpoint; no transformers peers
-        p, q = load_served_pair(args.target, args.draft, tokenizer=getattr(args, "tokenizer", None),
-                                device=args.device, dtype=args.dtype, quantize=args.quantize)  # fmt: skip
-    else:
-        p, q = load_pair(args.target, args.draft, device=args.device, dtype=args.dtype, quantize=args.quantize)
+    given = {k: getattr(args, k, None) for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer",
+                                                 "max_new_tokens", "seed")}  # fmt: skip
+    request = RunRequest.of({k: v for k, v in given.items() if v is not None}, "bench")  # unset: RunRequest's
+    # both models, whatever the configurations (the peers need the draft); a served target: p scores on its server,
+    # both lanes through the same endpoint, and no transformers peers
+    p, q = load_for(request.replace(drafter="model"))
     hf = not args.no_hf and not is_url(args.target)
-    runs = measure(
-        p, q, prompts, configs, temperatures, args.max_new_tokens, args.repeats, seed=args.seed, hf=hf, progress=True
-    )  # fmt: skip
+    runs = measure(p, q, prompts, configs, temperatures, args.repeats, request=request, hf=hf, progress=True)
     table = summarise_runs(runs)
+    ranks = _ranks_of(p, q, prompts, runs) if any(c.tree != "off" for c in configs) else None
     facts = machine_info()
     facts.update(target=p.name, draft=q.name, dtypes=pair_dtypes(p, q), backend=pair_backend(p, q), prompts=args.prompts, n_prompts=len(prompts),
-                 max_new_tokens=args.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
+                 max_new_tokens=request.max_new_tokens, command="python -m specviz " + " ".join(sys.argv[1:]))  # fmt: skip
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
     files = []
@@ -734,14 +804,14 @@ def main(args) -> dict:
         if plot_note:
             warnings.append(plot_note)
     records = json.loads(table.to_json(orient="records"))
-    out = {"machine": facts, "table": records, "warnings": warnings, "files": files}
+    out = {"machine": facts, "table": records, "warnings": warnings, "files": files, "ranks": ranks}
     if args.json_out:
         run_rows = json.loads(runs.drop(columns=["tokens"]).to_json(orient="records"))
         Path(args.json_out).write_text(json.dumps({**out, "runs": run_rows}, indent=2))
         files.append(args.json_out)
     if not args.json:
         print(f"{p.name} + {q.name} ({facts['dtypes']}) · {len(prompts)} prompts from {args.prompts} · "
-              f"{args.max_new_tokens} new tokens")  # fmt: skip
+              f"{request.max_new_tokens} new tokens")  # fmt: skip
         print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
               f"({facts['torch_threads']} threads) · transformers {facts['transformers']}")  # fmt: skip
         print(f"On this CPU: {facts['backend']}")
@@ -752,6 +822,8 @@ def main(args) -> dict:
                   f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain")  # fmt: skip
         for _, r in table[table["note"] != ""].iterrows():
             print(f"  T={r['temperature']:g} {r['config']}: {r['note']}")
+        if ranks:
+            print(f"  Ranks: {ranks_line(ranks)}")
         for w in warnings:
             print(("!" * 8 + " " if "DIFFER" in w else "note: ") + w, file=sys.stderr)
         for f in files:

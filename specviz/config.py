@@ -72,9 +72,10 @@ class SamplingConfig:
 
 
 DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); the built-in pair is best at 1-3
-# What a user gets without choosing, in the API, the CLI and the page: the configuration that the benchmark
-# found best overall for the built-in pair on a 2-core CPU (BENCHMARKS.md, 23 Nov 2026): free lookup guesses
-# where the text has them, the draft model otherwise, as many per round as the auto policy expects to pay
+# What a user gets without choosing, in the API, the CLI and the page (request.RunRequest holds them): the
+# configuration that the benchmark found best overall for the built-in pair on a 2-core CPU (BENCHMARKS.md, 23 Nov
+# 2026): free lookup guesses where the text has them, the draft model otherwise, as many per round as the auto
+# policy expects to pay
 DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
 DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head")
@@ -83,6 +84,8 @@ CHECK_DRAFTERS = ("model", "lookup", "lookup+model")  # what the pair check meas
 GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
 AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps
 CONFIDENCE_THRESHOLD = 0.4  # transformers' default assistant_confidence_threshold
+PROMPT_LOOKUP_NUM_TOKENS = 10  # lookup: the most tokens one match may propose (transformers' name and default)
+MAX_MATCHING_NGRAM_SIZE = 3  # lookup: the longest suffix looked up first (transformers' default is 2)
 TREE_MAX = 32  # the most nodes a fixed tree budget may ask for (a verify of 33 positions)
 TREE_AUTO_MAX = 16  # tree="auto" chooses 1..16 nodes: on a CPU a 17-position verify costs several steps
 TREE_DRAFTERS = ("model", "lookup", "lookup+model")  # the drafters that grow token trees (model, prompt lookup)
@@ -91,7 +94,10 @@ DETAIL_MAX = 20  # candidates per position in the step-through view; more would 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """One decoding run: where guesses come from, how many per round, the budget, and the seed of its generator.
+    """One decoding run as the engine takes it: where guesses come from, how many per round, the budget, and the seed
+    of its generator. What a user gets without choosing is request.RunRequest's (its `spec` is one of these); the
+    defaults here are the paper's plain algorithm (one draft model, a constant gamma), for code that names what it
+    measures.
 
     gamma: the proposals per round for the constant policy, the start for heuristic, the most for confidence
     and auto; gamma="auto" means gamma_policy="auto" with at most AUTO_GAMMA_MAX.
@@ -106,8 +112,8 @@ class SpecConfig:
     head: str = ""  # the head drafters' head folder; "" = the built-in head (built-in target only)
     gamma_policy: str = "constant"  # constant | heuristic | confidence | auto (policies.py)
     confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability
-    prompt_lookup_num_tokens: int = 10  # lookup: the most tokens one match proposes (transformers' name)
-    max_matching_ngram_size: int = 3  # lookup: the longest suffix looked up first (transformers' name)
+    prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS  # lookup: the most tokens one match proposes
+    max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE  # lookup: the longest suffix looked up first
     relaxed_w: float = 1.0  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
     # token trees: "off" (chains), a node budget 1..TREE_MAX, or "auto" (the budget that pays, per round, up to
     # TREE_AUTO_MAX); a tree's depth is at most gamma (drafters.ModelDrafter._propose_tree, policies.TreePolicy)

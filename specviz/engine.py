@@ -28,6 +28,7 @@ from .sampling import (
     greedy,
     relaxed,
     residual,
+    residual_after,
     sample,
     to_probs,
     verify_greedy,
@@ -36,7 +37,7 @@ from .sampling import (
     verify_tree_sampled,
 )
 from .served import ServedRun, ServedTarget, open_run
-from .theory import alpha
+from .tally import Tally
 from .translate import draft_ids
 
 
@@ -92,25 +93,6 @@ def run_over(out: list[int], eos: frozenset[int], max_new_tokens: int) -> str | 
     return "length" if len(out) >= max_new_tokens else None
 
 
-def _stats(
-    mode: str, new: int, calls: int, draft_calls: int, drafted: int, accepted: int, extra: dict, wall: float
-) -> dict:
-    return {
-        "mode": mode,
-        "new_tokens": new,
-        "target_calls": calls,
-        "draft_calls": draft_calls,
-        "drafted": drafted,
-        "accepted": accepted,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "alpha": alpha(accepted, extra.get("resampled", 0)),
-        "tokens_per_target_call": new / calls if calls else 0.0,
-        "wall_s": wall,
-        "tokens_per_s": new / wall if wall > 0 else 0.0,
-        **extra,
-    }
-
-
 @torch.inference_mode()
 def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecConfig) -> Iterator[Event]:
     """Plain decoding of the target p, one forward call per token, with the same sampler and cache path."""
@@ -121,9 +103,10 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     p_run = open_run(target, target.vocab_size)
     prompt = torch.tensor(prompt_ids, device=dev)
     p_run.prefill(prompt)
-    prefill_s = clock.lap()
-    yield Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature, prefill_s=prefill_s,
-                verify=_served_note(target, s, plain=True))  # fmt: skip
+    start = Start(mode="ar", prompt_ids=tuple(prompt_ids), gamma=0, temperature=s.temperature,
+                  prefill_s=clock.lap(), verify=_served_note(target, s, plain=True))  # fmt: skip
+    tally = Tally().add(start)
+    yield start
     clock.resume()
     pending, out = prompt[-1:], []
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
@@ -138,23 +121,23 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
             p_x = float(probs[token])
         dt = clock.lap()
         out.append(token)
-        yield Step(index=len(out) - 1, token=token, p=p_x, forward_s=dt, elapsed_s=clock.total)
+        step = Step(index=len(out) - 1, token=token, p=p_x, forward_s=dt, elapsed_s=clock.total)
+        tally.add(step)
+        yield step
         clock.resume()
         pending = torch.tensor([token], device=dev)
-    wall = clock.total
-    stats = _stats(
-        "ar", len(out), p_run.calls, 0, 0, 0, {"prefill_s": prefill_s, **_served_stats(p_run, s, plain=True)}, wall
-    )
+    stats = {"mode": "ar", **tally.stats(), **_served_stats(p_run, s, plain=True)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
-def _candidates(p: torch.Tensor, q: torch.Tensor, k: int) -> tuple[Candidates, ...]:
-    """Top-k of p and of q at each position, for the step-through view. p, q (G, V) probabilities."""
+def _candidates(p: torch.Tensor, q: torch.Tensor, k: int, left: dict | None = None) -> tuple[Candidates, ...]:
+    """Top-k of p and of q at each position, for the step-through view. p, q (G, V) probabilities; left: what was
+    left of p at a position where a tree's walk turned several guesses down (else norm(max(0, p - q)))."""
     res = []
-    for p_i, q_i in zip(p, q):
+    for i, (p_i, q_i) in enumerate(zip(p, q)):
         ids = torch.unique(torch.cat([torch.topk(p_i, k).indices, torch.topk(q_i, k).indices]))
         ids = ids[torch.argsort(p_i[ids], descending=True)]
-        res_i = residual(p_i, q_i)
+        res_i = left[i] if left and i in left else residual(p_i, q_i)
         res.append(
             Candidates(
                 tuple(ids.tolist()), tuple(p_i[ids].tolist()), tuple(q_i[ids].tolist()), tuple(res_i[ids].tolist())
@@ -232,16 +215,16 @@ def speculative_decode(
             f"Token trees need a model with a plain KV cache; {target.name} has another kind: use tree off."
         )
     drafter.begin(list(prompt_ids), prompt_h)
-    prefill_s = clock.lap()
-    yield Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
-                prefill_s=prefill_s, drafter=drafter.name, gamma_policy=policy.name,
-                calibration_s=calibration_s, translation=translation_of(drafter, s),
-                tree=tree.name if tree is not None else "", verify=_served_note(target, s))  # fmt: skip
+    start = Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
+                  prefill_s=clock.lap(), drafter=drafter.name, gamma_policy=policy.name,
+                  calibration_s=calibration_s, translation=translation_of(drafter, s),
+                  tree=tree.name if tree is not None else "", verify=_served_note(target, s))  # fmt: skip
+    tally = Tally().add(start)  # the run's counts: Done.stats is read from it (tally.py)
+    yield start
     clock.resume()
 
     seq, out = list(prompt_ids), []
-    counts = {"drafted": 0, "accepted": 0, "resampled": 0, "bonus": 0, "plain": 0, "draft_s": 0.0, "verify_s": 0.0}
-    index = 0
+    index, draft_calls = 0, drafter.calls
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
         # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
         budget = cfg.max_new_tokens - len(out)
@@ -251,19 +234,15 @@ def speculative_decode(
         draft_s = clock.lap()
         if prop.is_tree:  # 2-4 for a token tree: one verify call for every node, a walk from the root
             rd = _tree_round(p_run, seq, prop, s, gen, drafter, policy, tree, cfg, index, draft_s, clock)
-            out_len = len(out)
-            tokens = cut(list(rd.tokens), eos, cfg.max_new_tokens - out_len)
-            rd = dataclasses.replace(rd, tokens=tuple(tokens))
+            tokens = cut(list(rd.tokens), eos, cfg.max_new_tokens - len(out))
             seq.extend(tokens)
             out.extend(tokens)
-            counts["drafted"] += k
-            counts["accepted"] += rd.n
-            counts["tree_rounds"] = counts.get("tree_rounds", 0) + 1
-            counts[rd.kind] += 1 if len(tokens) == rd.n + 1 else 0
-            counts["draft_s"] += draft_s
-            counts["verify_s"] += rd.verify_s
             clock.lap()
-            yield dataclasses.replace(rd, elapsed_s=clock.total)
+            rd = dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=clock.total,
+                                     draft_calls=drafter.calls - draft_calls)  # fmt: skip
+            draft_calls = drafter.calls
+            tally.add(rd)
+            yield rd
             clock.resume()
             index += 1
             continue
@@ -295,28 +274,22 @@ def speculative_decode(
         p_run.rollback(p_run.length - (k - n))
         drafter.update(n, v.correction, hidden[: n + 1] if hidden is not None else None)
         policy.update(prop.key or drafter.name, k, n, draft_s, verify_s)
-        tokens = cut(x_ids[:n] + [v.correction], eos, cfg.max_new_tokens - len(out))
+        tokens = cut(x_ids[:n] + [v.correction], eos, cfg.max_new_tokens - len(out))  # a cut correction: not emitted
         seq.extend(tokens)
         out.extend(tokens)
-        counts["drafted"] += k
-        counts["accepted"] += n
-        counts[kind] += 1 if len(tokens) == n + 1 else 0  # a correction cut off by EOS/max is not emitted
-        counts["draft_s"] += draft_s
-        counts["verify_s"] += verify_s
         cands = _detail(prop, p_logits, s, cfg.detail) if cfg.detail else ()
         clock.lap()
-        yield Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
-                    correction=v.correction, kind=kind, tokens=tuple(tokens), draft_s=draft_s, verify_s=verify_s,
-                    elapsed_s=clock.total, candidates=cands, sources=prop.sources, planned=prop.planned,
-                    stop=prop.stop, origins=prop.origins)  # fmt: skip
+        rd = Round(index=index, drafted=tuple(x_ids), q=v.q_x, p=v.p_x, accept_prob=v.accept_prob, r=v.r, n=n,
+                   correction=v.correction, kind=kind, tokens=tuple(tokens), draft_s=draft_s, verify_s=verify_s,
+                   elapsed_s=clock.total, draft_calls=drafter.calls - draft_calls, candidates=cands,
+                   sources=prop.sources, planned=prop.planned, stop=prop.stop, origins=prop.origins)  # fmt: skip
+        draft_calls = drafter.calls
+        tally.add(rd)
+        yield rd
         clock.resume()
         index += 1
 
-    extra = {"rounds": index, "prefill_s": prefill_s, "calibration_s": calibration_s, **counts,
-             **_served_stats(p_run, s)}  # fmt: skip
-    stats = _stats(
-        "spec", len(out), p_run.calls, drafter.calls, counts["drafted"], counts["accepted"], extra, clock.total
-    )
+    stats = {"mode": "spec", **tally.stats(), **_served_stats(p_run, s)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -359,7 +332,7 @@ def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingC
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
                    path=v.path)  # fmt: skip
     greedy_mode = s.greedy
-    cands = _tree_detail(prop, line, p_logits, s, cfg.detail) if cfg.detail else ()
+    cands = _tree_detail(prop, line, v.n, p_logits, s, cfg.detail) if cfg.detail else ()
     return Round(index=index, drafted=tuple(ids[i] for i in line),
                  q=tuple(1.0 if greedy_mode else q_node[i] for i in line),
                  p=tuple(v.accept_prob[i] if greedy_mode else p_node[i] for i in line),
@@ -370,13 +343,18 @@ def _tree_round(p_run: CachedModel, seq: list[int], prop: Proposal, s: SamplingC
                  stop=prop.stop, tree=tr)  # fmt: skip
 
 
-def _tree_detail(prop: Proposal, line: list[int], p_logits: torch.Tensor, s: SamplingConfig, k: int):
-    """Top candidates of p and q along a tree round's walked line and at the position after it (step-through)."""
+def _tree_detail(prop: Proposal, line: list[int], n: int, p_logits: torch.Tensor, s: SamplingConfig, k: int):
+    """Top candidates of p and q along a tree round's walked line (its n kept guesses, then the first one turned
+    down, if any) and at the position after it (step-through); where the walk stopped, what was left of p."""
     s_view = s if not s.greedy else SamplingConfig(1.0, s.top_k, s.top_p)
     rows = [prop.parents[i] + 1 for i in line] + [line[-1] + 1 if line else 0]  # p rows: each line node's parent
     p = to_probs(p_logits[rows], s_view)  # (L + 1, V)
     q = torch.cat([prop.q[line], prop.q.new_zeros(1, prop.q.shape[1])]) if line else prop.q.new_zeros(1, p.shape[1])
-    return _candidates(p, q, k)
+    left = {}
+    if len(line) > n and not s.greedy:  # the walk stopped at line[n]'s parent, every child there turned down
+        tried = [i for i, par in enumerate(prop.parents) if par == prop.parents[line[n]]]
+        left[n] = residual_after(p[n], prop.q[tried], prop.tokens[tried].tolist())
+    return _candidates(p, q, k, left)
 
 
 def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:

@@ -88,6 +88,7 @@ class Round:
     draft_s: float
     verify_s: float
     elapsed_s: float  # cumulative compute of this run, prefill included
+    draft_calls: int = 0  # forward calls of a draft model this round (catching up included); 0 for free guesses
     candidates: tuple[Candidates, ...] = field(default=())  # gamma + 1 entries when detail > 0
     sources: tuple[str, ...] = field(default=())  # which drafter proposed each token: "model" | "lookup"
     planned: int = 0  # the most tokens the gamma policy allowed this round
@@ -123,7 +124,7 @@ class Step:
 class Done:
     token_ids: tuple[int, ...]  # the new tokens
     finish_reason: Literal["eos", "length"]
-    stats: dict  # built by engine._stats: new_tokens, target_calls, drafted, accepted, acceptance_rate, alpha, ...
+    stats: dict  # the run's Tally.stats() (tally.py): new_tokens, target_calls, alpha ...; a served run's requests
 
 
 Event = Union[Start, Round, Step, Done]

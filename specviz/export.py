@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from . import plots, render
+from . import metrics, plots, render
 from .config import ASSETS
 from .events import Done, Event, Round, Start, Step
 from .record import RecordedTokenizer, Recording
+from .tally import Tally
 
 FIG_CONFIG = {"displaylogo": False, "responsive": True}
 LANE_TITLES = {"ar": "Plain decoding (target only)", "spec": "Speculative (draft + target)"}
@@ -59,9 +60,11 @@ class LaneView:
     mode: str = "spec"
     greedy: bool = True
     relaxed_w: float = 1.0  # <1: this run's verification was relaxed (not exact); its numbers say so
+    tally: Tally = field(default_factory=Tally)  # the lane's counts so far: its numbers are read from here
 
     def add(self, ev: Event) -> None:
         self.events.append(ev)
+        self.tally.add(ev)
         if isinstance(ev, Start):
             self.mode, self.greedy, self.clock = ev.mode, ev.temperature == 0.0, ev.prefill_s
         elif isinstance(ev, Step):
@@ -84,23 +87,15 @@ class LaneView:
             head = f'<div class="sv-lane-name"><b>{html.escape(self.name)}</b></div>'
         return head + render.pane_html(self.side, "".join(self.body), self.clock, self.done, waiting)
 
-    def rate(self) -> tuple[int, float]:
-        """(tokens so far, tokens per second of this lane's own compute)."""
-        n = sum(1 for e in self.events if isinstance(e, Step))
-        n += sum(len(e.tokens) for e in self.events if isinstance(e, Round))
-        return n, (n / self.clock if self.clock > 0 else 0.0)
-
     def stats(self, plain: LaneView | None = None) -> str:
         """The numbers under the pane, as the Race tab shows them; the speedup against `plain` when given."""
-        n, rate = self.rate()
         if self.side == "ar":
-            return render.stats_html([(str(n), "tokens"), (f"{rate:.1f}", "tokens/s"), (str(n), "target calls")])
-        items = render.spec_stat_items([e for e in self.events if isinstance(e, Round)], n, rate)
+            return render.stats_html(render.plain_stat_items(self.tally))
+        items = render.spec_stat_items(self.tally)
         if self.relaxed_w < 1 and not self.greedy:  # a lossy run's numbers never appear without the label
             items.append(("not exact", f"relaxed verification, w = {self.relaxed_w:.2f}"))
         if plain is not None:
-            n_ar, rate_ar = plain.rate()
-            items.append((f"{rate / rate_ar:.2f}×" if n_ar and n and rate_ar else "—", "speedup (tokens/s vs plain)"))
+            items.append(render.speedup_item(self.tally, plain.tally))
         return render.stats_html(items)
 
 
@@ -127,7 +122,9 @@ def figures(rec: Recording, views: dict[str, LaneView]) -> list:
     setting = rec.settings.get("gamma")
     gamma = next((e.gamma for e in spec if isinstance(e, Start)), setting if isinstance(setting, int) else 1)
     figs = [plots.race_figure(ar, spec)] if ar else []
-    figs += [plots.acceptance_figure(rounds), plots.tokens_per_round_figure(rounds, max(gamma, 1))]
+    trees = metrics.tree_acceptance(spec)  # token trees: kept by depth and rank, in place of kept per round
+    figs += [plots.tree_figure(trees) if len(trees) else plots.acceptance_figure(rounds)]
+    figs += [plots.tokens_per_round_figure(rounds, max(gamma, 1))]
     if ar:
         figs.append(plots.time_share_figure(ar, spec))
     return figs

@@ -169,6 +169,11 @@ def use_fast_linear(model: torch.nn.Module) -> str:
     return path
 
 
+def path_of(model: torch.nn.Module) -> str:
+    """The linear-layer path `use_fast_linear` chose for this model ("torch" when it was never called)."""
+    return _USED.get(model, "torch")
+
+
 def describe(model: torch.nn.Module) -> str:
     """The linear-layer path a loaded model runs, in words for headers, benches and recordings."""
     path = _USED.get(model, "torch")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from .config import ASSETS, SamplingConfig, SpecConfig, SpecvizError
 from .models import LoadedModel
+from .tally import Tally
 
 LESSONS_FILE = ASSETS / "recordings" / "lessons.json"
 
@@ -76,13 +77,13 @@ def _run(p, q, ids, tokens: int, gamma: int = 0, temperature: float = 0.0, seed:
 
 
 def _numbers(events: list) -> dict:
-    from .metrics import acceptance_by_position, rounds_frame, summary
+    """What a lesson reads of one run: its Tally's numbers (tally.py) and the acceptance per draft position."""
+    from .metrics import acceptance_by_position, rounds_frame
 
-    s = summary(events)
-    frame = rounds_frame(events)
-    keys = ("new_tokens", "tokens_per_s", "drafted", "accepted", "acceptance_rate", "alpha", "target_calls", "verify_s")
-    out = {k: s[k] for k in keys}
-    out["per_position"] = [float(v) for v in acceptance_by_position(frame)]
+    t = Tally.of(events)
+    out = {k: getattr(t, k) for k in ("new_tokens", "tokens_per_s", "drafted", "accepted", "acceptance_rate",
+                                      "alpha", "target_calls", "verify_s", "tokens_per_call")}  # fmt: skip
+    out["per_position"] = [float(v) for v in acceptance_by_position(rounds_frame(events))]
     return out
 
 
@@ -147,10 +148,10 @@ HOT = 1.2
 
 def _temp_measure(p, q, b: Budget) -> dict:
     ids = _ids(p, _prompt("everyday"))
-    cold = _numbers(_run(p, q, ids, b.tokens, gamma=3))
-    hot = [_numbers(_run(p, q, ids, b.tokens, gamma=3, temperature=HOT, seed=s)) for s in (0, 1)]
-    hot_rate = sum(h["accepted"] for h in hot) / max(sum(h["drafted"] for h in hot), 1)  # two seeds pooled
-    return {"temperature": HOT, "cold": cold["acceptance_rate"], "hot": hot_rate, "runs_hot": len(hot)}
+    cold = Tally.of(_run(p, q, ids, b.tokens, gamma=3))
+    hot = [Tally.of(_run(p, q, ids, b.tokens, gamma=3, temperature=HOT, seed=s)) for s in (0, 1)]
+    hot_rate = sum(hot, Tally()).acceptance_rate  # two seeds pooled
+    return {"temperature": HOT, "cold": cold.acceptance_rate, "hot": hot_rate, "runs_hot": len(hot)}
 
 
 def _temp_explain(m: dict) -> str:
@@ -198,8 +199,7 @@ def _domain_measure(p, q, b: Budget) -> dict:
     for kind in ("everyday", "code"):
         prompt = _prompt(kind)
         n = _numbers(_run(p, q, _ids(p, prompt), b.tokens, gamma=3))
-        out[kind] = {"prompt": prompt, "acceptance": n["acceptance_rate"], "tokens_per_call": 0.0}
-        out[kind]["tokens_per_call"] = n["new_tokens"] / max(n["target_calls"], 1)
+        out[kind] = {"prompt": prompt, "acceptance": n["acceptance_rate"], "tokens_per_call": n["tokens_per_call"]}
     return out
 
 
@@ -345,7 +345,6 @@ def _lookup_measure(p, q, b: Budget) -> dict:
         cfg = SpecConfig(gamma="auto", max_new_tokens=b.tokens, drafter=name)
         events = list(speculative_decode(p, q if name == "model" else None, ids, cfg))
         out[name] = _numbers(events)
-        out[name]["tokens_per_call"] = out[name]["new_tokens"] / max(out[name]["target_calls"], 1)
         out[name]["speedup"] = out[name]["tokens_per_s"] / max(ar["tokens_per_s"], 1e-9)
     return out
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from .config import BUILTIN_DRAFT, BUILTIN_TARGET, GAMMA_MAX, SpecvizError
-from .served import base_url, is_url
+from .served_http import base_url, is_url
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ import torch
 
 from .config import SpecvizError
 from .sampling import Verdict
-from .served import ServedRun
+from .served_run import ServedRun
 
 ENGINE = "llama-cpp-python"
 TOKENIZE = "/extras/tokenize"  # {"input": text} -> {"tokens": [ids]}; control-token text becomes control tokens
@@ -47,14 +47,6 @@ def probe_tokens(client, text: str) -> list[int] | None:
         return None
     tokens = data.get("tokens") if isinstance(data, dict) else None
     return [int(t) for t in tokens] if isinstance(tokens, list) else None
-
-
-def same_tokens(theirs: list[int], ours: list[int], tok) -> bool:
-    """Whether the server split a text as the tokenizer here does (a beginning-of-text token it adds aside)."""
-    bos = getattr(tok, "bos_token_id", None)
-    if theirs[:1] != ours[:1] and bos is not None and theirs[:1] == [bos]:
-        theirs = theirs[1:]
-    return theirs == ours
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,8 +1,8 @@
 """Events -> pandas: one row per round (speculative) or step (autoregressive), and the summary numbers.
 
-The benchmark, the CLI and the UI all read runs through here, so pandas stays out of the engine.
-Names as in the papers: n is the accepted count of a round, gamma its block size, alpha the acceptance
-rate (accepted / drafted), c the draft-to-target cost ratio.
+The rows are per round, for the plots; a run's totals (acceptance, alpha, tokens per call ...) are its
+tally.Tally's, which `summary` returns with the run's mode and finish reason. Pandas stays out of the engine.
+Names as in the papers: n is the accepted count of a round, gamma its block size.
 
 `events` may be one run's stream (Start, Round|Step ..., Done) or the (side, event) pairs of `engine.race`.
 """
@@ -14,8 +14,9 @@ from collections.abc import Iterable
 import pandas as pd
 
 from .events import Done, Event, Round, Start, Step
+from .tally import Tally
 from .theory import accepted_histogram as theory_histogram
-from .theory import alpha, position_alphas
+from .theory import position_alphas
 
 COLUMNS = (
     "side",  # "spec" or "ar" (the Start's mode, or the side race() gave)
@@ -72,56 +73,28 @@ def rounds_frame(events: Iterable) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _summary(frame: pd.DataFrame, start: Start | None, done: Done | None) -> dict:
-    drafted, accepted = int(frame["nodes"].sum()), int(frame["n"].sum())
-    rejected = int((frame["kind"] == "resampled").sum()) if len(frame) else 0  # proposals the target turned down
-    new = int(frame["tokens"].sum())
-    prefill = start.prefill_s if start else 0.0
-    wall = float(frame["elapsed_s"].iloc[-1]) if len(frame) else prefill
-    decode = wall - prefill
-    calls = len(frame)
-    out = {
-        "mode": start.mode if start else (frame["side"].iloc[0] if len(frame) else ""),
-        "new_tokens": new,
-        "target_calls": calls,
-        "drafted": drafted,
-        "accepted": accepted,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "rejected": rejected,
-        # per-token acceptance (the papers' alpha): of the proposals the target ruled on, the share it kept;
-        # proposals after a rejection are never ruled on, so this is above accepted / drafted
-        "alpha": alpha(accepted, rejected),
-        "tokens_per_target_call": new / calls if calls else 0.0,
-        "prefill_s": prefill,
-        "draft_s": float(frame["draft_s"].sum()),
-        "verify_s": float(frame["verify_s"].sum()),
-        "other_s": float(frame["other_s"].sum()),
-        "wall_s": wall,
-        "tokens_per_s": new / wall if wall > 0 else 0.0,
-        "decode_tokens_per_s": new / decode if decode > 0 else 0.0,  # prefill excluded
-        "finish_reason": done.finish_reason if done else None,
-    }
-    return out
-
-
 def summaries(events: Iterable) -> dict[str, dict]:
     """Summary numbers per side: {"spec": {...}, "ar": {...}} (see `summary` for the keys)."""
-    events = list(_pairs(events))
-    frame = rounds_frame(events)
-    starts, dones, names = {}, {}, {}
-    for side, ev in events:
+    tallies: dict = {}
+    names, dones = {}, {}
+    for side, ev in _pairs(events):
         if isinstance(ev, Start):
-            starts[side] = ev
-            names[side] = side or ev.mode
+            names[side] = (side or ev.mode, ev.mode)
+            tallies[side] = Tally()
         elif isinstance(ev, Done):
             dones[side] = ev
-    return {names[s]: _summary(frame[frame["side"] == names[s]], starts[s], dones.get(s)) for s in starts}
+        if side in tallies:
+            tallies[side].add(ev)
+    return {
+        name: {"mode": mode, **tallies[s].stats(), "finish_reason": dones[s].finish_reason if s in dones else None}
+        for s, (name, mode) in names.items()
+    }
 
 
 def summary(events: Iterable) -> dict:
-    """One run's numbers: new_tokens, target_calls, drafted, accepted, acceptance_rate, rejected, alpha,
-    tokens_per_target_call, prefill_s, draft_s, verify_s, other_s, wall_s, tokens_per_s, decode_tokens_per_s,
-    finish_reason. For the pairs of `race`, use `summaries`."""
+    """One run's numbers: mode, the Tally's (tally.Tally.stats: new_tokens, target_calls, drafted, accepted,
+    rejected, acceptance_rate, alpha, tokens_per_target_call, prefill_s, draft_s, verify_s, other_s, wall_s,
+    tokens_per_s, decode_tokens_per_s ...) and finish_reason. For the pairs of `race`, use `summaries`."""
     by_side = summaries(events)
     if len(by_side) != 1:
         raise ValueError(f"summary() takes one run; these events hold {sorted(by_side)}: use summaries().")
@@ -141,3 +114,25 @@ def accepted_histogram(frame: pd.DataFrame) -> pd.Series:
     spec = frame[frame["gamma"] > 0]
     counts = theory_histogram(zip(spec["gamma"], spec["n"]))
     return pd.Series(counts, index=pd.RangeIndex(len(counts), name="n"), name="rounds", dtype=int)
+
+
+TREE_RANKS = ("1st", "2nd", "3rd+")  # the draft's choice at a branch; later ones are few and pooled
+
+
+def tree_acceptance(events: Iterable) -> pd.DataFrame:
+    """A run's token trees: of the guesses the walk tested, how many it kept, by depth (1: the root's children)
+    and by the draft's rank at the branch (0 its first choice, 1 its second, 2 its third or later). One row per
+    (depth, rank) tested, sorted; columns depth, rank, tested, kept, share. Empty for a run without trees."""
+    tested: dict[tuple[int, int], int] = {}
+    kept: dict[tuple[int, int], int] = {}
+    for _, ev in _pairs(events):
+        t = ev.tree if isinstance(ev, Round) else None
+        if t is None:
+            continue
+        for i, (depth, status) in enumerate(zip(t.depths, t.status)):
+            if status:  # never tested: the walk kept an earlier sibling or never reached the branch
+                key = (depth, min(t.ranks[i], len(TREE_RANKS) - 1))
+                tested[key] = tested.get(key, 0) + 1
+                kept[key] = kept.get(key, 0) + (status == "kept")
+    rows = [(d, j, n, kept[(d, j)], kept[(d, j)] / n) for (d, j), n in sorted(tested.items())]
+    return pd.DataFrame(rows, columns=["depth", "rank", "tested", "kept", "share"])

@@ -9,6 +9,7 @@ builds one model at a time (`_BUILD_LOCK`). p is the target, q the draft.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -23,8 +24,10 @@ from pathlib import Path
 
 import torch
 
+from . import kernels, lean
 from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
-from .kernels import describe, draft_dtype, use_fast_linear
+from .kernels import draft_dtype, use_fast_linear
+from .lean import LeanCache, LeanLlama
 from .limits import env_int
 from .quant import QUANT_LABELS, QUANTIZE, exact_cpu_layers, quant_state_bytes, weights_held  # noqa: F401 (QUANTIZE)
 from .quant import quant_config as _quant_config
@@ -75,6 +78,7 @@ class LoadedModel:
     vocab_map: torch.Tensor | None = None  # (N,) draft row -> target token id
     input_map: torch.Tensor | None = field(default=None, repr=False)  # (max id + 2,) target token id -> draft row
     blocked_rows: torch.Tensor | None = field(default=None, repr=False)  # draft rows it must never propose
+    lean: LeanLlama | None = field(default=None, repr=False)  # its lean forward (lean.py), where the model fits
 
     @property
     def vocab_size(self) -> int:
@@ -104,7 +108,10 @@ class LoadedModel:
 
     @property
     def precision(self) -> str:
-        """How its weights are held, in words: "float32", or "NF4, bitsandbytes" for a 4-bit target."""
+        """How its weights are held, in words: "float32", "NF4, bitsandbytes" for a 4-bit target, "int8" for a
+        draft whose lean forward reads int8 weights (lean.draft_forward)."""
+        if self.lean is not None and self.lean.is_int8:
+            return "int8"
         return QUANT_LABELS[self.quantize] if self.quantize else str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
@@ -118,7 +125,13 @@ class LoadedModel:
         heads = int(c.num_attention_heads)
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
         kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
-        return 2 * int(c.num_hidden_layers) * kv_heads * head_dim * self.dtype.itemsize
+        itemsize = 4 if self.lean is not None else self.dtype.itemsize  # the lean forward keeps float32 keys
+        return 2 * int(c.num_hidden_layers) * kv_heads * head_dim * itemsize
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes one of its KV caches holds for a run of `tokens` tokens (the lean forward's cache is allocated
+        ahead, doubling: lean.LeanCache)."""
+        return self.kv_bytes_per_token * (LeanCache.rows_for(tokens) if self.lean is not None else tokens)
 
 
 def default_device() -> torch.device:
@@ -436,7 +449,8 @@ def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, o
         memory += quant_state_bytes(model)  # scales bitsandbytes keeps outside the parameters
         rows = int(model.get_output_embeddings().weight.shape[0])
         vocab_map, input_map, blocked = _load_vocab_map(name, source, dev, rows)
-        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked)
+        fast = lean.build(model, kernels.path_of(model))
+        return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked, fast)
 
     return (name, str(dev), str(dt), quantize, trust_remote_code), make, f"The model {name}"
 
@@ -470,14 +484,22 @@ def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
     return a if a == b else f"{a}; draft {b}" if p.quantize else f"{a}, draft {b}"
 
 
+def backend(lm: LoadedModel) -> str:
+    """How one loaded model computes here, in words: "specviz forward (llama.c), specviz kernel (AVX-512, 2
+    threads)" where the lean forward runs it (lean.py), else "transformers forward, <its linear layers' path>"."""
+    if lm.lean is not None:
+        return f"specviz forward ({lm.lean.engine}), {kernels.describe(lm.model)}"
+    return f"transformers forward, {kernels.describe(lm.model)}"
+
+
 def pair_backend(p: LoadedModel, q: LoadedModel) -> str:
-    """How the pair's linear layers run here (kernels.py's choice), in words: "linear layers: specviz kernel
-    (AVX-512, 2 threads)", or with ", draft: PyTorch" where the draft's choice differs."""
-    b = describe(q.model)
-    if not isinstance(p, LoadedModel):  # a served target (served.py): its layers run on its server
-        return f"linear layers: the target's on its server, the draft's {b}"
-    a = describe(p.model)
-    return f"linear layers: {a}" if a == b else f"linear layers: {a}, draft: {b}"
+    """How the pair computes here, in words: "forward: specviz forward (llama.c), specviz kernel (AVX-512, 2
+    threads)", or with "; draft: ..." where the draft's differs (kernels.py's and lean.py's choices)."""
+    b = backend(q)
+    if not isinstance(p, LoadedModel):  # a served target (served.py): it runs on its server
+        return f"forward: the target's on its server, the draft's {b}"
+    a = backend(p)
+    return f"forward: {a}" if a == b else f"forward: {a}; draft: {b}"
 
 
 def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:
@@ -518,7 +540,8 @@ def load_pair(
 
     A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
     pair gives the same sentence (the pair check, check_vocab=False, reports it as its verdict instead). timeout_s caps the wait for both loads together (see `load_model`). Without
-    an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`).
+    an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`), and its lean
+    forward int8 weights where those run faster still (`lean.draft_forward`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     draft = draft or BUILTIN_DRAFT
@@ -543,6 +566,10 @@ def load_pair(
     gap = vocab_gap(p, q) if check_vocab else None
     if gap:
         raise SpecvizError(gap)
+    if dtype in (None, "", "auto") and not isinstance(draft, LoadedModel) and q.lean is not None:
+        fast = lean.draft_forward(p.lean, q.lean)  # int8 weights where this machine runs them faster
+        if fast is not q.lean:
+            q = dataclasses.replace(q, lean=fast)
     return p, q
 
 
@@ -557,7 +584,7 @@ class CachedModel:
         from transformers import DynamicCache
 
         self.lm, self.V = lm, V
-        self.cache = DynamicCache(config=lm.model.config)
+        self.cache = lm.lean.new_cache() if lm.lean is not None else DynamicCache(config=lm.model.config)
         self.length = 0
         self.calls = 0
         # rows fed as tree nodes (feed_tree): row -> (parent row, position); every other row r continues row r - 1
@@ -644,7 +671,9 @@ class CachedModel:
         if rows != want:  # gather the path's keys and values into place, in every layer
             idx = torch.tensor(want, dtype=torch.long, device=self.lm.device)
             src = torch.tensor(rows, dtype=torch.long, device=self.lm.device)
-            for layer in self.cache.layers:
+            if self.lm.lean is not None:
+                self.cache.move_rows(src, idx)
+            for layer in [] if self.lm.lean is not None else self.cache.layers:
                 layer.keys[..., idx, :] = layer.keys[..., src, :]
                 layer.values[..., idx, :] = layer.values[..., src, :]
         self.tree_rows = {}
@@ -655,6 +684,8 @@ class CachedModel:
         """Whether `feed_tree` / `keep_path` work on this model's cache (plain full-attention layers only)."""
         from transformers.cache_utils import DynamicLayer
 
+        if self.lm.lean is not None:
+            return True
         return all(type(layer) is DynamicLayer for layer in self.cache.layers)
 
     def _forward(self, ids: torch.Tensor, last_only: bool, hidden: bool = False, mask=None, position_ids=None):
@@ -664,6 +695,9 @@ class CachedModel:
             x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
         if mask is None and self.tree_rows:
             raise RuntimeError("a plain feed after a tree feed: keep_path or rollback first")
+        if self.lm.lean is not None:
+            logits, h = self._lean(x.view(-1), last_only, mask, position_ids)
+            return logits, (h if hidden else None)
         extra = {} if mask is None else {"attention_mask": mask, "position_ids": position_ids}
         out = self.lm.model(
             input_ids=x,
@@ -679,6 +713,19 @@ class CachedModel:
         if self.lm.blocked_rows is not None:  # a draft's catch-all rows: q(x) = 0 there
             return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf), h
         return out.logits[0], h
+
+    def _lean(self, ids: torch.Tensor, last_only: bool, mask, position_ids):
+        """The lean forward (lean.py) over this model's cache: (logits (L or 1, Vm), last hidden states (L, H))."""
+        if mask is not None:  # (1, 1, L, T) with the dtype's minimum where a row is hidden -> (L, T), -inf there
+            mask = mask[0, 0].float()
+            mask = mask.masked_fill(mask < 0, -torch.inf)
+            position_ids = position_ids.view(-1)
+        logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only)
+        self.length += ids.numel()
+        self.calls += 1
+        if self.lm.blocked_rows is not None:
+            logits.index_fill_(-1, self.lm.blocked_rows, -torch.inf)
+        return logits, h
 
     def rollback(self, keep: int) -> None:
         """Drop cached tokens past the first `keep`."""

@@ -1,10 +1,12 @@
-"""specviz's one native kernel: building it with the machine's C compiler, loading it, and calling it.
+"""specviz's native code: building it with the machine's C compiler, loading it, and calling it.
 
-`csrc/few_rows.c` computes a linear layer for a call of 1-8 tokens while reading the weights once (why: its
-header). It is compiled on first use (about a second with gcc) into $SPECVIZ_HOME/kernels, named by a hash of its
-source and compiler flags (a built file loads without a compiler), so an edited source builds anew and concurrent processes never load a half-written
-file. Without a C compiler, or on a CPU with neither AVX-512 nor AVX2+FMA+F16C, `library()` is None and
-`why_not()` says why in one sentence; the linear layers then keep PyTorch's paths (kernels.py chooses).
+`csrc/few_rows.c` computes a linear layer for a call of 1-8 tokens while reading the weights once, and
+`csrc/llama.c` runs a Llama model's decoder layers around those products in one call (lean.py; why: their
+headers). Both are compiled on first use (about two seconds with gcc) into one library in $SPECVIZ_HOME/kernels,
+named by a hash of the sources and compiler flags (a built file loads without a compiler), so an edited source
+builds anew and concurrent processes never load a half-written file. Without a C compiler, or on a CPU with
+neither AVX-512 nor AVX2+FMA+F16C, `library()` is None and `why_not()` says why in one sentence; the linear layers
+then keep PyTorch's paths (kernels.py chooses) and Llama models the lean forward's PyTorch ops (lean.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from .config import specviz_home
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "few_rows.c"
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c")  # the products; a Llama model's decoder layers (lean.py)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
+LIBS = ["-lm"]
 MAX_ROWS = 8  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1 <= 8)
 ISA_NAMES = {2: "AVX-512", 1: "AVX2"}
 
@@ -40,7 +44,7 @@ def _compiler() -> str | None:
 
 def _target() -> Path:
     """Where the library for this source and these flags lives (a new source builds a new file)."""
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    tag = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return specviz_home() / "kernels" / f"few_rows-{tag}.so"
 
 
@@ -49,7 +53,9 @@ def _build(cc: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         staged = Path(tmp) / out.name
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(staged)], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [cc, *FLAGS, *map(str, SOURCES), "-o", str(staged), *LIBS], capture_output=True, text=True, timeout=120
+        )
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]
             raise OSError(f"{Path(cc).name} could not compile it ({first})")
@@ -81,11 +87,30 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_void_p,
         ctypes.c_int,
         ctypes.c_void_p,
+        ctypes.c_void_p,
         *[ctypes.c_long] * 3,
         ctypes.c_void_p,
         ctypes.c_int,
     ]
     lib.few_rows.restype = ctypes.c_int
+    lib.llama_layers.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_int,
+        *[ctypes.c_long] * 5,
+        ctypes.c_float,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_long,
+        ctypes.c_long,
+        *[ctypes.c_void_p] * 3,
+        ctypes.c_int,
+    ]
+    lib.llama_layers.restype = ctypes.c_int
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
     if lib.few_rows_isa() == 0:
         _why.append("this CPU has neither AVX-512 nor AVX2 with FMA and F16C")
@@ -113,12 +138,19 @@ def use_isa(name: str | None) -> str | None:
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
 
 
-def few_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (M, K) float32 contiguous, weight (N, K) float32 or float16 contiguous, 1 <= M <= 8 -> (M, N) float32."""
+WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernel's weight types
+
+
+def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, K) float32 contiguous, weight (N, K) float32, float16, or int8 with scale (N,) float32 (row n of the
+    product times scale[n]), contiguous, 1 <= M <= 8 -> (M, N) float32."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)
-    half = int(weight.dtype == torch.float16)
-    if library().few_rows(weight.data_ptr(), half, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()):
+    sc = scale.data_ptr() if scale is not None else None
+    wtype = WTYPES[weight.dtype]
+    if library().few_rows(
+        weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()
+    ):
         raise RuntimeError("few_rows refused its arguments")  # unreachable when the caller checks M and dtypes
     return y

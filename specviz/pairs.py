@@ -4,12 +4,12 @@ Three questions, in order: do the two tokenizers give every token id the same me
 the draft's proposals would be nonsense to the target); what does a draft step cost relative to a target
 step (c); how often does the target accept the draft's greedy proposals (alpha, written `a` here as in
 the formula). From a and c the expected speedup for each block size gamma follows (Leviathan et al. 2023,
-Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula, alpha and c live in theory.py.
+Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula lives in theory.py; a and c are read from
+the decoding runs' tally.Tally (measured in the decode loops, as the benchmark and the sweep measure them).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -18,10 +18,9 @@ import torch
 from .config import AUTO_GAMMA_MAX, CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SamplingConfig, SpecConfig, SpecvizError
 from .costs import forward_times
 from .models import LoadedModel, load_pair, pair_dtypes, vocab_gap
-from .served import ServedTarget, engine_step_s, is_url, load_served_pair, open_run
+from .served import ServedTarget, engine_step_s, is_url, load_served_pair
+from .tally import Tally
 from .theory import (  # noqa: F401  (expected_speedup: re-exported)
-    alpha,
-    cost_ratio,
     expected_speedup,
     expected_speedup_measured,
     expected_tokens,
@@ -46,8 +45,9 @@ MEASURED_GAMMAS = range(1, 9)  # the verify cost is measured for blocks of 2 .. 
 MIN_SPEEDUP = 1.05  # below this a second model is not worth its memory and complexity
 MAX_MISMATCH_FRACTION = 0.01  # a few renamed special tokens (Llama 3 vs 3.1) are fine; a different tokenizer is not
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
-TIMING_WARMUP, TIMING_STEPS = 3, 16
-TREE_BUDGETS = (4, 8)  # token trees the check measures (a verify of 9 positions at most: MEASURED_GAMMAS' range)
+PLAIN_TOKENS = 8  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean
+TREE_BUDGETS = (4, 7)  # token trees the check measures: a verify of 8 positions at most, the CPU few-token
+# kernel's range (kernels.py; past it a verify here cost about twice: 2.1 steps at 9 positions, 1.3 at 8)
 TREE_PAYS = 1.03  # a tree is recommended when it is expected at least 3% faster than the best chain
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 VERDICTS = ("compatible", "not worth it", "incompatible")
@@ -103,38 +103,6 @@ def compare_tokenizers(target_tok, draft_tok, n_examples: int = 5) -> TokenizerC
 # --- measurements --------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@torch.inference_mode()
-def measure_step_times(target: LoadedModel, draft: LoadedModel, prompt_ids: list[int]) -> tuple[float, float]:
-    """Median seconds of one single-token cached forward call of p and of q, after a warm-up.
-
-    The two models alternate step by step, so a busy machine slows both alike and c stays fair.
-    """
-    from .translate import draft_ids, needs_translation
-
-    V = target.vocab_size  # CachedModel: the engine's own call path, cache, vocabulary mapping and all
-    V_q = draft.vocab_size if needs_translation(target, draft) else V  # another tokenizer: its own vocabulary
-    runs = [(open_run(target, V), target.device), (open_run(draft, V_q), draft.device)]  # served: one request a step
-    prompts = [torch.tensor(ids, dtype=torch.long) for ids in (prompt_ids, draft_ids(target, draft, prompt_ids))]
-    times: list[list[float]] = [[], []]
-    for (run, dev), prompt in zip(runs, prompts):
-        run.feed(prompt.to(dev), last_only=True)
-    for step in range(TIMING_WARMUP + TIMING_STEPS):
-        for k, (run, dev) in enumerate(runs):
-            x = prompts[k][-1:].to(dev)
-            _sync(dev)
-            t0 = time.perf_counter()
-            run.feed(x, last_only=True)
-            _sync(dev)
-            if step >= TIMING_WARMUP:
-                times[k].append(time.perf_counter() - t0)
-    return statistics.median(times[0]), statistics.median(times[1])
-
-
 @dataclass(frozen=True)
 class KindAcceptance:
     kind: str  # chat, story, code, summarise, or "given" for the caller's own prompts
@@ -147,7 +115,9 @@ class KindAcceptance:
 
 @dataclass(frozen=True)
 class Acceptance:
-    a: float  # accepted / tested positions: the per-token chance under the i.i.d. model (its MLE)
+    """What the greedy acceptance runs counted (tally.Tally's definitions); `tally` is their pooled Tally."""
+
+    a: float  # alpha: accepted / tested positions, the per-token chance under the i.i.d. model (its MLE)
     accepted: int
     tested: int  # positions the target judged: every accepted one plus the first rejected of each round
     drafted: int
@@ -160,6 +130,49 @@ class Acceptance:
     decode_s: float = 0.0  # seconds of the decode loops, prefills excluded
     block_sizes: tuple[int, ...] = ()  # rounds that proposed k = 0, 1, ... tokens
     translate_s: float = 0.0  # a draft with another tokenizer: of draft_s, the seconds spent re-tokenising
+    draft_calls: int = 0  # forward calls of the draft model
+    tally: Tally = field(default_factory=Tally, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, t: Tally, block_sizes: tuple[int, ...], translate_s: float, by_kind=()) -> Acceptance:
+        low, high = wilson_interval(t.accepted, t.judged)
+        return cls(t.alpha, t.accepted, t.judged, t.drafted, t.rounds, t.new_tokens, low, high, tuple(by_kind),
+                   t.draft_s, t.decode_s, tuple(block_sizes), translate_s, t.draft_calls, t)  # fmt: skip
+
+
+def _within(events, deadline: float | None):
+    """Pass events through; past `deadline` (a time.monotonic() value) one SpecvizError (checked every event)."""
+    for ev in events:
+        if deadline is not None and time.monotonic() > deadline:
+            raise SpecvizError("The pair check ran past this server's time limit and was stopped; try fewer tokens.")
+        yield ev
+
+
+def _acceptance_runs(target: LoadedModel, draft: LoadedModel, prompt_ids: list[list[int]], max_new_tokens: int,
+                     deadline: float | None, drafter: str) -> tuple[Tally, list[int], float]:  # fmt: skip
+    """Greedy speculative decoding of each prompt at CHECK_GAMMA: (their Tally, rounds by block size, seconds spent
+    re-tokenising)."""
+    from .drafters import make_drafter
+    from .engine import speculative_decode
+    from .events import Round
+    from .translate import needs_translation
+
+    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
+    t, sizes, translate_s = Tally(), [0] * (CHECK_GAMMA + 1), 0.0
+    translated = drafter != "lookup" and needs_translation(target, draft)
+    for ids in prompt_ids:
+        made = None
+        if translated:  # built here, so its re-tokenising time can be read after the run
+            lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
+                          max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
+            made = make_drafter(drafter, draft, target.vocab_size, target=target, **lookup)
+        for ev in _within(speculative_decode(target, draft, ids, cfg, drafter=made), deadline):
+            t.add(ev)
+            if isinstance(ev, Round):
+                sizes += [0] * (len(ev.drafted) + 1 - len(sizes))
+                sizes[len(ev.drafted)] += 1
+        translate_s += getattr(getattr(made, "model", made), "translate_s", 0.0)
+    return t, sizes, translate_s
 
 
 def measure_acceptance(
@@ -177,45 +190,7 @@ def measure_acceptance(
     accepted / drafted (the engine's acceptance_rate) would count proposals after a rejection as failures
     although nobody looked at them, which understates a: at a = 0.8 and gamma 4 it reads 0.59.
     """
-    from .drafters import make_drafter
-    from .engine import speculative_decode
-    from .events import Done, Round
-    from .translate import needs_translation
-
-    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
-    accepted = tested = drafted = rounds = new = 0
-    draft_s = decode_s = translate_s = 0.0
-    sizes = [0] * (CHECK_GAMMA + 1)
-    translated = drafter != "lookup" and needs_translation(target, draft)
-    for ids in prompt_ids:
-        made = None
-        if translated:  # built here, so its re-tokenising time can be read after the run
-            lookup = dict(prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
-                          max_matching_ngram_size=cfg.max_matching_ngram_size)  # fmt: skip
-            made = make_drafter(drafter, draft, target.vocab_size, target=target, **lookup)
-        for ev in speculative_decode(target, draft, ids, cfg, drafter=made):
-            if deadline is not None and time.monotonic() > deadline:
-                raise SpecvizError(
-                    "The pair check ran past this server's time limit and was stopped; try fewer tokens."
-                )
-            if isinstance(ev, Round):
-                g = len(ev.drafted)
-                accepted += ev.n
-                tested += ev.n + (1 if ev.n < g else 0)  # the rejected one was judged; those after it were not
-                drafted += g
-                rounds += 1
-                draft_s += ev.draft_s
-                sizes += [0] * (g + 1 - len(sizes))
-                sizes[g] += 1
-            elif isinstance(ev, Done):
-                new += len(ev.token_ids)
-                decode_s += ev.stats["wall_s"] - ev.stats["prefill_s"]
-        translate_s += getattr(getattr(made, "model", made), "translate_s", 0.0)
-    low, high = wilson_interval(accepted, tested)
-    a = alpha(accepted, tested - accepted)
-    return Acceptance(
-        a, accepted, tested, drafted, rounds, new, low, high, (), draft_s, decode_s, tuple(sizes), translate_s
-    )
+    return Acceptance.of(*_acceptance_runs(target, draft, prompt_ids, max_new_tokens, deadline, drafter))
 
 
 def acceptance_by_kind(
@@ -225,23 +200,21 @@ def acceptance_by_kind(
     max_new_tokens: int,
     deadline: float | None = None,
     drafter: str = "model",
-) -> Acceptance:
-    """measure_acceptance per kind of prompt, and over all of them (the overall a weighs every judged guess)."""
-    parts = {
-        k: measure_acceptance(target, draft, ids, max_new_tokens, deadline, drafter) for k, ids in prompt_ids.items()
-    }
+) -> tuple[Acceptance, Tally]:
+    """measure_acceptance per kind of prompt, and over all of them (the overall a weighs every judged guess); and
+    beside each kind's runs a short plain run on its first prompt, so a busy machine slows both alike: their
+    pooled Tally is the plain step that c is measured against. Returns (the acceptance, the plain runs' Tally)."""
+    from .engine import autoregressive_decode
+
+    parts, plain = {}, Tally()
+    for k, ids in prompt_ids.items():
+        plain_cfg = SpecConfig(max_new_tokens=PLAIN_TOKENS)
+        plain += Tally.of(_within(autoregressive_decode(target, ids[0], plain_cfg), deadline))
+        parts[k] = measure_acceptance(target, draft, ids, max_new_tokens, deadline, drafter)
     kinds = tuple(KindAcceptance(k, x.a, x.low, x.high, x.accepted, x.tested) for k, x in parts.items())
-    tot = {
-        f: sum(getattr(x, f) for x in parts.values()) for f in ("accepted", "tested", "drafted", "rounds", "new_tokens")
-    }
-    low, high = wilson_interval(tot["accepted"], tot["tested"])
-    a = alpha(tot["accepted"], tot["tested"] - tot["accepted"])
     sizes = tuple(map(sum, zip(*(x.block_sizes for x in parts.values()))))
-    times = [sum(x.draft_s for x in parts.values()), sum(x.decode_s for x in parts.values())]
-    return Acceptance(
-        a, tot["accepted"], tot["tested"], tot["drafted"], tot["rounds"], tot["new_tokens"], low, high, kinds,
-        *times, sizes, sum(x.translate_s for x in parts.values()),
-    )  # fmt: skip
+    pooled = sum((x.tally for x in parts.values()), Tally())
+    return Acceptance.of(pooled, sizes, sum(x.translate_s for x in parts.values()), kinds), plain
 
 
 @dataclass(frozen=True)
@@ -264,31 +237,22 @@ def measure_trees(target: LoadedModel, draft: LoadedModel, prompt_ids: list[list
     """One TreeTrial per TREE_BUDGETS entry (depth at most AUTO_GAMMA_MAX); times[k]: a target call over k + 1
     tokens (forward_times), plain: one plain decoding step, in target steps."""
     from .engine import speculative_decode
-    from .events import Done, Round
+    from .events import Round
 
     step, out = times[0], []
     for budget in TREE_BUDGETS:
         cfg = SpecConfig(gamma=AUTO_GAMMA_MAX, tree=budget, max_new_tokens=max_new_tokens, drafter=drafter)
-        rounds = new = 0
-        nodes = draft_s = verify_s = decode_s = 0.0
+        t, verify_s = Tally(), 0.0
         for ids in prompt_ids:
-            for ev in speculative_decode(target, draft, ids, cfg):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise SpecvizError(
-                        "The pair check ran past this server's time limit and was stopped; try fewer tokens."
-                    )
-                if isinstance(ev, Round):
-                    rounds += 1
-                    nodes += ev.proposed
-                    draft_s += ev.draft_s
+            for ev in _within(speculative_decode(target, draft, ids, cfg), deadline):
+                t.add(ev)
+                if isinstance(ev, Round):  # a verify over its nodes + 1 positions, as forward_times measured it
                     verify_s += times[min(ev.proposed, len(times) - 1)]
-                elif isinstance(ev, Done):
-                    new += len(ev.token_ids)
-                    decode_s += ev.stats["wall_s"] - ev.stats["prefill_s"]
-        r = max(rounds, 1)
-        d, v = draft_s / r / step, verify_s / r / step
-        o = max(0.0, decode_s - draft_s - verify_s) / r / step
-        out.append(TreeTrial(budget, new / r, nodes / r, d, v, o, speedup_per_round(new / r, d, v, o, plain)))
+        r = max(t.rounds, 1)
+        d, v = t.draft_s / r / step, verify_s / r / step
+        o = max(0.0, t.decode_s - t.draft_s - verify_s) / r / step
+        tokens = t.tokens_per_call
+        out.append(TreeTrial(budget, tokens, t.drafted_per_call, d, v, o, speedup_per_round(tokens, d, v, o, plain)))
     return tuple(out)
 
 
@@ -303,19 +267,11 @@ def _tree_advice(trials: tuple[TreeTrial, ...], best_chain: float, gamma: int, c
     )
     if ratio >= TREE_PAYS:
         return f"Token trees pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain (use tree={t.budget} or auto)."
-    return f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree off (auto picks chains here)."
-
-
-@torch.inference_mode()
-def measure_plain_step(target: LoadedModel, prompt_ids: list[int], tokens: int = 17) -> float:
-    """Median seconds of one step of plain greedy decoding (the engine's own loop: its forward call and the work
-    around it, what the benchmark's plain run pays per token); the first step is left out as a warm-up."""
-    from .engine import autoregressive_decode
-    from .events import Step
-
-    cfg = SpecConfig(max_new_tokens=tokens, sampling=SamplingConfig(0.0))
-    steps = [ev.forward_s for ev in autoregressive_decode(target, prompt_ids, cfg) if isinstance(ev, Step)]
-    return statistics.median(steps[1:] or steps)
+    return (
+        f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree "
+        "off (tree=auto sizes each round by these costs and branches only where a runner-up is expected to be kept "
+        "more often than a longer chain's next guess)."
+    )
 
 
 # --- the report ----------------------------------------------------------------------------------
@@ -341,9 +297,11 @@ class PairReport:
     draft_vocab_rows: int
     draft_trimmed: bool  # the draft carries a specviz_vocab.json (a subset of the target's ids)
     drafter: str = "model"  # where the measured guesses came from: model | lookup | lookup+model
+    # in the decode loops (tally.Tally.c): the mean seconds of one plain decoding step (a served target: one
+    # request of one token, the round trip and the engine's step) and of one draft call in the acceptance runs
     target_step_s: float | None = None
     draft_step_s: float | None = None
-    c: float | None = None  # draft_step_s / target_step_s
+    c: float | None = None  # draft_step_s / target_step_s (0 for lookup: no draft call)
     acceptance: Acceptance | None = None
     prompts: int = 0
     max_new_tokens: int = 0
@@ -386,6 +344,8 @@ class PairReport:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if d["acceptance"] is not None:
+            d["acceptance"].pop("tally")  # its numbers are the acceptance's own fields
         d["param_ratio"] = self.param_ratio
         d["tokenizer"]["mismatch_fraction"] = self.tokenizer.mismatch_fraction
         d["tokenizer"]["compatible"] = self.tokenizer.compatible
@@ -428,8 +388,8 @@ class PairReport:
         if self.c is not None and self.acceptance is not None:
             acc = self.acceptance
             lines += [
-                f"cost ratio  c = {self.c:.3f} (one cached step: draft {self.draft_step_s * 1e3:.2f} ms, "
-                f"target {self.target_step_s * 1e3:.2f} ms; median of {TIMING_STEPS})",
+                f"cost ratio  c = {self.c:.3f} (in the decode loops: a draft call {self.draft_step_s * 1e3:.2f} ms, "
+                f"a plain decoding step {self.target_step_s * 1e3:.2f} ms; means)",
                 f"acceptance  a = {acc.a:.3f} ({self.drafter} drafter, greedy, gamma {CHECK_GAMMA}, {self.prompts} prompts: "
                 f"{acc.accepted} of {acc.tested} judged proposals accepted, {acc.new_tokens} tokens "
                 f"in {acc.rounds} rounds)",
@@ -639,15 +599,13 @@ def check_pair(
 
     ids = {k: [encode_prompt(p, x) for x in v] for k, v in kinds.items()}
     first = next(iter(ids.values()))[0]
-    p_s, q_s = measure_step_times(p, q, first)
-    if drafter == "lookup":  # guesses copied from the text: no draft model call at all
-        q_s = 0.0
-    c = cost_ratio(q_s, 1, p_s)
     times = forward_times(p, first, max(MEASURED_GAMMAS) + 1, reps=3)  # one call over 1 .. 9 tokens
     step = times[0]
     verify = tuple(times[g] / step for g in MEASURED_GAMMAS)  # (v_1 .. v_8): a call over g + 1 tokens, in steps
-    plain = measure_plain_step(p, first) / step
-    acc = acceptance_by_kind(p, q, ids, cfg.max_new_tokens, deadline, drafter)
+    acc, plain_runs = acceptance_by_kind(p, q, ids, cfg.max_new_tokens, deadline, drafter)
+    c = acc.tally.c(plain_runs)  # the one c (tally.py): lookup alone makes no draft call, so c = 0
+    p_s, q_s = plain_runs.step_s, acc.tally.draft_call_s
+    plain = p_s / step
     draft_cost = acc.draft_s / acc.drafted / step if acc.drafted else c
     forward_s = sum(n * times[k] for k, n in enumerate(acc.block_sizes))  # the verify calls the loop made
     overhead = max(0.0, acc.decode_s - acc.draft_s - forward_s) / max(acc.rounds, 1) / step

@@ -150,6 +150,30 @@ def acceptance_figure(rounds: pd.DataFrame) -> go.Figure:
     return fig
 
 
+RANK_STYLES = ((BLUE, ""), (ORANGE, "/"), (PURPLE, "x"))  # 1st, 2nd, 3rd+ choice: a colour and a hatching each
+
+
+def tree_figure(table: pd.DataFrame) -> go.Figure:
+    """Token trees: the share of tested guesses the target kept, by depth, one bar per rank of the guess at its
+    branch (the draft's 1st, 2nd, 3rd+ choice). table: `metrics.tree_acceptance`."""
+    fig = go.Figure()
+    for j, (name, (color, hatch)) in enumerate(zip(metrics.TREE_RANKS, RANK_STYLES)):
+        part = table[table["rank"] == j] if len(table) else table
+        if not len(part):
+            continue
+        fig.add_trace(go.Bar(x=part["depth"], y=part["share"], name=f"draft's {name} choice", marker_color=color,
+                             marker_pattern_shape=hatch, text=[f"{k}/{n}" for k, n in zip(part["kept"], part["tested"])],
+                             textposition="outside", customdata=part[["kept", "tested"]].to_numpy(),
+                             hovertemplate=f"depth %{{x}}, the draft's {name} choice: kept %{{customdata[0]}} of "
+                             "%{customdata[1]} tested (%{y:.0%})<extra></extra>"))  # fmt: skip
+    fig = _layout(fig, "Token trees: guesses kept, by depth and by the draft's choice", "depth in the tree",
+                  "kept / tested")  # fmt: skip
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(range=[0, 1.15], tickformat=".0%")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
 def tokens_per_round_figure(rounds: pd.DataFrame, gamma: int) -> go.Figure:
     """How many tokens each round produced: 1 (first guess rejected) .. gamma+1 (all accepted + bonus)."""
     gamma = max([gamma, *(rounds["gamma"].tolist() if len(rounds) else [])])  # a varying gamma may go past it

@@ -293,34 +293,29 @@ def rounds_of(rec: Recording) -> list[list[tuple[float, str, Event]]]:
 def run(prompt: str, modes: tuple[str, ...] = ("ar", "spec"), **options) -> Recording:
     """Decode `prompt` and record it: both modes raced on a fair common clock ("race"), or one mode ("run").
 
-    Options as in `specviz.generate` (target, draft, gamma, temperature, ..., device); the numbers are checked
-    before a model is loaded.
+    Options as in `specviz.generate` (target, draft, gamma, temperature, ..., device); they are checked before a
+    model is loaded (see `run_request`).
     """
-    from .api import stream
-    from .config import SamplingConfig, SpecConfig
-    from .engine import race
-    from .models import load_pair
-    from .served import is_url, load_served_pair
+    from .request import RunRequest
 
-    modes = tuple(modes)
-    if modes not in (("spec",), ("ar",), ("ar", "spec")):
-        raise SpecvizError("modes must be ('spec',), ('ar',) or ('ar', 'spec').")
     if "mode" in options:
         raise SpecvizError("Give the modes to record as modes=('ar', 'spec'), not mode.")
-    cfg = {k: options[k] for k in ("gamma", "max_new_tokens", "seed", "relaxed_w") if k in options}
-    sampling = {k: options[k] for k in ("temperature", "top_k", "top_p") if k in options}
-    cfg = SpecConfig(**cfg, sampling=SamplingConfig(**sampling))  # bad numbers fail here, before any loading
-    load = {k: options.pop(k) for k in ("device", "dtype", "quantize") if k in options}
-    target, draft = options.pop("target", None), options.pop("draft", None)
-    if is_url(target):  # a served target (served.py): p scores on its server
-        p, q = load_served_pair(target, draft, tokenizer=options.get("tokenizer"), **load)
-    else:
-        p, q = load_pair(target, draft, **load)
-    runs = {mode: stream(prompt, mode=mode, target=p, draft=q, **options) for mode in modes}
+    return run_request(prompt, tuple(modes), RunRequest.of(options, "record_run"))
+
+
+def run_request(prompt: str, modes: tuple[str, ...], req) -> Recording:
+    """Run the request `req` (request.RunRequest) in `modes` and record it; its settings are `req`'s."""
+    from .api import check_text, decode, load_for
+    from .engine import race
+
+    if modes not in (("spec",), ("ar",), ("ar", "spec")):
+        raise SpecvizError("modes must be ('spec',), ('ar',) or ('ar', 'spec').")
+    check_text(prompt)
+    p, q = load_for(req.replace(mode=modes[-1]))  # a draft model only where a speculative lane needs one
+    runs = {mode: decode(p, q, prompt, req.replace(mode=mode)) for mode in modes}
     if len(modes) == 2:
         merged = list(race(runs["ar"], runs["spec"]))
         lanes = {m: [ev for side, ev in merged if side == m] for m in modes}
     else:
         lanes = {modes[0]: list(runs[modes[0]])}
-    settings = settings_of(prompt, cfg) | {k: v for k, v in options.items() if isinstance(v, (bool, int, float, str))}
-    return make("race" if len(modes) == 2 else "run", settings, lanes, p.tokenizer, environment(p, q))
+    return make("race" if len(modes) == 2 else "run", req.settings(prompt), lanes, p.tokenizer, environment(p, q))

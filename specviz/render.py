@@ -12,7 +12,7 @@ import html
 import math
 
 from .events import Done, Round, Step
-from .theory import alpha
+from .tally import Tally
 
 NEWLINE = "⏎"
 TAB = "⇥"
@@ -67,7 +67,7 @@ def _span(cls: str, body: str, title: str, special: bool = False, text: str = ""
     name = ""
     if cls in STATES and text:  # the state in the accessible name, not only in the colour
         how = " (a free guess from prompt lookup)" if source == "lookup" else ""
-        how += f" (from a branch: the draft's choice number {branch + 1})" if branch else ""
+        how += f" (from a branch: the draft's guess number {branch + 1} there)" if branch else ""
         name = f' role="img" aria-label="{html.escape(f"{STATES[cls]}: {text}{how}", quote=True)}"'
     return f'<span class="tok {cls}{extra}" title="{html.escape(title, quote=True)}"{name}>{body}</span>'
 
@@ -114,7 +114,7 @@ def round_html(pieces: Pieces, rnd: Round, greedy: bool) -> str:
         title = _draft_title(rnd, i, greedy, True, pieces.text(token))
         rank = tree.ranks[tree.path[i]] if tree is not None else 0  # a token tree: its rank at the branch
         if rank:
-            title += f"\nfrom a branch: the draft's choice number {rank + 1} here, not its first (a token tree)"
+            title += f"\nfrom a branch: the draft's guess number {rank + 1} here, not its first (a token tree)"
         parts.append(
             _span(
                 "tok-accepted",
@@ -201,18 +201,27 @@ def prompt_html(prompt: str) -> str:
     return f'<div class="sv-prompt"><b>Prompt</b> <span class="sv-prompt-text">{html.escape(prompt)}</span></div>'
 
 
-def spec_stat_items(rounds: list[Round], n: int, rate: float) -> list[tuple[str, str]]:
-    """The numbers under a speculative pane (the race, a replay, an exported page): one definition."""
-    drafted, accepted = sum(r.proposed for r in rounds), sum(r.n for r in rounds)
-    a = alpha(accepted, sum(r.kind == "resampled" for r in rounds))
+def plain_stat_items(t: Tally) -> list[tuple[str, str]]:
+    """The numbers under a plain pane (the race, a replay, an exported page), from the lane's Tally."""
+    return [(str(t.new_tokens), "tokens"), (f"{t.tokens_per_s:.1f}", "tokens/s"), (str(t.target_calls), "target calls")]
+
+
+def spec_stat_items(t: Tally) -> list[tuple[str, str]]:
+    """The numbers under a speculative pane (the race, a replay, an exported page), from the lane's Tally."""
     return [
-        (str(n), "tokens"),
-        (f"{rate:.1f}", "tokens/s"),
-        (str(len(rounds)), "target calls"),
-        (f"{accepted / drafted:.0%}" if drafted else "—", "guesses accepted"),
-        (f"{a:.0%}" if drafted else "—", "α: kept of those checked"),
-        (f"{n / len(rounds):.2f}" if rounds else "—", "tokens per target call"),
+        (str(t.new_tokens), "tokens"),
+        (f"{t.tokens_per_s:.1f}", "tokens/s"),
+        (str(t.target_calls), "target calls"),
+        (f"{t.acceptance_rate:.0%}" if t.drafted else "—", "guesses accepted"),
+        (f"{t.alpha:.0%}" if t.judged else "—", "α: kept of those checked"),
+        (f"{t.tokens_per_call:.2f}" if t.target_calls else "—", "tokens per target call"),
     ]
+
+
+def speedup_item(t: Tally, plain: Tally) -> tuple[str, str]:
+    """A speculative lane's tokens per second over the plain lane's (each on its own compute clock)."""
+    ok = t.new_tokens and plain.new_tokens and plain.tokens_per_s
+    return (f"{t.tokens_per_s / plain.tokens_per_s:.2f}×" if ok else "—", "speedup (tokens/s vs plain)")
 
 
 def stats_html(items: list[tuple[str, str]]) -> str:
@@ -244,7 +253,7 @@ LEGEND = (
         "tok-accepted tok-branch",
         "word",
         "from a branch",
-        "with a token tree: a kept guess that was not the draft's first choice at its branch",
+        "with a token tree: a kept guess that was not the draft's first guess at its branch",
     ),
 )
 

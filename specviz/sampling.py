@@ -172,6 +172,25 @@ def verify_tree_greedy(drafted: torch.Tensor, parents: tuple[int, ...], target_l
         u = nxt
 
 
+def drawn_without(q: torch.Tensor, tried: list[int]) -> torch.Tensor:
+    """q (V,) with the tokens of the siblings drawn before removed, renormalised: what a child drawn from q without
+    replacement was drawn from (a point mass is unchanged)."""
+    if not tried:
+        return q
+    Q = q.clone()
+    Q[tried] = 0.0
+    return Q / Q.sum().clamp_min(1e-30)
+
+
+def residual_after(p: torch.Tensor, q: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """What is left of p (V,) at a tree node whose children `tokens` were all turned down, in order (q (k, V): the
+    row each was drawn from): the distribution the walk draws its correction from (verify_tree_sampled)."""
+    P = p
+    for j in range(len(tokens)):
+        P = residual(P, drawn_without(q[j], tokens[:j]))
+    return P
+
+
 def verify_tree_sampled(
     drafted: torch.Tensor, parents: tuple[int, ...], q: torch.Tensor, p: torch.Tensor, generator: torch.Generator
 ) -> TreeVerdict:
@@ -191,10 +210,7 @@ def verify_tree_sampled(
         P, nxt, tried = p[u + 1], None, []
         for c in kids[u + 1]:
             x = tokens[c]
-            Q = q[c].clone()
-            if tried:  # drawn without the earlier siblings (a no-op on a point mass)
-                Q[tried] = 0.0
-                Q = Q / Q.sum().clamp_min(1e-30)
+            Q = drawn_without(q[c], tried)  # a no-op on a point mass
             P_x, Q_x = float(P[x]), float(Q[x])
             a = min(1.0, P_x / Q_x) if Q_x > 0 else (1.0 if P_x > 0 else 0.0)
             r = float(torch.rand(1, generator=generator, device=p.device, dtype=torch.float32))

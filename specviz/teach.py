@@ -115,6 +115,15 @@ def ordinal(rank: int) -> str:
     return ORDINALS[rank] if rank < len(ORDINALS) else f"{rank + 1}th"
 
 
+def rank_words(rank: int, source: str, greedy_mode: bool) -> str:
+    """How a tree node came to its place among its siblings: the draft's 2nd choice (its 2nd most likely token, at
+    temperature 0), its 2nd draw (above 0: siblings are drawn from q without replacement), or the 2nd earlier
+    continuation prompt lookup found."""
+    if source == "lookup":
+        return f"the {ordinal(rank)} earlier continuation prompt lookup found"
+    return f"the draft's {ordinal(rank)} {'choice' if greedy_mode else 'draw'}"
+
+
 def describe_tree_round(rd: Round, text, greedy_mode: bool) -> str:
     """A tree round in plain words. text: token id -> its readable text."""
     t = rd.tree
@@ -123,14 +132,15 @@ def describe_tree_round(rd: Round, text, greedy_mode: bool) -> str:
     per = [sum(d == k for d in depths) for k in range(1, max(depths) + 1)]
     out = [
         f"The draft grew a tree of {_count(len(t.tokens), 'guess', 'guesses')} ({', '.join(map(str, per))} at "
-        f"depth {', '.join(map(str, range(1, len(per) + 1)))}): at each branch its first, second … choices. The "
+        f"depth {', '.join(map(str, range(1, len(per) + 1)))}): at each branch its first, second … "
+        f"{'choices' if greedy_mode else 'draws from q'}. The "
         "target checked every one in a single forward pass, each guess seeing only the guesses above it."
     ]
     if t.path:
         steps = []
         for i in t.path:
             turned = [j for j, par in enumerate(t.parents) if par == t.parents[i] and t.status[j] == "rejected"]
-            how = f"{quote(i)} (the draft's {ordinal(t.ranks[i])} choice"
+            how = f"{quote(i)} ({rank_words(t.ranks[i], t.sources[i], greedy_mode)}"
             how += f", after turning down {', '.join(quote(j) for j in turned)})" if turned else ")"
             steps.append(how)
         out.append(f" Walking from the text, it kept {', then '.join(steps)}.")

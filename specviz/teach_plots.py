@@ -75,6 +75,15 @@ def _unique(labels: list[str]) -> list[str]:
     return out
 
 
+def _siblings_turned_down(rd: Round) -> int:
+    """How many guesses the walk turned down where it stopped (1 for a chain's rejected guess)."""
+    t = rd.tree
+    if t is None:
+        return 1
+    stop = t.path[-1] if t.path else -1
+    return sum(st == "rejected" for st, par in zip(t.status, t.parents) if par == stop)
+
+
 def candidates_figure(rd: Round, name: Callable[[int], str], greedy_mode: bool, top: int = 6) -> go.Figure:
     """For each checked position of a round: p and q over its top candidates (and the residual where it rejected).
 
@@ -92,7 +101,9 @@ def candidates_figure(rd: Round, name: Callable[[int], str], greedy_mode: bool, 
         elif i < n:
             titles.append(f"Guess {i + 1}: “{name(rd.drafted[i])}” ✓ kept")
         else:
-            titles.append(f"Guess {i + 1}: “{name(rd.drafted[i])}” ✗ rejected → ↻ “{name(rd.correction)}”")
+            more = _siblings_turned_down(rd) - 1  # a tree: the other guesses at the branch where the walk stopped
+            verdict = f"✗ +{more} more" if more > 0 else "✗ rejected"  # short: a subplot title is half the width
+            titles.append(f"Guess {i + 1}: “{name(rd.drafted[i])}” {verdict} → ↻ “{name(rd.correction)}”")
     fig = make_subplots(
         rows=rows,
         cols=cols,

@@ -11,7 +11,8 @@ cost of one draft step relative to one target step, gamma the proposals of a rou
 - `expected_speedup(alpha, gamma, c)`: Theorem 3.8, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); it assumes
   a verify of gamma + 1 tokens costs one target step. `expected_speedup_measured` uses measured costs: the
   verify call, the decode loop's own work per round, and a plain decoding step's.
-Every page, the sweep, the pair check and the benchmark read these; nothing else computes them.
+Every page, the sweep, the pair check and the benchmark read these, through tally.Tally where a run's events are
+counted; nothing else computes them.
 """
 
 from __future__ import annotations
@@ -29,16 +30,12 @@ def alpha(accepted: int, rejected: int) -> float:
     return accepted / judged if judged else 0.0
 
 
-def alpha_of(stats: dict) -> float:
-    """alpha from a run's stats (Done.stats, or sums of several): a rejection is a round that resampled."""
-    return alpha(int(stats.get("accepted", 0)), int(stats.get("resampled", 0)))
-
-
 def cost_ratio(draft_s: float, draft_calls: int, target_step_s: float) -> float:
-    """c: seconds of one draft call over seconds of one target step (nan when either is unknown)."""
-    if draft_calls <= 0 or target_step_s <= 0:
+    """c: seconds of one draft call over seconds of one target step; 0 when no draft call was made (free
+    guesses), NaN when the step is unknown. Which seconds: tally.Tally.c."""
+    if not target_step_s > 0:
         return float("nan")
-    return draft_s / draft_calls / target_step_s
+    return draft_s / draft_calls / target_step_s if draft_calls > 0 else 0.0
 
 
 def position_alphas(rounds: Iterable[tuple[int, int]]) -> list[float]:

@@ -126,12 +126,13 @@ def test_model_load_failure_and_oom_are_one_sentence(tiny_pair, monkeypatch):
     """Handler level (no server): a missing default draft, then the server running out of memory."""
     import torch
 
-    from specviz.ui.race import race_stream
+    from specviz.request import RunRequest
+    from specviz.ui.race import race_page
     from specviz.ui.sweep import sweep_stream
 
     ctx = UIContext(device="cpu")
     ctx.default_target, ctx.default_draft = tiny_pair[0], tiny_pair[0] + "-missing"
-    final = list(race_stream(ctx, "hello", 2, 0.0, 0, 1.0, 8, 0))[-1]
+    final = list(race_page(ctx, {"prompt": "hello", "gamma": 2, "max_new_tokens": 8}))[-1]
     assert "sv-error" in final[MESSAGE] and "does not exist" in final[MESSAGE]
 
     def oom(*args, **kwargs):
@@ -139,9 +140,9 @@ def test_model_load_failure_and_oom_are_one_sentence(tiny_pair, monkeypatch):
 
     ctx.default_draft = tiny_pair[1]
     monkeypatch.setattr(ctx, "pair", oom)
-    final = list(race_stream(ctx, "hello", 2, 0.0, 0, 1.0, 8, 0))[-1]
+    final = list(race_page(ctx, {"prompt": "hello", "gamma": 2, "max_new_tokens": 8}))[-1]
     assert "ran out of memory" in final[MESSAGE] and "GiB" not in final[MESSAGE]
-    _, note = list(sweep_stream(ctx, "hello", 0.0, 0, 1.0, 8, 0))[-1]
+    _, note = list(sweep_stream(ctx, "hello", RunRequest(drafter="model", max_new_tokens=8)))[-1]
     assert "ran out of memory" in note
 
 

@@ -23,6 +23,7 @@ from transformers import DynamicCache  # noqa: E402
 import specviz  # noqa: E402
 import specviz.models  # noqa: E402
 from specviz.config import SpecvizError  # noqa: E402
+from specviz.lean import LeanCache  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
@@ -132,6 +133,8 @@ def _held() -> tuple[int, int]:
             sessions += 1
         elif isinstance(obj, DynamicCache):
             kv += sum(t.numel() * t.element_size() for x in obj.layers for t in (x.keys, x.values) if t is not None)
+        elif isinstance(obj, LeanCache):  # the lean forward's (specviz/lean.py)
+            kv += obj.k.numel() * obj.k.element_size() + obj.v.numel() * obj.v.element_size()
     return sessions, kv
 
 

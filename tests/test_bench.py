@@ -43,8 +43,8 @@ def table(loaded_pair):
 def test_bench_produces_every_column_for_every_cell(table):
     assert len(table) == 4
     assert sorted(zip(table["temperature"], table["gamma"])) == [(0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]
-    text = ("identical", "differences", "note", "temperature", "config", "drafter", "policy", "tree", "best_chain")
-    text += ("vs_best_chain", "tokens_per_call_vs_best_chain")  # tree rows only (test_bench_puts_trees_beside...)
+    text = ("identical", "forwards_agree", "differences", "note", "temperature", "config", "drafter", "policy")
+    text += ("tree", "best_chain", "vs_best_chain", "tokens_per_call_vs_best_chain")  # the last two: tree rows only
     numeric = [c for c in table.columns if c not in text]
     assert not table[numeric].isna().any().any(), table[numeric].isna().sum()
     assert ((table["acceptance"] >= 0) & (table["acceptance"] <= 1)).all()
@@ -55,6 +55,7 @@ def test_bench_produces_every_column_for_every_cell(table):
     greedy = table[table["temperature"] == 0]
     assert greedy["identical"].tolist() == [True, True] and (greedy["differences"] == "").all()
     assert table.loc[table["temperature"] > 0, "identical"].isna().all()  # sampled outputs need not match
+    assert greedy["forwards_agree"].tolist() == [True, True]  # lean.py's forward and transformers' agree here
     assert "spec/hf_spec" in bench.format_table(table)
 
 

@@ -113,3 +113,53 @@ def test_three_lane_race_in_the_browser(page):
     for plot in ("position", "timeline"):
         expect(page.locator(f"#sv-plot-{plot} .js-plotly-plot")).to_be_visible(timeout=TIMEOUT_MS)
     assert "speedup" in page.locator("#sv-spec2-stats").inner_text()
+
+
+def _step_number(page, label: str, value: str) -> None:
+    box = page.locator(f'input[type=number][aria-label="number input for {label}"]').last
+    box.fill(value)
+    box.press("Enter")
+
+
+@pytest.mark.parametrize("present", [False, True])
+def test_the_step_throughs_token_tree_in_the_browser(browser, app_url, present):
+    """At 1280x720 (and in presentation mode): the tree drawn whole in the window's width, turned-down guesses
+    struck through, the accepted path's edges green, and a node's p, q, min(1, p/q) and r in a large card on hover."""
+    page = browser.new_page(viewport={"width": 1280, "height": 720})
+    try:
+        page.goto(app_url + ("?present=1" if present else ""), wait_until="load", timeout=TIMEOUT_MS)
+        expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=TIMEOUT_MS)
+        page.get_by_role("tab", name="Step through").click()
+        page.get_by_label("Prompt", exact=True).last.fill(PROMPT)
+        _step_number(page, "temperature (0 = greedy)", "1")
+        page.get_by_label("token tree: guesses per round (depth ≤ gamma)", exact=True).click()
+        page.get_by_role("option", name="8", exact=True).click()
+        for i in range(12):  # until a round turned a guess down (the tiny draft is often wrong)
+            page.get_by_role("button", name="Next round ▶").click()
+            expect(page.get_by_text(f"Round {i + 1}.")).to_be_visible(timeout=TIMEOUT_MS)
+            if page.locator(".sv-tree .sv-t-rejected").count():
+                break
+        rejected = page.locator(".sv-tree .sv-t-rejected").first
+        assert rejected.evaluate("e => getComputedStyle(e).textDecorationLine") == "line-through"
+        assert page.locator(".sv-tree .sv-t-fix, .sv-tree .sv-t-bonus").count() == 1  # where the walk stopped
+        edge = page.locator(".sv-tree li.sv-t-on").first.evaluate("e => getComputedStyle(e, '::before').borderTopColor")
+        assert edge == "rgb(0, 158, 115)"  # the accepted path's green
+        tree = page.locator(".sv-tree").first
+        tree.scroll_into_view_if_needed()
+        box = tree.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= 1280
+        size = page.locator(".sv-tree .sv-tn").first.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")
+        assert size >= (21 if present else 18)  # readable from the back of a room
+        rejected.hover()
+        card = page.locator("#sv-tipcard")
+        expect(card).to_be_visible()
+        text = card.inner_text()
+        assert "p(x) = " in text and "q(x) = " in text and "min(1, p/q) = " in text and "→ turned down" in text
+        assert rejected.get_attribute("title") is None  # the browser's own small tooltip does not show on top
+        c = card.bounding_box()
+        assert c["x"] >= 0 and c["x"] + c["width"] <= 1280 and c["y"] >= 0 and c["y"] + c["height"] <= 720
+        assert float(card.evaluate("e => parseFloat(getComputedStyle(e).fontSize)")) >= (23 if present else 18)
+        page.mouse.move(2, 2)
+        expect(card).to_be_hidden()
+    finally:
+        page.close()

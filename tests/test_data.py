@@ -1,4 +1,4 @@
-"""The teacher-data prompt builder (scripts/build_prompts.py) and the teacher file helpers (scripts/teacher_io.py).
+"""The teacher-data prompt builder (scripts/build_prompts.py) and the teacher file helpers (specviz/training/teacher_io.py).
 
 The generator itself (scripts/make_teacher_data.py: resuming, top-k) is tested in test_train.py, beside the
 tiny chat target it runs on.
@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from specviz.training import build_prompts, teacher_io
 
-import build_prompts  # noqa: E402
-import teacher_io  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 KINDS = {
     "question", "howto", "advice", "creative", "list", "comparison", "reasoning", "code_write", "code_edit",

@@ -52,8 +52,9 @@ def test_the_upload_holds_the_app_and_no_data_tests_scripts_or_history(files):
     paths = {u.path for u in files}
     assert {"app.py", "requirements.txt", "packages.txt", "README.md"} <= paths  # packages.txt: gcc, for the kernel
     tracked = deploy.tracked(ROOT)
-    package = {p for p in tracked if p.startswith("specviz/")}
+    package = {p for p in tracked if p.startswith("specviz/") and not p.startswith("specviz/training/")}
     assert package and package <= paths  # the whole package, with any file it reads beside its modules
+    assert not {p for p in paths if p.startswith("specviz/training/")}  # the draft's training tools stay home
     weights = ("assets/draft/model.safetensors", "assets/draft/tokenizer.json", "assets/head/head.safetensors")
     pages = ("assets/style.css", "assets/examples.txt", "assets/recordings/lessons.json")
     for needed in (*weights, *pages):

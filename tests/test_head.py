@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_drafters import PROMPTS, _chi2_z, _exact_two_token_law, _two_token_counts
 
 from specviz import Round, SpecConfig, SpecvizError, generate, load_pair
 from specviz.drafters import HeadDrafter, make_drafter
 from specviz.engine import speculative_decode
 from specviz.head import DraftHead, head_for, load_head
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import label_teacher  # noqa: E402
-import train_head  # noqa: E402
-from test_drafters import PROMPTS, _chi2_z, _exact_two_token_law, _two_token_counts  # noqa: E402
+from specviz.training import label_teacher, train_head
 
 TRAIN_PROMPTS = ["hello world", "tell me a story", "abc abc", "what is 1 + 2?", "name a colour", "x = (1, 2)",
                  "the cat sat", "why?", "count to five", "say hi", "write code", "a poem please"]  # fmt: skip
@@ -183,7 +177,7 @@ def test_the_built_in_head_is_found_for_the_built_in_target_only(loaded_pair, mo
 
 
 def test_eval_draft_measures_a_head(tiny_pair, trained_head, tmp_path):
-    import eval_draft
+    from specviz.training import eval_draft
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(TRAIN_PROMPTS[:3] + ["an unseen prompt"]) + "\n")

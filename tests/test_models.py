@@ -266,26 +266,31 @@ def test_a_malformed_vocabulary_file_is_one_sentence(tmp_path, fresh_cache, voca
 
 
 def test_kv_bytes_per_token_bounds_the_real_cache(loaded_pair):
-    """What the step-through's memory bound counts, against the bytes a real run's KV caches hold."""
+    """What the step-through's memory bound counts, against the bytes a real run's KV caches hold (transformers'
+    caches, or the lean forward's, allocated ahead: lean.LeanCache)."""
     import gc
 
     from transformers import DynamicCache
 
     from specviz.config import SpecConfig
     from specviz.engine import speculative_decode
+    from specviz.lean import LeanCache
 
     p, q = loaded_pair
-    before = {id(o) for o in gc.get_objects() if isinstance(o, DynamicCache)}
+    caches = (DynamicCache, LeanCache)
+    before = {id(o) for o in gc.get_objects() if isinstance(o, caches)}
     run = speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(4, 16, 0))
     events = [next(run) for _ in range(3)]  # Start and two rounds: the caches are alive inside the generator
     tokens = 4 + sum(len(e.tokens) for e in events[1:]) + 4 + 1  # at most gamma + 1 past the tokens kept
     held = 0
     for obj in gc.get_objects():
-        if isinstance(obj, DynamicCache) and id(obj) not in before:
+        if isinstance(obj, LeanCache) and id(obj) not in before:
+            held += obj.k.numel() * obj.k.element_size() + obj.v.numel() * obj.v.element_size()
+        elif isinstance(obj, DynamicCache) and id(obj) not in before:
             for layer in obj.layers:
                 held += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values) if t is not None)
     run.close()
-    assert 0 < held <= (p.kv_bytes_per_token + q.kv_bytes_per_token) * tokens
+    assert 0 < held <= p.kv_bytes(tokens) + q.kv_bytes(tokens)
     assert p.kv_bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, 2 layers, 2 kv heads of 32/4 = 8, float32
 
 

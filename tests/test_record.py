@@ -157,6 +157,7 @@ def test_sampling_settings_are_recorded(tiny_pair):
 def test_a_step_session_and_a_sweep_are_recorded_and_export(tiny_pair):
     from specviz.limits import Limits
     from specviz.render import Pieces
+    from specviz.request import RunRequest
     from specviz.teach import Stepper, StepSettings
     from specviz.ui.common import UIContext
     from specviz.ui.replay import step_recording, sweep_recording
@@ -174,14 +175,15 @@ def test_a_step_session_and_a_sweep_are_recorded_and_export(tiny_pair):
     rec = loads(step_recording(ctx, session).dumps())
     assert rec.kind == "step" and rec.settings["relaxed_w"] == 0.5 and rec.lanes["spec"][1].candidates
     assert "Relaxed verification (not exact)" in html_page(rec)  # a lossy run is labelled wherever it is shown
-    gen = sweep_stream(ctx, "the cat", 0.0, 0, 1.0, 12, 0)
+    gen = sweep_stream(ctx, "the cat", RunRequest(drafter="model", max_new_tokens=12))
     while True:
         try:
             next(gen)
         except StopIteration as stop:
             result = stop.value
             break
-    rec = loads(sweep_recording(ctx, result, "the cat").dumps())
+    rec = loads(sweep_recording(ctx, result).dumps())
+    assert rec.settings == result["request"].settings("the cat") | {"gamma": None}
     assert list(rec.lanes) == ["ar", "gamma = 1", "gamma = 2", "gamma = 3"] and len(rec.extra["sweep"]) == 3
     page = html_page(rec)
     assert page.count('class="plotly-graph-div"') == 1 and page.count('<div class="sv-pane sv-pane-spec"') == 3

@@ -141,5 +141,5 @@ def test_a_tree_round_marks_kept_tokens_from_a_branch_other_than_the_first_choic
     assert count(html, "tok-accepted") == 2 and count(html, "tok-bonus") == 1
     branch = re.findall(r'class="tok tok-accepted tok-branch"[^>]*>([^<]+)<', html)
     assert branch == ["b"]  # only the kept 2nd choice carries the mark (and says so on hover and to readers)
-    assert "from a branch: the draft&#x27;s choice number 2" in html
+    assert "from a branch: the draft&#x27;s guess number 2" in html
     assert rd.proposed == 3 and "tok-branch" in render.legend_html()

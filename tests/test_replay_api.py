@@ -13,7 +13,8 @@ from specviz.limits import Limits
 from specviz.record import loads, shipped
 from specviz.ui import build_demo, serve_locally
 from specviz.ui.common import UIContext
-from specviz.ui.race import race_stream
+from specviz.ui.inputs import PAGE
+from specviz.ui.race import race_page
 from specviz.ui.replay import race_recording
 
 
@@ -44,20 +45,25 @@ def _spec_start(rec):
 
 
 def test_a_recorded_race_names_the_settings_that_ran(client):
-    """/record_race runs with the page's defaults (lookup+model, auto): the file must say so, not
-    SpecConfig's (model, constant)."""
+    """/record_race runs with the page's defaults (lookup+model, auto, no tree) for what it is not given: the file's
+    settings are the request that ran, whole (RunRequest.settings), not SpecConfig's defaults (model, constant)."""
     rec = loads(client.predict("the cat sat on the mat", 3, 0.0, 0, 1.0, 16, 0, api_name="/record_race"))
     start = _spec_start(rec)
-    assert (start.drafter, start.gamma_policy) == (DEFAULT_DRAFTER, "auto")
-    s = rec.settings
-    assert (s["drafter"], s["gamma_policy"], s["gamma"]) == (start.drafter, start.gamma_policy, start.gamma)
-    assert (s["prompt"], s["max_new_tokens"], s["seed"]) == ("the cat sat on the mat", 16, 0)
+    assert (start.drafter, start.gamma_policy, start.gamma, start.tree) == (DEFAULT_DRAFTER, "auto", 3, "")
+    assert rec.settings == PAGE.replace(gamma=3, max_new_tokens=16).settings("the cat sat on the mat")
+    s = rec.settings  # and what the engine says it ran agrees with the file, field by field
+    assert (s["drafter"], s["gamma_policy"], s["gamma"], s["temperature"]) == (
+        start.drafter, start.gamma_policy, start.gamma, start.temperature)  # fmt: skip
+    assert (s["tree"], s["max_new_tokens"], s["seed"]) == ("off", 16, 0)
+    assert len(rec.done("spec").token_ids) <= 16 and rec.done("spec").token_ids == rec.done("ar").token_ids
 
 
 def test_a_page_race_records_each_lane_as_it_ran(tiny_pair):
     ctx = UIContext(limits=Limits(max_new_tokens=32), device="cpu")
     ctx.default_target, ctx.default_draft = tiny_pair
-    stream = race_stream(ctx, "the cat sat", 4, 0.0, 0, 1.0, 12, 0, "lookup", "heuristic", "model", "constant")
+    values = dict(prompt="the cat sat", gamma=4, max_new_tokens=12, drafter="lookup", gamma_policy="heuristic",
+                  drafter2="model", policy2="constant")  # fmt: skip
+    stream = race_page(ctx, values)
     while True:
         try:
             next(stream)

@@ -14,7 +14,7 @@ import torch
 from protocol_server import ProtocolServer
 
 import specviz
-from specviz import served
+from specviz import served, served_run
 from specviz.config import SamplingConfig, SpecConfig, SpecvizError
 from specviz.engine import autoregressive_decode, eos_ids, speculative_decode
 from specviz.events import Round, Start
@@ -84,7 +84,7 @@ def test_sampled_at_t1_through_the_server_follows_the_target(small_vocab_pair, m
     srv = ProtocolServer(small_vocab_pair[0])
     try:
         if residual == "whole distribution":
-            monkeypatch.setattr(served, "RESIDUAL_REQUESTS", 0)
+            monkeypatch.setattr(served_run, "RESIDUAL_REQUESTS", 0)
         p, q = served.load_served_pair(srv.url, small_vocab_pair[1], device="cpu")
         ids = [1, 5, 6]
         law, V = _two_token_law(small_vocab_pair[0], ids)
@@ -289,13 +289,14 @@ def test_engine_spec_reads_the_server_s_metrics(server):
 def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
     """The page's race handler with the operator's SPECVIZ_TARGET a served target: both lanes through the server,
     the same text, and the served label and share of time in requests under each pane."""
+    from specviz.request import RunRequest
     from specviz.ui.common import UIContext
     from specviz.ui.race import race_stream
 
     ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
     ctx.default_target, ctx.default_draft = server.url, tiny_pair[1]
     server.metrics = SPEC_METRICS
-    outputs = list(race_stream(ctx, "the cat", 3, 0.0, 0, 1.0, 20, 0, "model", "constant"))
+    outputs = list(race_stream(ctx, "the cat", {"spec": RunRequest(drafter="model", gamma=3, max_new_tokens=20)}))
     prompt_html, ar, spec, ar_stats, spec_stats, message = outputs[-1][:6]
     assert "sv-error" not in message and 'data-state="done"' in spec
     for stats in (ar_stats, spec_stats):
@@ -305,7 +306,9 @@ def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
     assert words and words == spec_words
     assert "acceptance by position 0.80, 0.55, 0.30, mean accepted length 2.65 over 40 drafts" in message
     assert "this draft&#x27;s alpha_k by position" in message
-    sampled = list(race_stream(ctx, "the cat", 3, 0.7, 0, 1.0, 12, 0, "model", "constant"))[-1]
+    sampled = list(
+        race_stream(ctx, "the cat", {"spec": RunRequest(drafter="model", gamma=3, temperature=0.7, max_new_tokens=12)})
+    )[-1]
     assert "<b>approximate: top-20</b><span>served target</span>" in sampled[4]
     assert "<b>engine sample</b><span>served target</span>" in sampled[3]
 

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import make_teacher_data  # noqa: E402
-import teacher_io  # noqa: E402
-import train_draft  # noqa: E402
+from specviz.training import make_teacher_data, teacher_io, train_draft
 
 WORDS = [f"w{i}" for i in range(40)] + ["hello", "world", "tell", "me", "about", "cats", "dogs", "write", "a", "poem"]
 TEMPLATE = (
@@ -228,8 +222,9 @@ def test_make_teacher_data_resumes_after_a_kill_and_stores_the_targets_topk(tmp_
 
 
 def test_label_teacher_gives_the_targets_topk_and_features_and_resumes(tmp_path, target_dir):
-    import label_teacher
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specviz.training import label_teacher
 
     tok = AutoTokenizer.from_pretrained(target_dir)
     rows = fake_teacher(tmp_path / "teacher.jsonl.gz", tok)
@@ -264,8 +259,9 @@ def test_label_teacher_gives_the_targets_topk_and_features_and_resumes(tmp_path,
 
 
 def test_soft_labels_and_starting_from_an_earlier_draft(tmp_path, target_dir):
-    import label_teacher
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from specviz.training import label_teacher
 
     tok = AutoTokenizer.from_pretrained(target_dir)
     fake_teacher(tmp_path / "t.jsonl.gz", tok)

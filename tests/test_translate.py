@@ -159,12 +159,17 @@ def test_a_draft_whose_vocabulary_shares_nothing_useful_gets_a_sentence(pair_dir
 
 
 def test_the_race_page_says_the_guesses_were_translated_and_how(pair_dirs):
+    from specviz.request import RunRequest
     from specviz.ui.common import UIContext
     from specviz.ui.race import race_stream
 
     ctx = UIContext(device="cpu", default_target=pair_dirs[0], default_draft=pair_dirs[1])
     for temperature, method in ((0.0, "text"), (1.0, "intersection")):
-        *_, last = race_stream(ctx, "the red fox", 3, temperature, 0, 1.0, 24, 0, "model", "constant")
+        *_, last = race_stream(
+            ctx,
+            "the red fox",
+            {"spec": RunRequest(drafter="model", gamma=3, temperature=temperature, max_new_tokens=24)},
+        )
         spec_pane, message = last[2], last[5]
         assert f"draft&#x27;s guesses translated: {method}" in spec_pane, spec_pane[:300]
         assert "another tokenizer" in message and "sv-error" not in message

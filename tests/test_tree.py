@@ -1,7 +1,9 @@
 """Token trees: the tree-masked forward and its cache, the walk's exactness (greedy equality with plain decoding,
 the sampled law at T = 1), the budget policy, settings and recordings."""
 
+import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -25,10 +27,12 @@ def _fresh_logits(lm, ids):
 # --- the tree-masked forward ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("impl", ["lean", "sdpa", "eager"])
 def test_a_tree_forward_scores_each_node_as_its_own_line_and_the_kept_path_is_a_plain_cache(tiny_pair, impl):
     p, _ = load_pair(*tiny_pair, device="cpu")
-    p.model.set_attn_implementation(impl)
+    if impl != "lean":  # transformers' forward with one attention implementation (lean.py's: its own)
+        p = dataclasses.replace(p, lean=None)
+        p.model.set_attn_implementation(impl)
     try:
         ids = [5, 9, 12, 30, 7, 8]
         run = CachedModel(p, p.vocab_size)
@@ -374,3 +378,130 @@ def test_a_float16_draft_grows_trees_through_its_own_mask_dtype(tiny_pair, monke
         assert events[-1].token_ids == plain
         trees += sum(isinstance(e, Round) and e.tree is not None and max(e.tree.depths) > 1 for e in events)
     assert trees > 0  # the draft read tree nodes (depth 2 needs a tree-masked draft call)
+
+
+# --- drawn for a class: the step-through's tree, the chart by depth and rank, the race's and export's figure -----
+
+
+def _sampled_tree_round():
+    """A sampled round over the tiny pair's token ids: the root's children 10 (the draft's 1st draw, turned down)
+    and 11 (its 2nd draw, kept); 11's children 12 and 13 both turned down, so 40 was drawn from what was left of p
+    at 11; 14 under 10 was never tested."""
+    from specviz.events import TreeRound
+
+    tree = TreeRound(tokens=(10, 11, 12, 13, 14), parents=(-1, -1, 1, 1, 0), ranks=(0, 1, 0, 1, 0),
+                     sources=("model",) * 5, p=(0.05, 0.6, 0.1, 0.02, 0.3), q=(0.5, 0.3, 0.4, 0.2, 0.7),
+                     accept_prob=(0.1, 1.0, 0.25, 0.125, math.nan), r=(0.62, 0.41, 0.9, 0.5, math.nan),
+                     status=("rejected", "kept", "rejected", "rejected", ""), path=(1,))  # fmt: skip
+    return Round(index=0, drafted=(11, 12), q=(0.3, 0.4), p=(0.6, 0.1), accept_prob=(1.0, 0.25), r=(0.41, 0.9), n=1,
+                 correction=40, kind="resampled", tokens=(11, 40), draft_s=0.01, verify_s=0.02, elapsed_s=0.03,
+                 sources=("model", "model"), tree=tree)  # fmt: skip
+
+
+def _nodes(html: str) -> dict[str, tuple[str, str]]:
+    """The drawn nodes: token text -> (their classes, their hover text)."""
+    import html as h
+
+    found = re.findall(r'<span class="sv-tn ([^"]+)"[^>]*title="([^"]*)">[^<]*?(t\d+)', html)
+    return {tok: (cls, h.unescape(title)) for cls, title, tok in found}
+
+
+def test_the_tree_view_draws_the_walk_with_its_numbers():
+    from specviz.ui.step_html import CSS, draws_html
+
+    rd = _sampled_tree_round()
+    page = draws_html(rd, lambda t: f"t{t}", greedy=False, rounds=[rd], last="t9")
+    nodes = _nodes(page)
+    assert nodes["t11"][0] == "sv-t-kept" and '<li class="sv-t-on"><span class="sv-tn sv-t-kept"' in page
+    assert {t for t, (cls, _) in nodes.items() if cls == "sv-t-rejected"} == {"t10", "t12", "t13"}
+    assert nodes["t14"][0] == "sv-t-untested" and "not tested" in nodes["t14"][1]
+    assert nodes["t40"][0] == "sv-t-fix" and "drawn from what was left of p" in nodes["t40"][1]
+    # the fix hangs under the node where the walk stopped (t11), after the guesses turned down there
+    assert page.index("t12") < page.index("t13") < page.index("t40") and page.index("t11") < page.index("t12")
+    title = nodes["t10"][1]
+    assert "the draft's first draw here (depth 1)" in title  # at T > 0 siblings are draws from q, not choices
+    assert "p(x) = 0.050 target · q(x) = 0.500 draft" in title and "min(1, p/q) = 0.100" in title
+    assert "r = 0.62 → turned down" in title
+    assert "the draft's second draw" in nodes["t11"][1] and "r = 0.41 → kept" in nodes["t11"][1]
+    assert "<sup>2nd</sup>" in page  # the rank mark
+    assert re.search(r"\.sv-t-rejected \{[^}]*text-decoration: line-through", CSS)  # turned-down guesses struck through
+    assert "1st draw" in page and "100% of 1" in page and "0% of 1" in page  # the chart: depth 1's draws
+    greedy = draws_html(rd, lambda t: f"t{t}", greedy=True, rounds=[rd], last="t9")
+    assert "the draft's second choice here" in _nodes(greedy)["t11"][1] and "1st choice" in greedy
+
+
+def test_the_chart_counts_tested_guesses_by_depth_and_rank():
+    from specviz import metrics, plots
+
+    rd = _sampled_tree_round()
+    table = metrics.tree_acceptance([rd, rd, Round(**{**rd.__dict__, "tree": None})])  # a chain round adds nothing
+    assert table[["depth", "rank", "tested", "kept"]].values.tolist() == [[1, 0, 2, 0], [1, 1, 2, 2], [2, 0, 2, 0],
+                                                                          [2, 1, 2, 0]]  # fmt: skip
+    fig = plots.tree_figure(table)
+    assert [t.name for t in fig.data] == ["draft's 1st choice", "draft's 2nd choice"]
+    assert list(fig.data[1].y) == [1.0, 0.0] and list(fig.data[1].text) == ["2/2", "0/2"]
+    assert metrics.tree_acceptance([Round(**{**rd.__dict__, "tree": None})]).empty
+
+
+def test_a_race_and_a_recording_with_trees_chart_them_by_depth_and_rank(tiny_pair):
+    from specviz import record_run
+    from specviz.export import figures, play_all
+
+    kw = dict(target=tiny_pair[0], draft=tiny_pair[1], device="cpu", drafter="model", gamma=3, max_new_tokens=24)
+    rec = record_run("once upon a time", tree=6, **kw)
+    titles = [f.layout.title.text for f in figures(rec, play_all(rec))]
+    assert any(t.startswith("Token trees: guesses kept") for t in titles)
+    assert not any(t.startswith("Acceptance rate") for t in titles)  # kept per round means little for a tree
+    chain = record_run("once upon a time", **kw)
+    titles = [f.layout.title.text for f in figures(chain, play_all(chain))]
+    assert any(t.startswith("Acceptance rate") for t in titles) and not any("Token trees" in t for t in titles)
+
+
+def test_the_benchs_rank_histogram_counts_where_the_targets_token_sits_among_the_drafts_choices(loaded_pair):
+    from specviz.bench import draft_ranks, ranks_line
+
+    p, q = loaded_pair
+    prompts = [_ids(p, pr) for pr in PROMPTS[:4]]
+    replies = [list(generate(pr, target=p, mode="ar", max_new_tokens=20).token_ids) for pr in PROMPTS[:4]]
+    got = draft_ranks(p, q, prompts, replies, top=3)
+    counts = [0] * 4  # the same by hand: the draft over the whole text at once, its order of every token
+    for ids, reply in zip(prompts, replies):
+        with torch.no_grad():
+            logits = q.model(torch.tensor([ids + reply])).logits[0, len(ids) - 1 : -1].float()  # (R, V)
+        for row, want in zip(logits, reply):
+            counts[min(int((row > row[want]).sum()), 3)] += 1
+    assert got["tokens"] == sum(counts) == sum(map(len, replies))
+    assert got["shares"] == pytest.approx([c / sum(counts) for c in counts])
+    assert 0 < got["shares"][0] < 1 and got["shares"][1] > 0  # the tiny draft is right at times, and 2nd at times
+    assert ranks_line(got).startswith(f"the target's greedy token is the draft's 1st {got['shares'][0]:.0%}, 2nd ")
+
+
+def test_the_step_throughs_leftover_where_the_walk_stopped_is_what_the_correction_was_drawn_from(
+    small_vocab_pair, monkeypatch
+):
+    """Where the walk turned down several guesses at a branch, p shrank once per guess: the leftover the view
+    shows has no mass on any of them (with the first guess's norm(max(0, p - q)) alone it would) and sums to 1."""
+    import specviz.drafters
+    from specviz.sampling import residual
+
+    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", 3)
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    V, seen, naive_wrong = p.vocab_size, 0, 0
+    for seed in range(60):
+        cfg = SpecConfig(gamma=2, tree=6, drafter="model", max_new_tokens=6, seed=seed, detail=V,
+                         sampling=SamplingConfig(1.0))  # fmt: skip
+        for rd in speculative_decode(p, q, [1, 5, 6], cfg):
+            if not isinstance(rd, Round) or rd.tree is None or rd.kind != "resampled":
+                continue
+            t, stop = rd.tree, (rd.tree.path[-1] if rd.tree.path else -1)
+            tried = [t.tokens[i] for i, par in enumerate(t.parents) if par == stop]
+            if len(tried) < 2:
+                continue
+            seen += 1
+            c = rd.candidates[rd.n]
+            left = dict(zip(c.token_ids, c.residual))
+            assert sorted(c.token_ids) == list(range(V)) and sum(left.values()) == pytest.approx(1.0, abs=1e-5)
+            assert all(left[x] == 0.0 for x in tried), (tried, left)
+            naive = residual(torch.tensor(c.p), torch.tensor(c.q))  # the first guess's leftover alone
+            naive_wrong += any(float(naive[c.token_ids.index(x)]) > 0 for x in tried[1:])
+    assert seen >= 5 and naive_wrong >= 1  # such rounds happened, and the one-guess leftover would have misled

@@ -170,6 +170,7 @@ def test_a_recorded_race_with_a_served_target_says_how_it_verified(vllm_target, 
 
 def test_the_app_s_race_runs_against_vllm(vllm_target):
     from specviz.limits import Limits
+    from specviz.request import RunRequest
     from specviz.ui.common import UIContext
     from specviz.ui.race import race_stream
 
@@ -177,7 +178,13 @@ def test_the_app_s_race_runs_against_vllm(vllm_target):
     _engine_generates(url, "x y z x y z x y z x y z x y", 12)
     ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
     ctx.default_target = url
-    final = list(race_stream(ctx, "What is AI?", 3, 0.0, 0, 1.0, 16, 0, "lookup+model", "auto"))[-1]
+    final = list(
+        race_stream(
+            ctx,
+            "What is AI?",
+            {"spec": RunRequest(drafter="lookup+model", gamma=3, gamma_policy="auto", max_new_tokens=16)},
+        )
+    )[-1]
     _, ar, spec, ar_stats, spec_stats, message = final[:6]
     assert "sv-error" not in message and 'data-state="done"' in ar and 'data-state="done"' in spec
     assert "<b>greedy</b><span>served target</span>" in spec_stats and "of the time in requests" in ar_stats

@@ -55,7 +55,8 @@ class VLLMServer:
         raise RuntimeError(f"vLLM was not ready within {READY_S} s:\n{self.tail()}")
 
     def tail(self, n: int = 4000) -> str:
-        self._out.flush()
+        if not self._out.closed:  # stop() closes it; the log on disk is whole by then
+            self._out.flush()
         return self.log.read_bytes()[-n:].decode("utf-8", "replace")
 
     def stop(self) -> None:

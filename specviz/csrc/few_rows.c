@@ -10,8 +10,8 @@
 // over K in vector-width chunks, a fixed horizontal sum, then the scalar tail), so a token's logits from a verify
 // are bit for bit those of a one-token step on the same path.
 //
-// W is float32 or float16 (a draft kept in half precision: half the bytes, converted in registers); x and y are
-// float32. Dispatch at run time: AVX-512F, or AVX2 with FMA and F16C; without either the caller keeps PyTorch's
+// W is float32, float16 (a draft kept in half precision: half the bytes, converted in registers) or int8 with a
+// scale per row (a draft's weights in a quarter of the bytes); x and y are float32. Dispatch at run time: AVX-512F, or AVX2 with FMA and F16C; without either the caller keeps PyTorch's
 // path (few_rows_isa() returns 0). Threads: OpenMP, the team PyTorch's own libgomp already runs.
 
 #include <immintrin.h>
@@ -86,6 +86,7 @@
 #define A256 __attribute__((target("avx2,fma,f16c")))
 
 static inline float f32(float v) { return v; }
+static inline float i2f(int8_t v) { return (float)v; }
 A512 static inline float h2f_512(uint16_t h) { return _cvtsh_ss(h); }
 A256 static inline float h2f_256(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -106,6 +107,12 @@ TAIL(tail_f16_512, uint16_t, h2f_512, A512)
 #define tail tail_f16_512
 #define LOADW(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p)))
 KERNELS(f16_512, uint16_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
+#undef LOADW
+#undef tail
+TAIL(tail_i8_512, int8_t, i2f, A512)
+#define tail tail_i8_512
+#define LOADW(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p))))
+KERNELS(i8_512, int8_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
 #undef LOADW
 #undef tail
 #undef VEC
@@ -140,6 +147,12 @@ TAIL(tail_f16_256, uint16_t, h2f_256, A256)
 KERNELS(f16_256, uint16_t, A256, 4, 4, 3, 2, 2, 2, 1, 1)
 #undef LOADW
 #undef tail
+TAIL(tail_i8_256, int8_t, i2f, A256)
+#define tail tail_i8_256
+#define LOADW(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p))))
+KERNELS(i8_256, int8_t, A256, 4, 4, 3, 2, 2, 2, 1, 1)
+#undef LOADW
+#undef tail
 
 // 2 = AVX-512F, 1 = AVX2 + FMA + F16C, 0 = neither (the caller keeps PyTorch's path).
 int few_rows_isa(void) {
@@ -149,7 +162,7 @@ int few_rows_isa(void) {
     return 0;
 }
 
-// y (M, N) = x (M, K) . W (N, K)^T; half != 0: W holds float16. Returns 0, or -1 when it cannot run here.
+// y (M, N) = x (M, K) . W (N, K)^T. Returns 0, or -1 when it cannot run here.
 static int isa = -1;
 
 // The level in use; with level >= 0 first set it (for tests: the AVX2 path on a CPU that also has AVX-512). A level
@@ -161,20 +174,34 @@ int few_rows_use_isa(int level) {
     return isa;
 }
 
-int few_rows(const void* w, int half, const float* x, long M, long K, long N, float* y, int threads) {
+// Thread t of T computes its share of y's columns (whole 16-row blocks of W): called inside a parallel region, by
+// few_rows below and by llama.c's forward pass. wtype: 0 float32, 1 float16, 2 int8 with one float32 scale per
+// row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x).
+void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                   int t, int T) {
     if (isa < 0) isa = few_rows_isa();
-    if (isa == 0 || M < 1 || M > MAX_M || threads < 1) return -1;
-#pragma omp parallel num_threads(threads)
-    {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        long share = ((N + T - 1) / T + 15) & ~15L;  // whole 16-row blocks per thread
-        long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
-        if (n0 < n1) {
-            if (isa == 2 && half) rows_f16_512((const uint16_t*)w, x, M, K, N, y, n0, n1);
-            else if (isa == 2) rows_f32_512((const float*)w, x, M, K, N, y, n0, n1);
-            else if (half) rows_f16_256((const uint16_t*)w, x, M, K, N, y, n0, n1);
-            else rows_f32_256((const float*)w, x, M, K, N, y, n0, n1);
-        }
+    long share = ((N + T - 1) / T + 15) & ~15L;
+    long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
+    if (n0 >= n1) return;
+    if (isa == 2) {
+        if (wtype == 2) rows_i8_512((const int8_t*)w, x, M, K, N, y, n0, n1);
+        else if (wtype == 1) rows_f16_512((const uint16_t*)w, x, M, K, N, y, n0, n1);
+        else rows_f32_512((const float*)w, x, M, K, N, y, n0, n1);
+    } else {
+        if (wtype == 2) rows_i8_256((const int8_t*)w, x, M, K, N, y, n0, n1);
+        else if (wtype == 1) rows_f16_256((const uint16_t*)w, x, M, K, N, y, n0, n1);
+        else rows_f32_256((const float*)w, x, M, K, N, y, n0, n1);
     }
+    if (wtype == 2)
+        for (long m = 0; m < M; m++)
+            for (long n = n0; n < n1; n++) y[m * N + n] *= scale[n];
+}
+
+int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+             int threads) {
+    if (isa < 0) isa = few_rows_isa();
+    if (isa == 0 || M < 1 || M > MAX_M || threads < 1 || wtype < 0 || wtype > 2 || (wtype == 2 && !scale)) return -1;
+#pragma omp parallel num_threads(threads)
+    few_rows_part(w, wtype, scale, x, M, K, N, y, omp_get_thread_num(), omp_get_num_threads());
     return 0;
 }

@@ -13,6 +13,7 @@ from ..models import QUANTIZE, LoadedModel, load_model, load_pair
 from ..served import ServedTarget, is_url, load_served_pair
 
 NO_QUANTIZE = "none"  # the page's word for full-precision weights
+HTML_EVERY_S = 0.1  # at most ~10 text updates a second, so the browser keeps up on long runs (race and sweep)
 
 
 def gpu(fn):

@@ -11,25 +11,19 @@ import time
 
 import gradio as gr
 
-from .. import compute, plots, render
-from ..config import (
-    ASSETS,
-    AUTO_GAMMA_MAX,
-    DEFAULT_DRAFTER,
-    DEFAULT_GAMMA,
-    DRAFTERS,
-    GAMMA_POLICIES,
-    TEMPERATURE_MAX,
-    SpecConfig,
-)
+from .. import compute, metrics, plots, render
+from ..config import ASSETS, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
+from ..request import RunRequest
 from ..served import EngineSpec, ServedTarget, engine_spec
+from ..tally import Tally
 from ..theory import position_alphas
-from .common import UIContext, error_html, gpu
-from .inputs import NO_LANE, TREES, lane_drafter, note, prepare, run_config
+from .common import HTML_EVERY_S, UIContext, error_html, gpu
+from .inputs import NO_LANE, PAGE, RACE_INPUTS, SWEEP_INPUTS, TREES, check_caps, named, note, prepare, race_requests
+from .keep import download_buttons, downloads, race_recording, sweep_recording, with_result
+from .sweep import EMPTY_SWEEP, sweep_page
 
-HTML_EVERY_S = 0.1  # at most ~10 text updates a second, so the browser keeps up on long runs
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
 TIMING_NOTE = (
@@ -49,23 +43,19 @@ def examples() -> list[str]:
 class RaceView:
     """What the page shows of one race, built up event by event. Lanes: "ar", "spec" and maybe "spec2".
 
-    `configs` are the SpecConfigs the speculative lanes run with (a recording's settings come from them)."""
+    `requests` are the speculative lanes' RunRequests as they ran (a recording's settings are the first's)."""
 
-    def __init__(
-        self,
-        prompt: str = "",
-        gamma: int = DEFAULT_GAMMA,
-        labels: dict[str, str] | None = None,
-        configs: dict[str, SpecConfig] | None = None,
-    ):
-        self.prompt, self.gamma = prompt if isinstance(prompt, str) else "", gamma
-        self.configs = configs or {}
-        self.labels = labels or {"spec": "model, gamma 3"}
+    def __init__(self, prompt: str = "", requests: dict[str, RunRequest] | None = None):
+        self.prompt = prompt if isinstance(prompt, str) else ""
+        self.requests = requests or {"spec": PAGE}
+        self.gamma = self.requests["spec"].gamma
+        self.labels = {k: r.label for k, r in self.requests.items()}
         self.lanes = ("ar", *(k for k in SPEC_LANES if k in self.labels))
         self.events: dict[str, list] = {k: [] for k in ("ar", *SPEC_LANES)}
         self.body: dict[str, list[str]] = {k: [] for k in self.events}
         self.done: dict[str, Done | None] = dict.fromkeys(self.events)
         self.clock = dict.fromkeys(self.events, 0.0)
+        self.tally = {k: Tally() for k in self.events}  # each lane's counts, folded as its events come
         self.pieces: render.Pieces | None = None
         self.greedy = True
         self.translation: dict[str, str] = {}  # lane -> how a draft with another tokenizer's guesses were translated
@@ -73,6 +63,7 @@ class RaceView:
 
     def add(self, side: str, ev) -> None:
         self.events[side].append(ev)
+        self.tally[side].add(ev)
         if isinstance(ev, Start):
             self.greedy = ev.temperature == 0.0
             self.clock[side] = ev.prefill_s
@@ -94,22 +85,12 @@ class RaceView:
             label += f" · draft's guesses translated: {self.translation[side].split(':')[0]}"
         return render.pane_html(side, "".join(self.body[side]), self.clock[side], self.done[side], waiting, label)
 
-    def _rate(self, side: str) -> tuple[int, float]:
-        evs = self.events[side]
-        n = sum(1 for e in evs if isinstance(e, Step)) + sum(len(e.tokens) for e in evs if isinstance(e, Round))
-        return n, (n / self.clock[side] if self.clock[side] > 0 else 0.0)
-
-    def _spec_stats(self, side: str, rate_ar: float, n_ar: int) -> str:
+    def _spec_stats(self, side: str) -> str:
         if side not in self.lanes:
             return ""
-        n_sp, rate_sp = self._rate(side)
-        rounds = [e for e in self.events[side] if isinstance(e, Round)]
-        speedup = f"{rate_sp / rate_ar:.2f}×" if n_ar and n_sp and rate_ar else "—"
-        return render.stats_html(
-            render.spec_stat_items(rounds, n_sp, rate_sp)
-            + [(speedup, "speedup (tokens/s vs plain)")]
-            + self._served_items(side)
-        )
+        t = self.tally[side]
+        items = render.spec_stat_items(t) + [render.speedup_item(t, self.tally["ar"])]
+        return render.stats_html(items + self._served_items(side))
 
     def _served_items(self, side: str) -> list[tuple[str, str]]:
         """A served target (served.py): how it decided ("approximate: top-20" where it is not exact) and, once
@@ -124,21 +105,18 @@ class RaceView:
         return items
 
     def stats(self) -> tuple[str, str, str]:
-        n_ar, rate_ar = self._rate("ar")
-        ar = render.stats_html(
-            [(str(n_ar), "tokens"), (f"{rate_ar:.1f}", "tokens/s"), (str(n_ar), "target calls")]
-            + self._served_items("ar")
-        )
-        return ar, self._spec_stats("spec", rate_ar, n_ar), self._spec_stats("spec2", rate_ar, n_ar)
+        ar = render.stats_html(render.plain_stat_items(self.tally["ar"]) + self._served_items("ar"))
+        return ar, self._spec_stats("spec"), self._spec_stats("spec2")
 
     def figures(self) -> tuple:
         ev, labels = self.events, {"ar": "plain", **self.labels}
         spec2 = ev["spec2"] if "spec2" in self.lanes else None
         frames = {self.labels[k]: plots.rounds_frame(ev[k]) for k in self.lanes if k != "ar"}
         first = next(iter(frames.values()))
+        trees = metrics.tree_acceptance(ev["spec"])  # token trees: kept by depth and rank, in place of kept per round
         return (
             plots.race_figure(ev["ar"], ev["spec"], spec2, labels),
-            plots.acceptance_figure(first),
+            plots.tree_figure(trees) if len(trees) else plots.acceptance_figure(first),
             plots.tokens_per_round_figure(first, self.gamma),
             plots.time_share_figure(ev["ar"], ev["spec"], spec2, labels),
             plots.position_figure(frames),
@@ -163,19 +141,19 @@ class RaceView:
         its acceptance per position and mean accepted length beside this draft's alpha_k."""
         if not all(self.done[k] for k in self.lanes):
             return ""
-        a = self.done["ar"]
-        _, rate_ar = self._rate("ar")
-        parts = [f"Done. Plain: {a.stats['new_tokens']} tokens in {a.stats['wall_s']:.2f} s."]
+        a = self.tally["ar"]
+        rate_ar = a.tokens_per_s
+        parts = [f"Done. Plain: {a.new_tokens} tokens in {a.elapsed_s:.2f} s."]
         for k in self.lanes[1:]:
-            s, (_, rate) = self.done[k], self._rate(k)
-            faster = rate / rate_ar if rate_ar else 0.0
+            t = self.tally[k]
+            faster = t.tokens_per_s / rate_ar if rate_ar else 0.0
             word = "the same speed" if f"{faster:.2f}" == "1.00" else "faster" if faster > 1 else "slower"
-            calls = s.stats["target_calls"]
+            calls = t.target_calls
             parts.append(
-                f"Speculative ({self.labels[k]}): {s.stats['new_tokens']} tokens in {s.stats['wall_s']:.2f} s with "
+                f"Speculative ({self.labels[k]}): {t.new_tokens} tokens in {t.elapsed_s:.2f} s with "
                 f"{calls} target call{'s' if calls != 1 else ''}: {faster:.2f}×, {word}."
             )
-        if any(self._rate(k)[1] < rate_ar for k in self.lanes[1:]):
+        if any(self.tally[k].tokens_per_s < rate_ar for k in self.lanes[1:]):
             parts.append("Slower means the guesses cost more than they saved here.")
         for how in dict.fromkeys(self.translation.values()):
             parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")
@@ -191,27 +169,39 @@ class RaceView:
         return note(" ".join(parts))
 
 
-def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                drafter=DEFAULT_DRAFTER, policy="auto", drafter2=NO_LANE, policy2="auto", tree="off",
-                tree2="off"):  # fmt: skip
-    """Yield the page's outputs while the lanes race (text every ~0.1 s, plots every ~0.5 s)."""
-    view, start = RaceView(prompt if isinstance(prompt, str) else ""), time.monotonic()
+def race_page(ctx: UIContext, values: dict):
+    """The /race handler's body: the page's values, by name (inputs.RACE_INPUTS), become the lanes' RunRequests;
+    a bad value is one sentence in the page. Returns the finished view, as `race_stream` does."""
     try:
-        cfg = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter, policy, tree)
-        cfgs = {"spec": cfg}
-        second = lane_drafter(drafter2)
-        if second is not None:
-            cfg2 = run_config(ctx, gamma, temperature, top_k, top_p, max_new_tokens, seed, second, policy2, tree2)
-            cfgs["spec2"] = cfg2
-        view = RaceView(view.prompt, cfg.gamma, {k: c.label for k, c in cfgs.items()}, cfgs)
+        requests = race_requests(ctx, values)
+    except Exception as err:  # one sentence in the page; the app keeps serving
+        view = RaceView(values.get("prompt", ""))
+        yield view.outputs(error_html(err))
+        return view
+    return (yield from race_stream(ctx, values.get("prompt"), requests))
+
+
+def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
+    """Race plain decoding against the speculative lanes `requests` ("spec" and maybe "spec2"; the plain lane
+    shares the first's sampling, budget and seed); yield the page's outputs meanwhile (text every ~0.1 s, plots
+    every ~0.5 s). Returns the finished view, for the downloads (ui/replay.py)."""
+    view, start = RaceView(prompt if isinstance(prompt, str) else "", requests), time.monotonic()
+    try:
+        for req in requests.values():
+            check_caps(ctx, req)
         yield view.outputs(note("Loading the models…"), waiting="waiting for the models…")
-        p, q, ids = prepare(ctx, prompt, cfg)
+        first = requests["spec"]
+        p, q, ids = prepare(ctx, prompt, first)
         view.pieces = render.Pieces(p.tokenizer)
         last_html = last_plots = 0.0
-        runs = [autoregressive_decode(p, ids, cfg), *(speculative_decode(p, q, ids, c) for c in cfgs.values())]
+        plain = first.replace(mode="ar").spec
+        runs = [
+            autoregressive_decode(p, ids, plain),
+            *(speculative_decode(p, q, ids, r.spec) for r in requests.values()),
+        ]
         # on the one compute thread (specviz/compute.py); within_time: past the request cap it stops the race
         # with one SpecvizError (caught below)
-        stream = ctx.limits.within_time(compute.iterate(race(*runs, names=("ar", *cfgs))), start)
+        stream = ctx.limits.within_time(compute.iterate(race(*runs, names=("ar", *requests))), start)
         for side, ev in stream:
             view.add(side, ev)
             now = time.monotonic()
@@ -222,14 +212,11 @@ def race_stream(ctx: UIContext, prompt, gamma, temperature, top_k, top_p, max_ne
         yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None))
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
-    return view  # the finished view, for the downloads (ui/replay.py)
+    return view  # the finished view, for the downloads (ui/keep.py)
 
 
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
-    from .replay import download_buttons, downloads, race_recording, sweep_recording, with_result
-    from .sweep import EMPTY_SWEEP, sweep_stream
-
     lim = ctx.limits
     gr.Markdown(
         "Two ways to get text from the same model. **Left:** the target model writes one token per call. "
@@ -244,30 +231,32 @@ def build_race_tab(ctx: UIContext) -> None:
             stop = gr.Button("Stop", variant="stop")
             sweep = gr.Button("Sweep gamma", variant="secondary")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
-    with gr.Row():
-        drafter = gr.Dropdown(list(DRAFTERS), value=DEFAULT_DRAFTER, label="guesses from (drafter)", scale=1)
-        policy = gr.Dropdown(list(GAMMA_POLICIES), value="auto", label="gamma policy", scale=1)
+    with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
+        drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)
+        policy = gr.Dropdown(list(GAMMA_POLICIES), value=PAGE.gamma_policy, label="gamma policy", scale=1)
         gamma = gr.Slider(
-            1, lim.max_gamma, value=min(AUTO_GAMMA_MAX, lim.max_gamma), step=1, scale=2,
+            1, lim.max_gamma, value=min(PAGE.gamma, lim.max_gamma), step=1, scale=2,
             label="gamma: guesses per round (the most per round under confidence and auto)",
         )  # fmt: skip
         temperature = gr.Slider(
-            0, TEMPERATURE_MAX, value=0.0, step=0.05, scale=2, label="temperature (0 = greedy: always the top token)"
-        )
-        tree = gr.Dropdown(list(TREES), value="off", label="token tree (model drafters)", scale=1)
+            0, TEMPERATURE_MAX, value=PAGE.temperature, step=0.05, scale=2,
+            label="temperature (0 = greedy: always the top token)",
+        )  # fmt: skip
+        tree = gr.Dropdown(list(TREES), value=str(PAGE.tree), label="token tree (model drafters)", scale=1)
     with gr.Accordion("Race a third lane (another drafter, policy or tree on the same clock)", open=False):
         with gr.Row():
             drafter2 = gr.Dropdown([NO_LANE, *DRAFTERS], value=NO_LANE, label="third lane: guesses from")
-            policy2 = gr.Dropdown(list(GAMMA_POLICIES), value="auto", label="third lane: gamma policy")
-            tree2 = gr.Dropdown(list(TREES), value="off", label="third lane: token tree")
+            policy2 = gr.Dropdown(list(GAMMA_POLICIES), value=PAGE.gamma_policy, label="third lane: gamma policy")
+            tree2 = gr.Dropdown(list(TREES), value=str(PAGE.tree), label="third lane: token tree")
     with gr.Accordion("Advanced", open=False):
         with gr.Row():
-            top_k = gr.Slider(0, 200, value=0, step=1, label="top-k (0 = off)")
-            top_p = gr.Slider(0, 1, value=1.0, step=0.05, label="top-p (1 = off; must be above 0)")
+            top_k = gr.Slider(0, 200, value=PAGE.top_k, step=1, label="top-k (0 = off)")
+            top_p = gr.Slider(0, 1, value=PAGE.top_p, step=0.05, label="top-p (1 = off; must be above 0)")
             max_new = gr.Slider(
-                1, lim.max_new_tokens, value=min(64, lim.max_new_tokens), step=1, label="max new tokens"
-            )
-            seed = gr.Number(value=0, precision=0, minimum=0, label="seed")
+                1, lim.max_new_tokens, value=min(PAGE.max_new_tokens, lim.max_new_tokens), step=1,
+                label="max new tokens",
+            )  # fmt: skip
+            seed = gr.Number(value=PAGE.seed, precision=0, minimum=0, label="seed")
     message = gr.HTML(elem_id="sv-message", js_on_load=None)
     echo = gr.HTML(js_on_load=None)
     gr.HTML(render.legend_html(), js_on_load=None)
@@ -304,15 +293,14 @@ def build_race_tab(ctx: UIContext) -> None:
     sweep_dl = download_buttons()
     race_done, sweep_done = gr.State(None), gr.State(None)  # the last finished race's view / sweep's result
 
+    # the edge: the inputs arrive in the order of inputs.RACE_INPUTS / SWEEP_INPUTS and are named there, once
     @gpu
-    def on_race(prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed, drafter=DEFAULT_DRAFTER,
-                policy="auto", drafter2=NO_LANE, policy2="auto", tree="off", tree2="off"):  # fmt: skip
-        yield from with_result(race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed,
-                                           drafter, policy, drafter2, policy2, tree, tree2))  # fmt: skip
+    def on_race(*values):
+        yield from with_result(race_page(ctx, named(RACE_INPUTS, values)))
 
     @gpu
-    def on_sweep(prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
-        yield from with_result(sweep_stream(ctx, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter))
+    def on_sweep(*values):
+        yield from with_result(sweep_page(ctx, named(SWEEP_INPUTS, values)))
 
     # concurrency_id "models": every handler that runs the models (all tabs) shares the one queue limit.
     # preprocess=False: the handlers get the raw values a client sent and check them all themselves,
@@ -321,13 +309,16 @@ def build_race_tab(ctx: UIContext) -> None:
     # outputs (the finished race / sweep, for the downloads) are hidden from the API.
     outputs = [echo, ar_pane, spec_pane, ar_stats, spec_stats, message, fig_race, fig_accept, fig_hist, fig_share,
                spec2_pane, spec2_stats, fig_position, fig_timeline]  # fmt: skip
-    inputs = [prompt, gamma, temperature, top_k, top_p, max_new, seed, drafter, policy, drafter2, policy2, tree, tree2]
+    by_name = dict(prompt=prompt, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+                   max_new_tokens=max_new, seed=seed, drafter=drafter, gamma_policy=policy, drafter2=drafter2,
+                   policy2=policy2, tree=tree, tree2=tree2)  # fmt: skip
+    inputs = [by_name[k] for k in RACE_INPUTS]
     race_ev = run.click(
         on_race, inputs, [*outputs, race_done], api_name="race", preprocess=False, concurrency_id="models"
     )
     sweep_ev = sweep.click(
         on_sweep,
-        [prompt, *inputs[2:7], drafter],
+        [by_name[k] for k in SWEEP_INPUTS],
         [sweep_plot, sweep_note, sweep_done],
         api_name="sweep",
         preprocess=False,
@@ -343,8 +334,8 @@ def build_race_tab(ctx: UIContext) -> None:
         **private,
     )
     sweep_ev.then(
-        lambda res, text: downloads(sweep_recording(ctx, res, text), "sweep"),
-        [sweep_done, prompt],
+        lambda res: downloads(sweep_recording(ctx, res), "sweep"),
+        [sweep_done],
         list(sweep_dl),
         **private,
     )

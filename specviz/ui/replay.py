@@ -1,16 +1,15 @@
-"""The Replay tab, and the downloads of the Race and Step-through tabs: recordings kept, shared and played back.
+"""The Replay tab: recordings shared and played back, and the /record_race endpoint that makes one.
 
 A recording (specviz.record) is played with no model loaded: at the recorded speed (a race on its own recorded
 clocks), faster, all at once, or one round per click. A file a visitor uploads is checked by `record.load`
-(size, schema) and everything it carries is escaped where it is shown (specviz.export).
+(size, schema) and everything it carries is escaped where it is shown (specviz.export). How a finished run
+becomes a recording, and its download buttons, is keep.py's.
 """
 
 from __future__ import annotations
 
 import html
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import gradio as gr
@@ -18,6 +17,9 @@ import gradio as gr
 from .. import export, record
 from ..config import SpecvizError
 from .common import UIContext, error_html, gpu, message
+from .inputs import PAGE, race_requests
+from .keep import downloads, race_recording, step_recording, sweep_recording  # noqa: F401 (the last two: as before)
+from .race import race_stream
 
 SPEEDS = {"recorded speed": 1.0, "4× faster": 4.0, "all at once": 0.0}
 FRAME_S = 0.1  # at most ~10 page updates a second while playing
@@ -26,96 +28,14 @@ MAX_FIGS = 4
 START_HINT = '<div class="sv-note">Choose a recording, then press <b>Play</b> or <b>Next round</b>.</div>'
 
 
-# --- downloads -------------------------------------------------------------------------------------
-
-
-def _out_dir() -> Path:
-    folder = Path(tempfile.gettempdir()) / "specviz-recordings" / uuid.uuid4().hex[:12]
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def files_for(rec: record.Recording, stem: str) -> tuple[str, str]:
-    """The recording as JSON and as a self-contained HTML page, in a fresh temporary folder."""
-    folder = _out_dir()
-    json_path = rec.save(folder / f"{stem}.json")
-    html_path = folder / f"{stem}.html"
-    export.write_html(rec, html_path)
-    return str(json_path), str(html_path)
-
-
-def downloads(rec: record.Recording | None, stem: str):
-    """The two download buttons: shown with the files of `rec`, hidden when there is nothing finished to keep."""
-    if rec is None:
-        return gr.DownloadButton(visible=False), gr.DownloadButton(visible=False)
-    json_path, html_path = files_for(rec, stem)
-    return (
-        gr.DownloadButton("⬇ Recording (JSON)", value=json_path, visible=True),
-        gr.DownloadButton("⬇ Page (HTML, opens offline)", value=html_path, visible=True),
-    )
-
-
-def download_buttons() -> tuple[gr.DownloadButton, gr.DownloadButton]:
-    """Two hidden buttons, shown once a run has finished."""
-    with gr.Row(elem_classes=["sv-downloads"]):
-        j = gr.DownloadButton("⬇ Recording (JSON)", visible=False, size="sm", elem_classes=["sv-dl-json"])
-        h = gr.DownloadButton("⬇ Page (HTML, opens offline)", visible=False, size="sm", elem_classes=["sv-dl-html"])
-    return j, h
-
-
-def with_result(stream):
-    """Re-yield a handler's page updates with one more output: what the generator returned at the end (its
-    finished view), sent once, with the last update again."""
-    last = None
-    while True:
-        try:
-            last = next(stream)
-        except StopIteration as stop:
-            if last is not None:
-                yield (*last, stop.value)
-            return
-        yield (*last, gr.skip())
-
-
-def race_recording(ctx: UIContext, view) -> record.Recording | None:
-    """A finished race (every lane done) as a Recording, or None. Its settings are the ones the race ran with
-    (the view keeps them), not the page's inputs now or any defaults of this function's."""
-    if view is None or view.pieces is None or not all(view.done[k] for k in view.lanes):
-        return None
-    settings = record.settings_of(view.prompt, view.configs["spec"])
-    if "spec2" in view.lanes:
-        settings |= {"lane3": view.labels["spec2"]}
-    lanes = {k: view.events[k] for k in view.lanes}
-    p, q = ctx.pair()
-    return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q))
-
-
-def sweep_recording(ctx: UIContext, result: dict | None, prompt) -> record.Recording | None:
-    """A finished sweep (sweep_stream's return value) as a Recording, or None."""
-    if not result:
-        return None
-    p, q = ctx.pair()
-    extra = {k: result[k] for k in ("sweep", "alpha", "c")}
-    settings = record.settings_of(prompt, result["cfg"]) | {"gamma": None}
-    return record.make("sweep", settings, result["lanes"], p.tokenizer, record.environment(p, q), extra)
-
-
-def step_recording(ctx: UIContext, session) -> record.Recording | None:
-    """A finished step-through session (ui/step.py's Session) as a Recording, or None while it runs."""
-    st = getattr(session, "stepper", None)
-    if st is None or st.done is None:
-        return None
-    p, q = ctx.pair()
-    lanes = {"spec": [st.start, *st.rounds, st.done]}
-    settings = record.settings_of(st.settings.prompt, st.config)
-    return record.make("step", settings, lanes, session.pieces.tok, record.environment(p, q))
-
-
-def record_race(ctx: UIContext, prompt, gamma=3, temperature=0.0, top_k=0, top_p=1.0, max_new_tokens=64, seed=0) -> str:
-    """Run a race to the end and return its recording as JSON text (the /record_race endpoint)."""
-    from .race import race_stream
-
-    stream = race_stream(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+def record_race(ctx: UIContext, values: dict) -> str:
+    """Run a race to the end and return its recording as JSON text (the /record_race endpoint). values: the race's
+    inputs by name (inputs.RACE_INPUTS); those not given take the page's defaults, as on the page."""
+    try:
+        requests = race_requests(ctx, values)
+    except SpecvizError as err:
+        raise gr.Error(str(err)) from None
+    stream = race_stream(ctx, values["prompt"], requests)
     while True:
         try:
             last = next(stream)
@@ -337,15 +257,18 @@ def build_replay_tab(ctx: UIContext) -> None:
     @gpu
     def api_record_race(
         prompt: str,
-        gamma: int = 3,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 64,
-        seed: int = 0,
+        gamma: int = min(PAGE.gamma, ctx.limits.max_gamma),
+        temperature: float = PAGE.temperature,
+        top_k: int = PAGE.top_k,
+        top_p: float = PAGE.top_p,
+        max_new_tokens: int = min(PAGE.max_new_tokens, ctx.limits.max_new_tokens),
+        seed: int = PAGE.seed,
     ) -> str:
-        """Race plain against speculative decoding on the server's pair; returns the JSON recording as text."""
-        return record_race(ctx, prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed)
+        """Race plain against speculative decoding on the server's pair, at the page's defaults for what is not
+        given (drafter, gamma policy, tree); returns the JSON recording as text."""
+        values = dict(prompt=prompt, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+                      max_new_tokens=max_new_tokens, seed=seed)  # fmt: skip
+        return record_race(ctx, values)
 
     gr.api(api_record_race, api_name="record_race", concurrency_id="models")
     for ev in opened:  # a new recording: the old page is gone

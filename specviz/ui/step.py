@@ -22,7 +22,7 @@ from ..render import Pieces
 from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
 from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
 from .common import UIContext, error_html, gpu
-from .replay import download_buttons, downloads, step_recording
+from .keep import download_buttons, downloads, step_recording
 from .sessions import SessionStore
 from .step_html import (
     CSS,
@@ -30,6 +30,7 @@ from .step_html import (
     EXPLAIN,
     START,
     TIME_HELP,
+    TIP_JS,
     draws_html,
     greedy_html,
     sample_html,
@@ -111,7 +112,7 @@ def session_bytes(p, q, n_prompt: int, settings: StepSettings) -> int:
     """The most KV-cache memory one run holds: both models' caches at the run's full length."""
     nodes = settings.gamma if settings.tree == "off" else TREE_AUTO_MAX if settings.tree == "auto" else settings.tree
     tokens = n_prompt + settings.max_new_tokens + max(nodes, settings.gamma) + 1
-    return (p.kv_bytes_per_token + q.kv_bytes_per_token) * tokens
+    return p.kv_bytes(tokens) + q.kv_bytes(tokens)
 
 
 def _seconds(s: int) -> str:
@@ -145,7 +146,7 @@ def build_step_tab(ctx: UIContext) -> None:
                 reset = gr.Button("Reset", size="lg", scale=1)
             say = _html(value=START)
             text = _html()
-            draws = _html()
+            draws = gr.HTML(css_template=CSS, js_on_load=TIP_JS)  # a tree node's numbers on hover
             cands = gr.Plot(show_label=False, visible=False)
         with gr.Column(scale=2, min_width=320):
             _html(value=EXPLAIN)

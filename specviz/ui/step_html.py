@@ -10,7 +10,16 @@ import html
 
 from ..events import Round
 from ..render import Pieces, round_html
-from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, describe_tree_round, label, ordinal, prob
+from ..teach import (
+    GreedyCheck,
+    SampleCheck,
+    Stepper,
+    describe_round,
+    describe_tree_round,
+    label,
+    prob,
+)
+from .tree_html import TREE_LEGEND, ranks_html, tree_html
 
 START = '<div class="sv-say">Press <b>Next round</b> to let the draft make its first guesses.</div>'
 EXACT_HELP = (
@@ -92,6 +101,39 @@ CSS = """
 .sv-bar { display: inline-block; height: 14px; background: #0072B2; vertical-align: middle; margin-right: 6px;
   border: 1px solid #004a75; }
 """
+# The tree's hover card: a node's numbers (its title) in large type beside it, on hover or keyboard focus, for a
+# class reading a projector (a browser's own tooltip is small and slow). position: fixed, so the tree's scrolling
+# box does not clip it; textContent, so no node text is parsed as HTML; the title moves to aria-label so the
+# browser's tooltip does not show on top. Runs once per component (gradio's js_on_load, `element` its root).
+TIP_JS = r"""
+const card = () => {
+  let c = document.getElementById('sv-tipcard');
+  if (!c) {
+    c = document.createElement('div');
+    c.id = 'sv-tipcard';
+    c.setAttribute('role', 'tooltip');
+    document.body.appendChild(c);
+  }
+  return c;
+};
+const show = (n) => {
+  if (n.title) { n.dataset.tip = n.title; n.setAttribute('aria-label', n.title); n.removeAttribute('title'); }
+  if (!n.dataset.tip) return;
+  const c = card();
+  c.textContent = n.dataset.tip;
+  c.style.display = 'block';
+  const r = n.getBoundingClientRect(), w = c.offsetWidth, h = c.offsetHeight;
+  const top = r.bottom + 8 + h <= window.innerHeight ? r.bottom + 8 : Math.max(4, r.top - h - 8);
+  c.style.top = top + 'px';
+  c.style.left = Math.max(4, Math.min(r.left, window.innerWidth - w - 4)) + 'px';
+};
+const hide = () => { const c = document.getElementById('sv-tipcard'); if (c) c.style.display = 'none'; };
+const nodeOf = (e) => (e.target && e.target.closest ? e.target.closest('.sv-tn') : null);
+element.addEventListener('mouseover', (e) => { const n = nodeOf(e); if (n) show(n); else hide(); });
+element.addEventListener('mouseleave', hide);
+element.addEventListener('focusin', (e) => { const n = nodeOf(e); if (n) show(n); });
+element.addEventListener('focusout', hide);
+"""
 LEGEND = (
     '<div class="sv-legend-s"><span><span class="tok tok-accepted">kept</span> a guess the target kept</span>'
     '<span><span class="tok tok-rejected">no</span> a guess it rejected (not in the text)</span>'
@@ -113,107 +155,6 @@ def text_html(pieces: Pieces, rounds: list[Round], greedy: bool) -> str:
     return f'<div class="sv-step-text"><span class="sv-old">{old}</span>{now}</div>{LEGEND}'
 
 
-TREE_LEGEND = (
-    '<div class="sv-tree-legend"><span><span class="sv-tn sv-t-kept">✓ kept</span> on the accepted path</span>'
-    '<span><span class="sv-tn sv-t-rejected">✗ no</span> turned down</span>'
-    '<span><span class="sv-tn sv-t-untested">· not reached</span> never tested</span>'
-    '<span><span class="sv-tn sv-t-fix">↻ fix</span> drawn where the walk stopped</span>'
-    '<span><span class="sv-tn sv-t-bonus">★ free</span> the bonus after a leaf</span>'
-    "<span><sup>2nd</sup> the draft's 2nd choice at that branch</span></div>"
-)
-
-
-def _node_title(rd: Round, i: int, name, greedy: bool) -> str:
-    """Hover text of a tree node: which choice it was, p, q, min(1, p/q) as tested, r, and what happened."""
-    t = rd.tree
-    lines = [f"“{name(t.tokens[i])}”: the draft's {ordinal(t.ranks[i])} choice here (depth {t.depths[i]})"]
-    lines.append(f"p(x) = {prob(t.p[i])} target · q(x) = {prob(t.q[i])} draft" + (" (read at T = 1)" if greedy else ""))
-    st, a, r = t.status[i], t.accept_prob[i], t.r[i]
-    if not st:
-        lines.append("not tested: the walk kept another guess before it, or never reached its branch")
-    elif greedy:
-        lines.append(
-            "kept: it is the target's top choice here" if st == "kept" else "turned down: not the target's top choice"
-        )
-    else:
-        lines.append(f"keep if r < min(1, p/q) = {prob(a) if a < 1 else '1'} (p as left by the siblings tested before)")
-        lines.append(f"r = {r:.2f} → {'kept' if st == 'kept' else 'turned down'}")
-    return "\n".join(lines)
-
-
-def tree_html(rd: Round, name, greedy: bool, last: str = "") -> str:
-    """The round's token tree: the text's last token as the root, each guess a node (hover: p, q, min(1, p/q), r),
-    the accepted path in green, turned-down guesses struck through, and the token drawn where the walk stopped."""
-    t = rd.tree
-    kids: dict[int, list[int]] = {}
-    for i, par in enumerate(t.parents):
-        kids.setdefault(par, []).append(i)
-    stop = t.path[-1] if t.path else -1
-    emitted = len(rd.tokens) == rd.n + 1
-
-    def node(i: int) -> str:
-        st = t.status[i] or "untested"
-        mark = {"kept": "✓", "rejected": "✗", "untested": "·"}[st]
-        r = t.ranks[i]
-        rank = f"<sup>{r + 1}{'nd' if r == 1 else 'rd' if r == 2 else 'th'}</sup>" if r else ""
-        title = html.escape(_node_title(rd, i, name, greedy), quote=True)
-        body = f'<span class="sv-tn sv-t-{st}" tabindex="0" title="{title}">{mark} {html.escape(name(t.tokens[i]))}{rank}</span>'
-        return f'<li class="{"sv-t-on" if st == "kept" else ""}">{body}{children(i)}</li>'
-
-    def children(u: int) -> str:
-        items = [node(i) for i in kids.get(u, [])]
-        if u == stop and emitted:  # where the walk stopped: the target's own token
-            bonus = not kids.get(u)
-            how = ("the target's top choice" if greedy else "drawn from p") if bonus else (
-                "the target's top choice" if greedy else "drawn from what was left of p")  # fmt: skip
-            what = "bonus: the branch ended with every guess kept" if bonus else "in place of the guesses turned down"
-            cls, mark = ("sv-t-bonus", "★") if bonus else ("sv-t-fix", "↻")
-            title = html.escape(f"“{name(rd.correction)}”: {what}; {how}", quote=True)
-            items.append(
-                f'<li class="sv-t-on"><span class="sv-tn {cls}" tabindex="0" title="{title}">{mark} '
-                f"{html.escape(name(rd.correction))}</span></li>"
-            )
-        return f"<ul>{''.join(items)}</ul>" if items else ""
-
-    root = f'<span class="sv-tn sv-t-root" title="the text so far ends here">…{html.escape(last)}</span>'
-    return f'<div class="sv-tree" role="group" aria-label="this round\'s tree of guesses">{root}{children(-1)}</div>'
-
-
-def ranks_html(rounds: list[Round]) -> str:
-    """A chart of the session's tree rounds: how often a guess was kept, by depth and by its rank at the branch."""
-    kept: dict[tuple[int, int], int] = {}
-    tested: dict[tuple[int, int], int] = {}
-    for rd in rounds:
-        t = rd.tree
-        if t is None:
-            continue
-        for i, st in enumerate(t.status):
-            if st:
-                key = (t.depths[i], min(t.ranks[i], 2))
-                tested[key] = tested.get(key, 0) + 1
-                kept[key] = kept.get(key, 0) + (st == "kept")
-    if not tested:
-        return ""
-    depths = sorted({d for d, _ in tested})
-    head = "<th>depth</th>" + "".join(f"<th>{w} choice</th>" for w in ("1st", "2nd", "3rd+"))
-    rows = []
-    for d in depths:
-        cells = []
-        for j in range(3):
-            n = tested.get((d, j), 0)
-            if not n:
-                cells.append("<td>–</td>")
-                continue
-            share = kept.get((d, j), 0) / n
-            cells.append(f'<td><span class="sv-bar" style="width:{80 * share:.0f}px"></span>{share:.0%} of {n}</td>')
-        rows.append(f"<tr><td>{d}</td>{''.join(cells)}</tr>")
-    return (
-        "<p class=\"sv-cap\"><b>Kept, by depth and by the draft's choice at the branch</b> (this run's tree rounds: "
-        "of the guesses the target tested, the share it kept)</p>"
-        f'<table class="sv-ranks"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
-    )
-
-
 def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0, rounds: list[Round] | None = None,
                last: str = "") -> str:  # fmt: skip
     """One row per guess: q(x), p(x), the draw r against min(1, p/q), and what happened; then the target's token.
@@ -229,7 +170,7 @@ def draws_html(rd: Round, name, greedy: bool, relaxed_w: float = 1.0, rounds: li
             tree_html(rd, name, greedy, last)
             + TREE_LEGEND
             + f'<p class="sv-cap">{how}</p>'
-            + ranks_html(rounds or [rd])
+            + ranks_html(rounds or [rd], greedy)
         )
     g, n = len(rd.drafted), rd.n
     if greedy:

@@ -7,7 +7,6 @@ uses the per-token acceptance alpha (accepted / proposals the target ruled on) a
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import pandas as pd
@@ -16,11 +15,11 @@ from .. import compute, plots
 from ..engine import autoregressive_decode, speculative_decode
 from ..events import Done
 from ..record import keep
-from ..theory import alpha_of, cost_ratio
-from .common import UIContext, error_html
+from ..request import RunRequest
+from ..tally import Tally
+from .common import HTML_EVERY_S, UIContext, error_html
 from .inputs import note as _note
-from .inputs import prepare, run_config
-from .race import HTML_EVERY_S
+from .inputs import page_request, prepare
 
 SWEEP_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)  # the first limits.max_sweep of these, up to limits.max_gamma
 DEFAULT_SWEEP = 6  # 1, 2, 3, 4, 6, 8 unless the deployment asks for fewer
@@ -44,42 +43,52 @@ def _run(events, *page):
     return done
 
 
-def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_tokens, seed, drafter="model"):
-    """Run gamma over SWEEP_GAMMAS (capped) for this prompt and drafter; yield the figure after each gamma."""
+def sweep_numbers(lanes: dict[str, list]) -> tuple[list[dict], float, float]:
+    """The sweep's table (acceptance rate and speedup per gamma) and the alpha and c of every speculative lane
+    pooled, c against the plain lane's step (tally.py); lanes: "ar" and "gamma = g" -> that run's events."""
+    plain = Tally.of(lanes["ar"])
+    runs = {int(name.split("= ")[1]): Tally.of(evs) for name, evs in lanes.items() if name != "ar"}
+    rows = [{"gamma": g, "acceptance": t.acceptance_rate, "speedup": t.tokens_per_s / max(plain.tokens_per_s, 1e-9)}
+            for g, t in runs.items()]  # fmt: skip
+    pooled = sum(runs.values(), Tally())
+    return rows, pooled.alpha, pooled.c(plain)
+
+
+def sweep_page(ctx: UIContext, values: dict):
+    """The /sweep handler's body: the page's values, by name (inputs.SWEEP_INPUTS), become the sweep's request
+    (a constant gamma, set per run); a bad value is one sentence in the page."""
+    try:
+        req = page_request(ctx, {**values, "gamma": 1, "gamma_policy": "constant"})
+    except Exception as err:
+        yield plots.sweep_figure(EMPTY_SWEEP), error_html(err)
+        return None
+    return (yield from sweep_stream(ctx, values.get("prompt"), req))
+
+
+def sweep_stream(ctx: UIContext, prompt, request: RunRequest):
+    """Run `request` at each gamma of SWEEP_GAMMAS (capped) on `prompt`, after one plain run; yield the figure after
+    each gamma. Returns the lanes, the table, alpha, c and the request, for the recording."""
     empty, start = plots.sweep_figure(EMPTY_SWEEP), time.monotonic()
     fig = empty
     try:
-        cfg = run_config(ctx, 1, temperature, top_k, top_p, max_new_tokens, seed, drafter)
         gammas = [g for g in SWEEP_GAMMAS if g <= ctx.limits.max_gamma][
             : max(1, min(DEFAULT_SWEEP, ctx.limits.max_sweep))
         ]
+        req = request.replace(gamma=1, gamma_policy="constant")
         yield empty, _note("Loading the models…")
-        p, q, ids = prepare(ctx, prompt, cfg)
+        p, q, ids = prepare(ctx, prompt, req.replace(gamma=gammas[-1]))
         note = _note(f"Plain decoding first (the baseline), then gamma = {', '.join(map(str, gammas))}…")
         yield empty, note
-        lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/replay.py)
-        plain = keep(compute.iterate(autoregressive_decode(p, ids, cfg)), lanes["ar"])  # on the compute thread
-        ar = (yield from _run(ctx.limits.within_time(plain, start), empty, note)).stats
-        t_p = (ar["wall_s"] - ar["prefill_s"]) / max(ar["target_calls"], 1)  # one target call, seconds
-        rows, tot = [], {"accepted": 0, "resampled": 0, "draft_s": 0.0, "draft_calls": 0}
+        lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/keep.py)
+        plain = keep(compute.iterate(autoregressive_decode(p, ids, req.spec)), lanes["ar"])  # on the compute thread
+        yield from _run(ctx.limits.within_time(plain, start), empty, note)
         for i, g in enumerate(gammas, 1):
             spec = keep(
-                compute.iterate(speculative_decode(p, q, ids, dataclasses.replace(cfg, gamma=g))),
+                compute.iterate(speculative_decode(p, q, ids, req.replace(gamma=g).spec)),
                 lanes.setdefault(f"gamma = {g}", []),
             )
-            # past the cap: one SpecvizError
-            st = (yield from _run(ctx.limits.within_time(spec, start), fig, note)).stats
-            rows.append(
-                {
-                    "gamma": g,
-                    "acceptance": st["acceptance_rate"],
-                    "speedup": st["tokens_per_s"] / max(ar["tokens_per_s"], 1e-9),
-                }
-            )
-            for k in tot:
-                tot[k] += st[k]
-            alpha = alpha_of(tot)  # of the proposals the target ruled on, the share kept
-            c = cost_ratio(tot["draft_s"], tot["draft_calls"], t_p) if tot["draft_calls"] and t_p > 0 else 0.0
+            yield from _run(ctx.limits.within_time(spec, start), fig, note)  # past the cap: one SpecvizError
+            rows, alpha, c = sweep_numbers(lanes)
             theory = plots.theory_frame(alpha, c, range(1, max(gammas) + 1))
             fig = plots.sweep_figure(pd.DataFrame(rows), theory)
             best = int(theory.loc[theory["speedup"].idxmax(), "gamma"])
@@ -92,7 +101,7 @@ def sweep_stream(ctx: UIContext, prompt, temperature, top_k, top_p, max_new_toke
                 "which holds on a GPU; on a CPU it holds only for short blocks, so past them the dots fall below it."
             )
             yield fig, note
-        return {"lanes": lanes, "sweep": rows, "alpha": alpha, "c": c, "cfg": cfg}  # for the recording
+        return {"lanes": lanes, "sweep": rows, "alpha": alpha, "c": c, "request": req, "prompt": prompt}  # recorded
     except Exception as err:  # keep what was measured, add the sentence
         yield fig, error_html(err)
     return None

@@ -1,4 +1,4 @@
-"""Real texts and word lists found on this machine, for scripts/build_prompts.py.
+"""Real texts and word lists found on this machine, for build_prompts.py.
 
 Nothing here downloads anything. The sources, in the order the builder prefers them:
   * Python's standard library: docstrings (prose to summarise, rewrite and answer from), the source of small

@@ -1,6 +1,6 @@
 """Prompts the target writes itself: it is asked for a question or an instruction about a seed topic.
 
-Used by scripts/build_prompts.py (--target-written N). Each request is a meta-prompt such as "Write one
+Used by build_prompts.py (--target-written N). Each request is a meta-prompt such as "Write one
 question that a curious student might ask about volcanoes. Reply with the question only."; the target's reply
 (sampled at temperature 0.8 with one seeded generator) is cleaned to its first sentence-like line and kept if it
 reads like a prompt. Every request and its outcome go to a cache (JSON lines, one gzip member per batch):
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import random
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from prompt_lists import ACTIONS, PAIRS, SUBJECTS, THINGS, TOPICS  # noqa: E402
-from teacher_io import append_jsonl, read_jsonl, repair_tail  # noqa: E402
+from .prompt_lists import ACTIONS, PAIRS, SUBJECTS, THINGS, TOPICS
+from .teacher_io import append_jsonl, read_jsonl, repair_tail
 
 ASKS = (
     "Write one question that a curious student might ask about {}. Reply with the question only.",
@@ -109,9 +106,10 @@ def extend_cache(
     path: str | Path, n: int, target: str = "", seed: int = 0, batch_size: int = 32, threads: int = 1
 ) -> int:
     """Ask the target n more meta-prompts (the next ones not yet in the cache); returns how many were asked."""
-    from make_teacher_data import generate_batch
-    from train_draft import prompt_ids, target_folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .common import prompt_ids, target_folder
+    from .make_teacher_data import generate_batch
 
     path = Path(path)
     repair_tail(path)

@@ -1,4 +1,4 @@
-"""Topic and filler lists for scripts/build_prompts.py: everyday subjects a small chat model is asked about.
+"""Topic and filler lists for build_prompts.py: everyday subjects a small chat model is asked about.
 
 Hand-written, broad on purpose (nature, science, places, the body, history, money, work, home, food, sport,
 arts, technology, language), and kept apart from the held-out sets in assets/prompts/ by the builder's filter.

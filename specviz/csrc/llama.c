@@ -1,0 +1,195 @@
+// llama.c: the decoder layers of a Llama model for a call of 1-8 tokens, in one parallel region.
+//
+// Why: with few_rows.c the linear layers of the built-in target read their weights at the memory-bound limit
+// (a step's products 16.9 ms, a 4-token verify's 17.3 ms, on a 2-core Xeon), but a forward pass of transformers'
+// Llama took 32.9 ms: the rest is a few hundred small tensor operations per token, each dispatched, allocated and
+// synchronised on its own, and their number grows with the tokens fed. Here every layer is one pass through
+// plain loops: RMSNorm, the fused q/k/v product, RoPE, the KV cache write, attention, the output product, the
+// residual, RMSNorm, the fused gate/up product, SiLU, the down product, the residual. The threads split each
+// product's output columns (few_rows_part) and each step's rows or heads, with a barrier between steps.
+//
+// Same numbers whatever the call's length: every row of every step is computed by the same sequence of operations
+// whether it is fed alone or with others (attention reads exactly the rows a token may see, in order; a masked
+// row is skipped, not added as zero), so a token's logits from a verify are bit for bit those of a one-token
+// step. Compiled with -ffp-contract=off: no multiply-add contraction the compiler might choose differently.
+//
+// Layout (all float32 but the weights): x (L, H) the residual stream, updated in place; the KV cache
+// (layers, kv heads, cap, d) for keys and for values; cos and sin (L, d) for the tokens' positions; mask (L, T)
+// additive or NULL (causal: token l sees rows 0 .. base + l); weights (4 per layer: qkv, o, gate_up, down),
+// each (out, in) row-major, float32, float16 or int8 (wtype 0, 1, 2; int8 with a float32 scale per row in
+// `scales`, 4 per layer, NULL entries otherwise); norms (2 per layer) float32.
+
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                   int t, int T);
+
+#define A256 __attribute__((target("avx2,fma")))
+
+// out = w * (x / sqrt(mean(x^2) + eps)), one row of H.
+static void rmsnorm(const float* x, const float* w, float eps, long H, float* out) {
+    float s = 0.0f;
+    for (long k = 0; k < H; k++) s += x[k] * x[k];
+    float r = 1.0f / sqrtf(s / (float)H + eps);
+    for (long k = 0; k < H; k++) out[k] = w[k] * (x[k] * r);
+}
+
+// RoPE on one head of d: v[i] * cos[i] + rotate_half(v)[i] * sin[i], rotate_half(v) = (-v[d/2:], v[:d/2]).
+static void rope(float* v, const float* cos, const float* sin, long d) {
+    long h = d / 2;
+    for (long i = 0; i < h; i++) {
+        float a = v[i], b = v[i + h];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + h] = b * cos[i + h] + a * sin[i + h];
+    }
+}
+
+A256 static float dot(const float* a, const float* b, long d) {
+    if (d % 8) {
+        float s = 0.0f;
+        for (long i = 0; i < d; i++) s += a[i] * b[i];
+        return s;
+    }
+    __m256 acc = _mm256_setzero_ps();
+    for (long i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+// out += p * v over d.
+A256 static void axpy(float p, const float* v, float* out, long d) {
+    if (d % 8) {
+        for (long i = 0; i < d; i++) out[i] += p * v[i];
+        return;
+    }
+    __m256 pv = _mm256_set1_ps(p);
+    for (long i = 0; i < d; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+}
+
+// exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
+// under 2e-7 there), times 2^n built in the exponent bits; x is clamped to [-87, 88] (exp(-87) ~ 1.6e-38).
+A256 static __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145752f)));  // ln2 in two parts: exact n * hi
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(1.42860677e-6f)));
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// exp over n floats in place: 8 at a time, the rest one lane at a time through the same code (so a value's exp
+// does not depend on where it sits).
+A256 static void exp_n(float* v, long n) {
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, exp8(_mm256_loadu_ps(v + i)));
+    for (; i < n; i++) v[i] = _mm256_cvtss_f32(exp8(_mm256_set1_ps(v[i])));
+}
+
+// One query head of one token against the rows it sees: softmax(q.K^T * scale + mask) . V -> out (d).
+// keys, values: this kv head's rows (cap, d); n: rows to read; mask: this token's row of the mask, or NULL.
+static void attend(const float* q, const float* keys, const float* values, long d, long n, const float* mask,
+                   float scale, float* s, float* out) {
+    float mx = -INFINITY;
+    for (long j = 0; j < n; j++) {
+        if (mask && mask[j] < -1e30f) {  // a row this token may not see (the mask's minimum or -inf)
+            s[j] = -INFINITY;
+            continue;
+        }
+        s[j] = dot(q, keys + j * d, d) * scale + (mask ? mask[j] : 0.0f);
+        if (s[j] > mx) mx = s[j];
+    }
+    for (long j = 0; j < n; j++) s[j] = s[j] == -INFINITY ? -INFINITY : s[j] - mx;
+    exp_n(s, n);  // a skipped row: exp(-87) after the clamp, set to 0 below
+    float sum = 0.0f;
+    for (long j = 0; j < n; j++) {
+        if (mask && mask[j] < -1e30f) s[j] = 0.0f;
+        sum += s[j];
+    }
+    for (long i = 0; i < d; i++) out[i] = 0.0f;
+    for (long j = 0; j < n; j++)
+        if (s[j] != 0.0f) axpy(s[j] / sum, values + j * d, out, d);
+}
+
+// The decoder layers over x (L, H), in place; the cache gets rows base .. base + L - 1. Returns 0, or -1 when
+// it cannot run (the caller keeps its own path).
+int llama_layers(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
+                 int wtype, long H, long hq,
+                 long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc, long cap, long base,
+                 const float* cos, const float* sin, const float* mask, int threads) {
+    if (L < 1 || L > 8 || threads < 1 || hq % hk || base + L > cap) return -1;
+    long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L;
+    float scale = 1.0f / sqrtf((float)d);
+    float* buf = malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
+    if (!buf) return -1;
+    float *h = buf, *qkv = h + L * H, *att = qkv + L * nqkv, *tmp = att + L * hq * d, *gu = tmp + L * H;
+    float *act = gu + L * 2 * I, *scores = act + L * I;
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        for (long li = 0; li < layers; li++) {
+            const void* const* w = weights + 4 * li;
+            const float* const* sc = scales + 4 * li;
+            float *kl = kc + li * hk * cap * d, *vl = vc + li * hk * cap * d;
+            // 1. h = RMSNorm(x); qkv = h . Wqkv^T
+#pragma omp for schedule(static)
+            for (long l = 0; l < L; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
+            few_rows_part(w[0], wtype, sc[0], h, L, H, nqkv, qkv, t, nt);
+#pragma omp barrier
+            // 2. RoPE on q and k; k and v into the cache
+#pragma omp for schedule(static)
+            for (long l = 0; l < L; l++) {
+                float* row = qkv + l * nqkv;
+                for (long j = 0; j < hq + hk; j++) rope(row + j * d, cos + l * d, sin + l * d, d);
+                for (long j = 0; j < hk; j++)
+                    for (long i = 0; i < d; i++) {
+                        kl[(j * cap + base + l) * d + i] = row[(hq + j) * d + i];
+                        vl[(j * cap + base + l) * d + i] = row[(hq + hk + j) * d + i];
+                    }
+            }
+            // 3. attention, a (token, query head) pair per iteration; head j reads kv head j / g
+#pragma omp for schedule(static)
+            for (long p = 0; p < L * hq; p++) {
+                long l = p / hq, j = p % hq, kv = j / g;
+                attend(qkv + l * nqkv + j * d, kl + kv * cap * d, vl + kv * cap * d, d, mask ? T : base + l + 1,
+                       mask ? mask + l * T : NULL, scale, scores + (long)t * T, att + l * hq * d + j * d);
+            }
+            // 4. x += att . Wo^T; h = RMSNorm(x)
+            few_rows_part(w[1], wtype, sc[1], att, L, hq * d, H, tmp, t, nt);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (long l = 0; l < L; l++) {
+                for (long k = 0; k < H; k++) x[l * H + k] += tmp[l * H + k];
+                rmsnorm(x + l * H, norms[2 * li + 1], eps, H, h + l * H);
+            }
+            // 5. x += (SiLU(h . Wgate^T) * (h . Wup^T)) . Wdown^T
+            few_rows_part(w[2], wtype, sc[2], h, L, H, 2 * I, gu, t, nt);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (long l = 0; l < L; l++) {
+                float *a = gu + l * 2 * I, *u = a + I, *out = act + l * I;
+                for (long i = 0; i < I; i++) out[i] = -a[i];
+                exp_n(out, I);
+                for (long i = 0; i < I; i++) out[i] = a[i] / (1.0f + out[i]) * u[i];
+            }
+            few_rows_part(w[3], wtype, sc[3], act, L, I, H, tmp, t, nt);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (long e = 0; e < L * H; e++) x[e] += tmp[e];
+        }
+    }
+    free(buf);
+    return 0;
+}

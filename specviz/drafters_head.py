@@ -1,0 +1,84 @@
+"""The head drafter ("head"): guesses from a feature-level head (EAGLE, head.py) that reads the target's own
+last hidden states, which it asks the engine for (`wants_hidden`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .drafters_base import STOP_CONFIDENCE, DraftContext, Drafter, Proposal, draw_guess, empty_proposal
+from .models import scatter_rows
+from .sampling import to_probs
+
+
+class HeadDrafter(Drafter):
+    """Guesses from a feature-level head (head.py) over the target's own last hidden states.
+
+    The head's cache holds pairs (token x_{j+1}, true feature f_j) for j < `fed`; `pending` holds the true
+    features the engine sent since (positions fed, fed + 1, ...). A proposal feeds them in one call (its last
+    output guesses the first token), then one call per further guess on the head's own predicted feature;
+    `update` drops those guessed pairs again and queues the n + 1 new true features.
+    """
+
+    name = "head"
+    wants_hidden = True
+
+    def __init__(self, head, V: int):
+        from .head import HeadCache
+
+        self.head, self.V = head, V
+        self.cache = HeadCache()
+        self.fed = 0  # pairs in the cache built from true features
+        self.pending: torch.Tensor | None = None  # (m, H) true features of positions fed .. fed + m - 1
+        self.n_calls = 0
+
+    @property
+    def calls(self) -> int:
+        return self.n_calls
+
+    def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
+        self.cache.crop(0)
+        self.fed, self.n_calls = 0, 0
+        self.pending = hidden
+
+    def update(self, n: int, correction: int, hidden: torch.Tensor | None = None) -> None:
+        self.cache.crop(self.fed)  # the guessed pairs were built on predicted features
+        if hidden is not None:
+            self.pending = hidden if self.pending is None else torch.cat([self.pending, hidden])
+
+    def _step(self, tokens: list[int], feats: torch.Tensor, start: int) -> torch.Tensor:
+        """Feed pairs (tokens[i], feats[i]) at positions start + 1 + i; return the predicted features (L, H)."""
+        dev = self.head.embed.device
+        pos = torch.arange(start + 1, start + 1 + len(tokens), device=dev)
+        self.n_calls += 1
+        return self.head(torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos,
+                         self.cache)[0]  # fmt: skip
+
+    def _logits(self, f: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        """(H,) predicted feature -> (V,) logits in the target's vocabulary (-inf outside the head's rows)."""
+        rows = self.head.logits(f).float().to(ctx.device)
+        return scatter_rows(rows[None], self.head.target_ids.to(ctx.device), self.V)[0]
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        k, why = ctx.k_for(self.name)
+        m = 0 if self.pending is None else int(self.pending.shape[0])
+        if k == 0 or self.fed + m == 0:  # nothing to read yet: a one-token prompt's first round
+            return empty_proposal(ctx, k, why)
+        if m == 0 or self.fed + m != len(seq) - 1:  # the engine sends n + 1 features after every verify
+            raise RuntimeError(f"head drafter out of step: {self.fed} + {m} features for {len(seq)} tokens")
+        f = self._step(seq[self.fed + 1 :], self.pending, self.fed)[-1]  # (H,) the feature after seq[-1]
+        self.fed, self.pending = self.fed + m, None
+        tokens, rows, stop = [], [], why
+        for i in range(k):
+            logits = self._logits(f, ctx)
+            x = draw_guess(logits, ctx)
+            if x is None:
+                stop = STOP_CONFIDENCE
+                break
+            tokens.append(x.to(ctx.device))
+            rows.append(logits)
+            if i + 1 < k:  # the next guess reads this one with the head's own predicted feature
+                f = self._step([int(x)], f[None], len(seq) - 1 + i)[-1]
+        t = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=ctx.device)
+        q = to_probs(torch.stack(rows), ctx.sampling) if rows and ctx.need_q else None  # (k, V)
+        return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(rows))

@@ -1,0 +1,374 @@
+"""A lean forward pass for Llama-shaped models on the CPU: what a call of a few tokens costs when nothing but the
+model's own arithmetic runs.
+
+Why. Speculative decoding pays off when a verify of gamma + 1 tokens costs about one single-token step: both read
+every weight once, and at these sizes reading the weights is the work. With specviz's few-token kernel the
+linear layers of the built-in target are at that limit (16.9 ms for one row, 17.3 ms for four, on a 2-core
+Xeon), but transformers' Llama spends as long again around them: a step took 32.9 ms and a verify of four
+tokens 1.18 steps, because its per-layer bookkeeping (mask building, cache concatenation, the generic attention
+interface, about 185 small copies) grows with the tokens fed. This module runs the same model with one tensor
+op per piece of arithmetic and nothing else (after gpt-fast's `model.py`: preallocated KV cache, fused q/k/v and
+gate/up products):
+
+1. q, k and v are one product and gate and up another (the model's own weight tensors are re-bound as views into
+   the fused ones, so no weight is held twice and the transformers model stays usable);
+2. the KV cache is one preallocated tensor per model, (layers, kv heads, capacity, head dim), written in place;
+   rolling back is setting its length, keeping a tree's path is a gather of rows;
+3. RoPE's cos and sin come from the model's own rotary module, once per position, so every rope type it computes
+   statically is computed as transformers does;
+4. attention is two batched products and a softmax over the cache (grouped-query heads share their key-value
+   head without copies); an additive mask only where the call has more than one token.
+
+Numbers: the same model, in float32, up to rounding (the tests check the logits against transformers' and that
+greedy speculative output equals greedy plain output on this path). Both lanes of a race run it, so the output
+is still the target's own. Where a model does not fit (another architecture, biases, quantised layers, a GPU,
+dynamic RoPE) the transformers forward runs as before; SPECVIZ_FORWARD=transformers forces that everywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import logging
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from . import native
+
+log = logging.getLogger(__name__)
+
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose cos/sin depend on the position only
+_DTYPES = (torch.float32, torch.float16)
+
+
+def mode() -> str:
+    """SPECVIZ_FORWARD: "auto" (default: the lean forward where the model fits) or "transformers" (never)."""
+    v = os.environ.get("SPECVIZ_FORWARD", "auto").strip().lower()
+    return "transformers" if v in ("transformers", "hf", "0", "off", "no", "false") else "auto"
+
+
+INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU's caches between rounds anyway
+
+
+def int8_mode() -> str:
+    """SPECVIZ_DRAFT_INT8: "auto" (default: int8 weights for the draft where timing says they pay), "1", "0"."""
+    v = os.environ.get("SPECVIZ_DRAFT_INT8", "auto").strip().lower()
+    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+
+
+def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
+    """The draft's forward for this pair: its int8 variant where that is forced, or (auto) where a draft step
+    right after a target step, the way a round reads them, is clearly faster with it on this machine. A draft's
+    weights only shape the guesses; the output stays the target's."""
+    how = int8_mode()
+    if how == "0" or draft.lib is None:
+        return draft
+    if how == "1":
+        return draft.int8()
+    key = id(target)
+    if key not in draft.int8_pays:
+        pays = False
+        if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
+            plain, small = _cold_steps(target, [draft, draft.int8()])
+            pays = small < 0.85 * plain
+        draft.int8_pays[key] = pays
+    return draft.int8() if draft.int8_pays[key] else draft
+
+
+def _cold_steps(target: LeanLlama, drafts: list[LeanLlama], reps: int = 7) -> list[float]:
+    """Seconds of a one-token step of each draft right after a one-token target step (best of reps, the drafts
+    interleaved within each repetition, after one warm-up round)."""
+    ids = torch.arange(16) % min(m.embed.shape[0] for m in (target, *drafts))  # any tokens both can read
+    tc, caches = target.new_cache(), [d.new_cache() for d in drafts]
+    target.forward(tc, ids)
+    for d, c in zip(drafts, caches):
+        d.forward(c, ids)
+    best = [float("inf")] * len(drafts)
+    for rep in range(reps + 1):
+        for i, (d, c) in enumerate(zip(drafts, caches)):
+            tc.length, c.length = 16, 16
+            target.forward(tc, ids[:1])
+            t0 = time.perf_counter()
+            d.forward(c, ids[:1], last_only=True)
+            if rep:  # the first round warms up
+                best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
+def why_not(model: torch.nn.Module) -> str | None:
+    """Why the lean forward cannot run this model, in words; None when it can."""
+    c = model.config
+    if c.model_type != "llama" or type(model).__name__ != "LlamaForCausalLM":
+        return f"it runs Llama models only, not {c.model_type}"
+    if getattr(c, "attention_bias", False) or getattr(c, "mlp_bias", False) or c.hidden_act != "silu":
+        return "the model has biases or another activation"
+    if getattr(c, "pretraining_tp", 1) != 1:
+        return "the model splits its layers (pretraining_tp)"
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in _STATIC_ROPE:
+        return f"its RoPE ({rope.get('rope_type')}) depends on the sequence length"
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) and type(mod) is not torch.nn.Linear:
+            return "its layers are quantised"
+    w = model.get_input_embeddings().weight
+    if w.device.type != "cpu" or w.dtype not in _DTYPES:
+        return "it runs on the CPU in float32 or float16 only"
+    return None
+
+
+def build(model: torch.nn.Module, path: str) -> LeanLlama | None:
+    """The lean forward for a loaded model, or None where it does not fit or SPECVIZ_FORWARD=transformers."""
+    if mode() == "transformers":
+        return None
+    why = why_not(model)
+    if why is not None:
+        log.info("specviz: %s runs on transformers' forward: %s", type(model).__name__, why)
+        return None
+    return LeanLlama(model, path)
+
+
+def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
+    """One (sum of out, in) weight from several linear layers; each layer's weight becomes a view into it."""
+    fused = torch.cat([m.weight.detach() for m in linears]).contiguous()
+    start = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(fused[start : start + n], requires_grad=False)
+        start += n
+    return fused
+
+
+class LeanCache:
+    """Keys and values of every layer: (layers, kv heads, capacity, head dim) each, `length` rows in use.
+
+    The capacity doubles when a call needs more; rows past `length` are garbage and never read.
+    """
+
+    FIRST_ROWS = 128  # the capacity a cache starts with: a chat prompt and a short reply
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int):
+        self.k = torch.zeros(layers, kv_heads, self.FIRST_ROWS, head_dim)
+        self.v = torch.zeros_like(self.k)
+        self.length = 0
+
+    @classmethod
+    def rows_for(cls, n: int) -> int:
+        """The capacity a cache has once it holds n rows."""
+        cap = cls.FIRST_ROWS
+        while cap < n:
+            cap *= 2
+        return cap
+
+    def reserve(self, n: int) -> None:
+        if n <= self.k.shape[2]:
+            return
+        cap = self.rows_for(n)
+        k, v = self.k, self.v
+        self.k = k.new_zeros(k.shape[0], k.shape[1], cap, k.shape[3])
+        self.v = torch.zeros_like(self.k)
+        self.k[:, :, : self.length] = k[:, :, : self.length]
+        self.v[:, :, : self.length] = v[:, :, : self.length]
+
+    def get_seq_length(self) -> int:
+        """Rows in use (transformers' cache spelling)."""
+        return self.length
+
+    def crop(self, count: int) -> None:
+        """Drop the last -count rows (a negative count, as transformers' DynamicCache.crop takes)."""
+        self.length = max(0, self.length + count)
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy rows src -> dst in every layer (a tree's accepted path into place)."""
+        self.k[:, :, dst] = self.k[:, :, src]
+        self.v[:, :, dst] = self.v[:, :, src]
+
+
+class LeanLlama:
+    """The forward pass of a `LlamaForCausalLM` on the CPU, over a `LeanCache`; built once per loaded model."""
+
+    def __init__(self, model: torch.nn.Module, path: str):
+        c = model.config
+        self.model, self.path = model, path  # path: the linear-layer path kernels.py chose ("kernel", ...)
+        self.H, self.heads = c.hidden_size, c.num_attention_heads
+        self.kv_heads = c.num_key_value_heads
+        self.d = getattr(c, "head_dim", None) or self.H // self.heads
+        self.scale = self.d**-0.5
+        self.eps = float(c.rms_norm_eps)
+        inner = model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.norm = inner.norm.weight.detach().float()
+        self.head = model.lm_head.weight.detach()
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight.detach().float(),
+                    _fuse(a.q_proj, a.k_proj, a.v_proj),  # (heads + 2 kv heads) * d rows
+                    a.o_proj.weight.detach(),
+                    layer.post_attention_layernorm.weight.detach().float(),
+                    _fuse(m.gate_proj, m.up_proj),  # 2 * intermediate rows
+                    m.down_proj.weight.detach(),
+                )
+            )
+        self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
+        self.scales: dict[int, torch.Tensor] = {}  # an int8 weight's address -> its rows' scales (N,) float32
+        lib = native.library() if path == "kernel" else None
+        self.lib = lib if lib is not None and hasattr(lib, "llama_layers") else None
+        self._pointers()
+        self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
+        self._int8: LeanLlama | None = None
+        self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
+        self.rotary = inner.rotary_emb
+        self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
+        self._rope(256)
+
+    def _pointers(self) -> None:
+        """For llama.c: the weights', scales' and norms' addresses, 4, 4 and 2 per layer (the tensors held by
+        self.layers and self.scales keep them alive), and the weights' type."""
+        weights = [w for (_, qkv, o, _, gu, down) in self.layers for w in (qkv, o, gu, down)]
+        self.wtype = native.WTYPES[weights[0].dtype]
+        self.weight_ptrs = (ctypes.c_void_p * len(weights))(*[w.data_ptr() for w in weights])
+        scales = [self.scales.get(w.data_ptr()) for w in weights]  # None for float weights
+        self.scale_ptrs = (ctypes.c_void_p * len(weights))(*[None if sc is None else sc.data_ptr() for sc in scales])
+        norms = [t for (ln1, _, _, ln2, _, _) in self.layers for t in (ln1, ln2)]
+        self.norm_ptrs = (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms])
+
+    def int8(self) -> LeanLlama:
+        """This model's forward with int8 weights in the decoder layers and the output layer (symmetric, one float32
+        scale per output row): a quarter of float32's bytes, half of float16's. For a draft only (its weights are
+        read cold every round, after the target's verify has streamed through the caches; kernels.draft_int8): a
+        target keeps its own weights, since the output is the target's. Built once, kept."""
+        if self.is_int8:
+            return self
+        if self._int8 is None:
+            new = copy.copy(self)
+            new.scales, new._int8, new.int8_pays = {}, None, {}
+
+            def quantize(w: torch.Tensor) -> torch.Tensor:
+                w = w.float()
+                scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # (N,)
+                q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+                new.scales[q.data_ptr()] = scale.contiguous()
+                return q
+
+            new.layers = [(a, quantize(qkv), quantize(o), b, quantize(gu), quantize(down)) for (a, qkv, o, b, gu, down) in self.layers]  # fmt: skip
+            new.head = quantize(self.head)
+            new._pointers()
+            new.engine = f"{self.engine}, int8 weights"
+            self._int8 = new
+        return self._int8
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one forward reads: the decoder layers' and the output layer's."""
+        return (
+            sum(w.numel() * w.element_size() for (_, *ws) in self.layers for w in ws)
+            + self.head.numel() * self.head.element_size()
+        )
+
+    @property
+    def is_int8(self) -> bool:
+        return self.wtype == native.WTYPES[torch.int8]
+
+    def new_cache(self) -> LeanCache:
+        return LeanCache(len(self.layers), self.kv_heads, self.d)
+
+    def _rope(self, n: int) -> None:
+        """cos and sin (n, d) for positions 0..n-1 (and more: the table doubles), from the model's rotary module;
+        `sin_signed` with its first half negated, so that rotate_half(x) * sin = roll(x, d/2) * sin_signed."""
+        if n <= self.cos.shape[0]:
+            return
+        n = max(n, 2 * self.cos.shape[0])
+        pos = torch.arange(n).view(1, -1)
+        cos, sin = self.rotary(torch.zeros(1, dtype=torch.float32), pos)  # (1, n, d) each
+        half = self.d // 2
+        self.cos, self.sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (L, in) float32 -> (L, out) float32 by the path chosen for this machine."""
+        rows = x.shape[0]
+        scale = self.scales.get(w.data_ptr()) if w.dtype == torch.int8 else None
+        if self.path == "kernel" and rows <= native.MAX_ROWS:
+            return native.few_rows(x.contiguous(), w, scale)
+        if scale is not None:  # int8 on PyTorch's path (a prefill): the same products, dequantised for the call
+            return F.linear(x, w.float()) * scale
+        if w.dtype != torch.float32:
+            return F.linear(x.to(w.dtype), w).float()
+        if self.path == "transposed" and 2 <= rows <= 64:
+            return torch.mm(w, x.t()).t()
+        return F.linear(x, w)
+
+    @torch.no_grad()  # not inference_mode: callers may change the logits in place (a draft's blocked rows)
+    def forward(
+        self,
+        cache: LeanCache,
+        ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (L,) fed after the cache's rows -> (logits (L, or 1 with last_only, Vm), last hidden states (L, H)).
+
+        positions (L,): RoPE positions (default: the cache's row numbers); mask (L, rows + L) additive: which rows
+        each token sees (default: causal). The cache grows by L rows.
+        """
+        L, base = ids.numel(), cache.length
+        cache.reserve(base + L)
+        pos = torch.arange(base, base + L) if positions is None else positions.view(-1)
+        self._rope(int(pos.max()) + 1)
+        x = F.embedding(ids.view(-1), self.embed).float()  # (L, H)
+        if self.lib is not None and L <= native.MAX_ROWS:
+            self._native(cache, x, base, pos, mask)
+        else:
+            x = self._torch(cache, x, base, pos, mask)
+        cache.length = base + L
+        h = F.rms_norm(x, (self.H,), self.norm, self.eps)  # (L, H): the last hidden states, as transformers gives
+        return self._linear(h[-1:] if last_only else h, self.head), h
+
+    def _native(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask) -> None:
+        """The decoder layers by llama.c, in one call: x (L, H) updated in place, the cache written."""
+        cos, sin = self.cos[pos], self.sin[pos]  # (L, d) each
+        m = mask.float().contiguous() if mask is not None else None
+        failed = self.lib.llama_layers(
+            self.weight_ptrs, self.scale_ptrs, self.norm_ptrs, len(self.layers), self.wtype,
+            self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps,
+            x.data_ptr(), x.shape[0], cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base,
+            cos.data_ptr(), sin.data_ptr(), m.data_ptr() if m is not None else None, torch.get_num_threads(),
+        )  # fmt: skip
+        if failed:
+            raise RuntimeError("llama_layers refused its arguments")  # unreachable: forward checks them
+
+    def _torch(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask) -> torch.Tensor:
+        """The decoder layers in PyTorch ops (a prefill, or where llama.c is not built): x (L, H) -> x."""
+        L, T = x.shape[0], base + x.shape[0]
+        hq, hk, d, g = self.heads, self.kv_heads, self.d, self.heads // self.kv_heads
+        cos, sin = self.cos[pos][:, None], self.sin_signed[pos][:, None]  # (L, 1, d): over heads
+        if mask is None and L > 1:
+            mask = torch.full((L, T), -torch.inf).triu_(base + 1)  # causal: token l sees rows 0 .. base + l
+        if mask is not None:  # (L, T) -> (L g, T): the query heads of a group read the same rows
+            mask = mask.float().repeat_interleave(g, dim=0)
+        for i, (ln1, qkv_w, o_w, ln2, gu_w, down_w) in enumerate(self.layers):
+            h = F.rms_norm(x, (self.H,), ln1, self.eps)
+            qkv = self._linear(h, qkv_w)  # (L, (hq + 2 hk) d)
+            qk = qkv[:, : (hq + hk) * d].view(L, hq + hk, d)
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k at once
+            cache.k[i, :, base:T] = qk[:, hq:].transpose(0, 1)
+            cache.v[i, :, base:T] = qkv[:, (hq + hk) * d :].view(L, hk, d).transpose(0, 1)
+            q = qk[:, :hq].reshape(L, hk, g, d).transpose(0, 1).reshape(hk, L * g, d)  # rows: token-major
+            keys, values = cache.k[i, :, :T], cache.v[i, :, :T]  # (hk, T, d)
+            if mask is None:
+                s = torch.bmm(q, keys.transpose(1, 2)).mul_(self.scale)  # (hk, g, T)
+            else:
+                s = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scale)  # (hk, L g, T)
+            o = torch.bmm(torch.softmax(s, dim=-1), values)  # (hk, L g, d)
+            o = o.view(hk, L, g, d).transpose(0, 1).reshape(L, hq * d)
+            x = x + self._linear(o, o_w)
+            h = F.rms_norm(x, (self.H,), ln2, self.eps)
+            gu = self._linear(h, gu_w)  # (L, 2 I)
+            x = x + self._linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], down_w)
+        return x

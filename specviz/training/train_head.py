@@ -1,0 +1,236 @@
+"""Train a feature-level draft head (EAGLE-style, specviz/head.py) on the target's cached features.
+
+Data: the feature shards of `scripts/label_teacher.py --features` (the target's last hidden state at every
+position of prompt + reply, computed once) and the teacher files they came from (for the prompts: held-out
+and benchmark prompts are dropped, and a share of distinct prompts is kept aside for validation).
+
+For a sequence x with features F, the head reads the pairs (e(x_{j+1}), F_j) and predicts F_{j+1}. The loss
+at each position whose prediction yields a reply token is the EAGLE paper's: SmoothL1(f^, F_{j+1}) plus
+--token-weight (0.1) x the cross-entropy of the head's logits to the target's own distribution there,
+softmax(E[rows] F_{j+1}) (soft labels come free with the features). Uniform noise of +-`--noise` on the
+input features (EAGLE's) makes later guesses, which read the head's own predicted feature, less fragile.
+
+    nohup nice -n 19 python scripts/train_head.py --features runs/labels/features \
+        --data /work/shared/data/smollm2-teacher/teacher.jsonl.gz ... --vocab assets/draft/specviz_vocab.json \
+        --out runs/head --minutes 40 --threads 1 &
+
+Re-running resumes from <out>/state.pt; a usable head folder is written to <out>/latest every
+--ckpt-minutes and to <out>/final at the end. Validation reports the teacher-forced acceptance of the
+first guess (argmax == the target's token) on the held-aside greedy replies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..head import DraftHead
+from .common import HELDOUT, ROOT, read_heldout, target_folder
+from .teacher_io import read_jsonl, reply_key
+from .train_draft import TrainConfig, lr_at, progress_at, split_rows
+
+
+def load_sequences(feature_dir: Path, rows_by_key: dict[str, dict]) -> list[dict]:
+    """Every labelled sequence whose reply is in `rows_by_key`, once: ids, prompt length, features (T, H) bf16."""
+    seqs, seen = [], set()
+    for shard in sorted(Path(feature_dir).glob("shard-*.pt")):
+        d = torch.load(shard)
+        for key, ids, plen, f in zip(d["keys"], d["ids"], d["prompt_len"], d["feats"]):
+            if key in rows_by_key and key not in seen:
+                seen.add(key)
+                row = rows_by_key[key]
+                seqs.append({"ids": torch.tensor(ids), "plen": plen, "feats": f, "greedy": row.get("temperature") == 0})
+    return seqs
+
+
+def make_batch(items: list[dict], lookup: torch.Tensor, device) -> dict:
+    """Right-padded pairs: tokens x_{j+1} (B, L), features F_j (B, L, H), next features F_{j+1}, the next token
+    as a head row x_{j+2} (-1 outside the head's rows) and a mask of positions whose prediction is a reply token."""
+    L = max(len(it["ids"]) for it in items) - 1
+    B, H = len(items), items[0]["feats"].shape[1]
+    tok = torch.zeros(B, L, dtype=torch.long)
+    f_in, f_out = torch.zeros(B, L, H), torch.zeros(B, L, H)
+    nxt = torch.full((B, L), -1, dtype=torch.long)
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    for b, it in enumerate(items):
+        ids, f, T = it["ids"], it["feats"].float(), len(it["ids"])
+        tok[b, : T - 1] = ids[1:]
+        f_in[b, : T - 1], f_out[b, : T - 1] = f[:-1], f[1:]
+        nxt[b, : T - 2] = lookup[ids[2:]]
+        mask[b, max(it["plen"] - 2, 0) : T - 2] = True  # pair j predicts x_{j+2}: a reply token from j = plen - 2
+    return {k: v.to(device) for k, v in dict(tok=tok, f_in=f_in, f_out=f_out, nxt=nxt, mask=mask).items()}
+
+
+def head_loss(head: DraftHead, b: dict, noise: float, token_weight: float):
+    """(loss, first-guess accuracy against the produced token) over the masked positions."""
+    f_in = b["f_in"] + (torch.rand_like(b["f_in"]) * 2 - 1) * noise if noise > 0 else b["f_in"]
+    L = b["tok"].shape[1]
+    f_hat = head(b["tok"], f_in, torch.arange(1, L + 1, device=f_in.device))  # (B, L, H)
+    m = b["mask"]
+    pred, true = f_hat[m], b["f_out"][m]  # (M, H)
+    logp = head.logits(pred).log_softmax(-1)  # (M, N)
+    with torch.no_grad():
+        p_true = head.logits(true).softmax(-1)  # the target's own distribution over the head's rows
+    ce = -(p_true * logp).sum(-1).mean()
+    loss = F.smooth_l1_loss(pred, true) + token_weight * ce
+    nxt = b["nxt"][m]
+    acc = (logp.argmax(-1) == nxt).float().mean()  # a token outside the rows (-1) is a miss
+    return loss, acc
+
+
+@torch.no_grad()
+def evaluate(head, items, lookup, device, batch_size: int) -> dict:
+    """Teacher-forced first-guess acceptance on greedy replies (the target's argmax), and loss on all."""
+    head.eval()
+    out = {}
+    for name, its in (("val", items), ("val_greedy", [it for it in items if it["greedy"]])):
+        tot_l = tot_a = n = 0.0
+        for i in range(0, len(its), batch_size):
+            b = make_batch(its[i : i + batch_size], lookup, device)
+            loss, acc = head_loss(head, b, 0.0, 0.1)
+            m = int(b["mask"].sum())
+            tot_l, tot_a, n = tot_l + loss.item() * m, tot_a + acc.item() * m, n + m
+        if n:
+            out[f"{name}_loss"], out[f"{name}_acc"] = tot_l / n, tot_a / n
+    head.train()
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--features", required=True, help="feature shards folder (label_teacher.py --features)")
+    ap.add_argument("--data", nargs="+", required=True, help="the teacher files those features came from")
+    ap.add_argument("--vocab", default=str(ROOT / "assets" / "draft" / "specviz_vocab.json"),
+                    help="the head's output rows: a specviz_vocab.json (target_ids)")  # fmt: skip
+    ap.add_argument("--out", default=str(ROOT / "runs" / "head"))
+    ap.add_argument("--target", default="", help="target folder; default: the built-in target")
+    ap.add_argument("--heldout", default=str(HELDOUT))
+    ap.add_argument("--heldout-dir", default=str(HELDOUT.parent))
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--min-lr-frac", type=float, default=0.1)
+    ap.add_argument("--warmup-steps", type=int, default=50)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--noise", type=float, default=0.1)
+    ap.add_argument("--token-weight", type=float, default=0.1)
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--ckpt-minutes", type=float, default=10.0)
+    ap.add_argument("--val-frac", type=float, default=0.04)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # 1. data: the replies of the teacher files, held-out prompts dropped, a validation split by prompt
+    rows = [r for p in args.data for r in read_jsonl(p)]
+    cfg = TrainConfig(heldout_dir=args.heldout_dir, val_frac=args.val_frac, seed=args.seed)
+    train_rows, val_rows, dropped = split_rows(rows, read_heldout(args.heldout) if args.heldout else [], cfg)
+    by_key = lambda rs: {reply_key(r): r for r in rs}  # noqa: E731
+    train, val = (
+        load_sequences(Path(args.features), by_key(train_rows)),
+        load_sequences(Path(args.features), by_key(val_rows)),
+    )
+    target_ids = json.loads(Path(args.vocab).read_text())["target_ids"]
+    target = AutoModelForCausalLM.from_pretrained(target_folder(args.target), dtype=torch.float32)
+    lookup = torch.full((target.get_output_embeddings().weight.shape[0],), -1, dtype=torch.long)
+    lookup[torch.tensor(target_ids)] = torch.arange(len(target_ids))
+    n_tok = sum(len(s["ids"]) - s["plen"] for s in train)
+    print(f"data: {len(train)} train sequences ({n_tok} reply tokens), {len(val)} val, {dropped} held-out "
+          f"replies dropped; {len(target_ids)} output rows", flush=True)  # fmt: skip
+
+    # 2. the head (from the target's last block) and its optimiser, or the saved state
+    head = DraftHead.from_target(target, target_ids).to(device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    step, elapsed, rng = 0, 0.0, random.Random(args.seed)
+    state_path = out / "state.pt"
+    if state_path.is_file():
+        st = torch.load(state_path, weights_only=False)
+        head.load_state_dict(st["head"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed = st["step"], st["elapsed"]
+        rng.setstate(st["rng"])
+        print(f"resumed at step {step} after {elapsed / 60:.1f} min", flush=True)
+    head.train()
+
+    def checkpoint(name: str, metrics: dict) -> None:
+        meta = {"step": step, "minutes": round(elapsed / 60, 2), "args": vars(args), **metrics}
+        stage = out / f"{name}.tmp"
+        if stage.exists():
+            shutil.rmtree(stage)
+        head.save(stage)
+        (stage / "train_meta.json").write_text(json.dumps(meta, indent=1))
+        if (out / name).exists():
+            shutil.rmtree(out / name)
+        stage.rename(out / name)
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "rng": rng.getstate()}, out / "state.tmp")  # fmt: skip
+        (out / "state.tmp").replace(state_path)
+        with open(out / "log.jsonl", "a") as f:
+            f.write(json.dumps({"event": "checkpoint", **meta}) + "\n")
+
+    # 3. the loop: shuffled epochs, warm-up then cosine decay over max(step, time) progress
+    order: list[int] = []
+    t0, last_ckpt, ema = time.time() - elapsed, elapsed, None
+    while True:
+        elapsed = time.time() - t0
+        progress = progress_at(step, elapsed, args.steps, args.minutes)
+        if progress >= 1.0:
+            break
+        if len(order) < args.batch_size:
+            order = list(range(len(train)))
+            rng.shuffle(order)
+        b = make_batch([train[order.pop()] for _ in range(args.batch_size)], lookup, device)
+        lr = lr_at(progress, step, args)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss, acc = head_loss(head, b, args.noise, args.token_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        if step % 20 == 0 or step == 1:
+            rec = {
+                "step": step,
+                "min": round(elapsed / 60, 2),
+                "lr": lr,
+                "loss": loss.item(),
+                "ema": ema,
+                "acc": acc.item(),
+            }
+            print(json.dumps(rec), flush=True)
+            with open(out / "log.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if elapsed - last_ckpt >= 60 * args.ckpt_minutes:
+            metrics = evaluate(head, val, lookup, device, args.batch_size)
+            print(f"checkpoint at step {step}: {metrics}", flush=True)
+            elapsed = time.time() - t0
+            checkpoint("latest", {"train_loss_ema": ema, **metrics})
+            last_ckpt = elapsed
+
+    metrics = evaluate(head, val, lookup, device, args.batch_size)
+    print(f"final at step {step}: {metrics}", flush=True)
+    checkpoint("latest", {"train_loss_ema": ema, **metrics})
+    if (out / "final").exists():
+        shutil.rmtree(out / "final")
+    shutil.copytree(out / "latest", out / "final")
+    return out / "final"
+
+
+if __name__ == "__main__":
+    main()

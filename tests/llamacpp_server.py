@@ -30,7 +30,10 @@ class LlamaCppServer:
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.log = log
         cmd = ["nice", "-n", "19", str(PYTHON), "-m", "llama_cpp.server", "--model", gguf, "--model_alias", alias,
-               "--n_ctx", "2048", "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
+               "--n_ctx", "2048", "--n_threads", "1", "--n_threads_batch", "1", "--host", "127.0.0.1",
+               "--port", str(self.port)]  # fmt: skip
+        # One thread: its default of 2 for a batch (a verify's few tokens) spins at OpenMP barriers, and on a machine
+        # whose cores are busy with other work a 2-token request then took over 60 s (a 1-token one well under 1 s).
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
         self.started = time.monotonic()

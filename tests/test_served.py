@@ -14,7 +14,7 @@ import torch
 from protocol_server import ProtocolServer
 
 import specviz
-from specviz import served
+from specviz import served, served_run
 from specviz.config import SamplingConfig, SpecConfig, SpecvizError
 from specviz.engine import autoregressive_decode, eos_ids, speculative_decode
 from specviz.events import Round, Start
@@ -51,8 +51,16 @@ def test_greedy_through_the_server_equals_the_local_target_and_the_plain_lane(se
         local = specviz.generate(prompt, target=target, mode="ar", max_new_tokens=24, raw=True, device="cpu")
         plain = specviz.generate(prompt, target=server.url, mode="ar", max_new_tokens=24, raw=True, device="cpu")
         for drafter in ("model", "lookup+model"):
-            sp = specviz.generate(prompt, target=server.url, draft=draft, gamma=gamma, drafter=drafter,
-                                  max_new_tokens=24, raw=True, device="cpu")  # fmt: skip
+            sp = specviz.generate(
+                prompt,
+                target=server.url,
+                draft=draft,
+                gamma=gamma,
+                drafter=drafter,
+                max_new_tokens=24,
+                raw=True,
+                device="cpu",
+            )
             assert sp.token_ids == plain.token_ids == local.token_ids, (prompt, drafter)
             assert sp.stats["verify"] == "greedy" and sp.stats["requests"] >= sp.stats["rounds"]
             rejections += sp.stats["drafted"] - sp.stats["accepted"]
@@ -84,7 +92,7 @@ def test_sampled_at_t1_through_the_server_follows_the_target(small_vocab_pair, m
     srv = ProtocolServer(small_vocab_pair[0])
     try:
         if residual == "whole distribution":
-            monkeypatch.setattr(served, "RESIDUAL_REQUESTS", 0)
+            monkeypatch.setattr(served_run, "RESIDUAL_REQUESTS", 0)
         p, q = served.load_served_pair(srv.url, small_vocab_pair[1], device="cpu")
         ids = [1, 5, 6]
         law, V = _two_token_law(small_vocab_pair[0], ids)
@@ -129,8 +137,18 @@ def test_plain_lane_at_t1_is_the_engine_s_own_sample(small_vocab_pair):
 
 
 def test_other_temperatures_are_labelled_approximate_and_the_same_seed_repeats(server, tiny_pair):
-    kw = dict(target=server.url, draft=tiny_pair[1], temperature=0.7, seed=5, max_new_tokens=16, raw=True,
-              device="cpu", gamma=3, drafter="model", gamma_policy="constant")  # fmt: skip
+    kw = dict(
+        target=server.url,
+        draft=tiny_pair[1],
+        temperature=0.7,
+        seed=5,
+        max_new_tokens=16,
+        raw=True,
+        device="cpu",
+        gamma=3,
+        drafter="model",
+        gamma_policy="constant",
+    )
     events = list(specviz.stream("the cat", **kw))
     assert isinstance(events[0], Start) and events[0].verify == "served approximate: top-20"
     assert events[-1].stats["verify"] == "approximate: top-20"
@@ -141,8 +159,17 @@ def test_other_temperatures_are_labelled_approximate_and_the_same_seed_repeats(s
 
 
 def test_requests_and_their_time_are_counted(server, tiny_pair):
-    r = specviz.generate("the cat", target=server.url, draft=tiny_pair[1], max_new_tokens=12, raw=True, device="cpu",
-                         gamma=3, drafter="model", gamma_policy="constant")  # fmt: skip
+    r = specviz.generate(
+        "the cat",
+        target=server.url,
+        draft=tiny_pair[1],
+        max_new_tokens=12,
+        raw=True,
+        device="cpu",
+        gamma=3,
+        drafter="model",
+        gamma_policy="constant",
+    )
     assert r.stats["requests"] == r.stats["target_calls"] == r.stats["rounds"]
     assert 0 < r.stats["request_s"] <= r.stats["wall_s"]
     assert r.stats["served"] == served.base_url(server.url)
@@ -190,8 +217,17 @@ def test_each_broken_server_gives_one_sentence(server, tiny_pair, fault, words):
 
 
 def test_a_server_that_breaks_mid_run_stops_the_run_with_a_sentence(server, tiny_pair):
-    events = specviz.stream("the cat", target=server.url, draft=tiny_pair[1], device="cpu", raw=True,
-                            max_new_tokens=30, gamma=2, drafter="model", gamma_policy="constant")  # fmt: skip
+    events = specviz.stream(
+        "the cat",
+        target=server.url,
+        draft=tiny_pair[1],
+        device="cpu",
+        raw=True,
+        max_new_tokens=30,
+        gamma=2,
+        drafter="model",
+        gamma_policy="constant",
+    )
     next(events)
     next(events)
     server.fault = "500"

@@ -45,8 +45,9 @@ def test_greedy_through_vllm_is_the_engine_s_own_greedy_output(vllm_target, held
         assert list(plain.token_ids) == engine[: len(plain.token_ids)] and len(plain.token_ids) == len(engine)
         for gamma in (1, 2, 3, 4, 6, "auto"):
             policy = "auto" if gamma == "auto" else "constant"
-            sp = specviz.generate(prompt, target=url, gamma=gamma, gamma_policy=policy, drafter="model",
-                                  max_new_tokens=N)  # fmt: skip
+            sp = specviz.generate(
+                prompt, target=url, gamma=gamma, gamma_policy=policy, drafter="model", max_new_tokens=N
+            )
             assert list(sp.token_ids) == engine, (prompt, gamma)
             assert sp.stats["verify"] == "greedy" and sp.stats["requests"] == sp.stats["rounds"]
 
@@ -59,8 +60,18 @@ def test_at_t1_vllm_s_prompt_logprobs_are_the_target_s_p(vllm_target):
 
     url, folder = vllm_target
     lm = load_model(folder, device="cpu")
-    events = list(specviz.stream("Tell me about gravity.", target=url, temperature=1.0, seed=1, gamma=3,
-                                 gamma_policy="constant", drafter="model", max_new_tokens=20))  # fmt: skip
+    events = list(
+        specviz.stream(
+            "Tell me about gravity.",
+            target=url,
+            temperature=1.0,
+            seed=1,
+            gamma=3,
+            gamma_policy="constant",
+            drafter="model",
+            max_new_tokens=20,
+        )
+    )
     assert events[0].verify == "served exact"
     seq, checked, resampled = list(events[0].prompt_ids), 0, 0
     for ev in events:
@@ -76,6 +87,45 @@ def test_at_t1_vllm_s_prompt_logprobs_are_the_target_s_p(vllm_target):
         resampled += ev.kind == "resampled"
         seq += list(ev.tokens)
     assert checked >= 6 and resampled >= 1
+
+
+def test_sampled_output_through_vllm_follows_the_target_at_temperature_one(vllm_target):
+    """The first token of a reply at T = 1, speculated through the server with gamma 1 (the guess kept with
+    p/q, else a draw from the residual made of the engine's own samples; the bonus is the engine's sample), follows
+    p: the target's softmax computed here by transformers on the same folder (the test above shows the engine's p is
+    that one). The built-in draft's own law there is far from p (total variation ~0.6), so a wrong acceptance rule or
+    residual shows. Draws run 8 at a time: the engine batches concurrent requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specviz import SamplingConfig, SpecConfig
+    from specviz.engine import speculative_decode
+    from specviz.models import load_model
+    from specviz.runtime import CachedModel
+
+    url, folder = vllm_target
+    p, q = served.load_served_pair(url, device="cpu")
+    ids = specviz.api.encode_prompt(p, "Write one sentence about cats.")
+    with torch.inference_mode():
+        law = torch.softmax(load_model(folder, device="cpu").model(torch.tensor([ids])).logits[0, -1].double(), -1)
+        q_law = torch.softmax(CachedModel(q, p.vocab_size).feed(torch.tensor(ids), last_only=True)[-1].double(), -1)
+
+    def first_token(seed: int) -> int:
+        cfg = SpecConfig(gamma=1, max_new_tokens=1, seed=seed, sampling=SamplingConfig(1.0), drafter="model")
+        return list(speculative_decode(p, q, ids, cfg))[-1].token_ids[0]
+
+    n_draws = 600
+    first_token(0)  # one run alone first: the draft's first call picks its CPU kernel
+    with ThreadPoolExecutor(8) as pool:
+        tokens = list(pool.map(first_token, range(1, n_draws + 1)))
+    counts = torch.bincount(torch.tensor(tokens), minlength=p.vocab_size).double()
+    keep = law * n_draws >= 5  # cells with at least 5 expected draws; the rest pooled into one
+    expected = torch.cat([law[keep], law[~keep].sum()[None]]) * n_draws
+    observed = torch.cat([counts[keep], counts[~keep].sum()[None]])
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    dof = int(keep.sum())
+    assert dof >= 5 and (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    tv, tv_q = (0.5 * float((counts / n_draws - x).abs().sum()) for x in (law, q_law))
+    assert tv_q > tv + 0.1, (tv, tv_q)  # the draft's own law is clearly another: the test can tell them apart
 
 
 def _engine_generates(url: str, text: str, n: int) -> None:

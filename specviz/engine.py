@@ -7,7 +7,8 @@ drafter keeps its own state (drafters.py). The speculative loop reads as the pap
 proposals of a round, n accepted count, r draw. A round whose proposal is a token tree (`_tree_round`) verifies
 every node in one tree-masked call, walks the tree from the root (sampling.verify_tree_*) and keeps only the
 accepted path in the target's cache; a chain's round is `_chain_round`. The step-through's candidates of each
-round are detail.py's.
+round are detail.py's; what a run needs before its first round (drafter, policies, their calibration) is
+run_setup.py's.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from collections.abc import Iterator
 
 import torch
 
-from .config import TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
-from .costs import calibration, head_calibration
+from .config import SamplingConfig, SpecConfig, SpecvizError
 from .detail import chain_candidates, tree_candidates
-from .drafters import DraftContext, Drafter, LookupDrafter, Proposal, make_drafter, translation_of
+from .drafters import DraftContext, Drafter, Proposal, translation_of
 from .events import Done, Event, Round, Start, Step, TreeRound
-from .head import head_for
 from .models import LoadedModel
-from .policies import GammaPolicy, TreePolicy, make_policy
+from .policies import GammaPolicy, TreePolicy
+from .run_setup import make_run
 from .runtime import CachedModel
 from .sampling import (
     greedy,
@@ -40,7 +40,6 @@ from .sampling import (
 from .served import ServedRun, ServedTarget, open_run
 from .served_target import eos_ids
 from .tally import Tally
-from .translate import draft_ids
 
 
 class _Clock:
@@ -126,38 +125,6 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         pending = torch.tensor([token], device=dev)
     stats = {"mode": "ar", **tally.stats(), **_served_stats(p_run, s, plain=True)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
-
-
-def make_run(
-    target: LoadedModel, draft: LoadedModel | None, prompt_ids: list[int], cfg: SpecConfig, drafter: Drafter | None
-):
-    """The drafter and gamma policy of one run (auto measures the verify costs once per model first).
-
-    Returns (drafter, gamma policy, tree policy or None, seconds spent measuring now).
-    """
-    V = target.vocab_size
-    if isinstance(target, ServedTarget):
-        _check_served(cfg)
-    lookup = dict(
-        prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size
-    )
-    head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
-    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
-    verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
-    tree_auto = cfg.tree == "auto"
-    if cfg.gamma_policy == "auto" or tree_auto:
-        verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
-        if head is not None:  # one head step, for its cost
-            (step_s,), spent_q = head_calibration(head)
-            spent, paid = spent + spent_q, "head"
-        elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
-            (step_s,), spent_q = calibration(draft, draft_ids(target, draft, prompt_ids), 1, vocab_size=V)
-            spent += spent_q
-    policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
-    tree = None
-    if cfg.tree != "off":
-        tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, step_s)
-    return drafter, policy, tree, spent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -356,22 +323,6 @@ def _served_note(target, s: SamplingConfig, plain: bool = False) -> str:
 def _served_stats(p_run, s: SamplingConfig, plain: bool = False) -> dict:
     """A served run's requests and their seconds, and how it decided; nothing for a local run."""
     return {**p_run.stats, "verify": _served_mode(p_run.t, s, plain)} if isinstance(p_run, ServedRun) else {}
-
-
-def _check_served(cfg: SpecConfig) -> None:
-    if cfg.drafter.endswith("head"):
-        raise SpecvizError(
-            "The head drafters read the target's hidden states, which a served target does not send; "
-            "use model, lookup or lookup+model."
-        )
-    if cfg.relaxed_w < 1.0:
-        raise SpecvizError(
-            "Relaxed verification needs all of p at every position, which a served target does not send."
-        )
-    if cfg.tree != "off":
-        raise SpecvizError(
-            "Token trees need a tree-masked verify, which a served target's API does not offer; use chains."
-        )
 
 
 def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:

@@ -1,0 +1,64 @@
+"""What a speculative run needs before its first round, apart from the algorithm (engine.py): the drafter (with a
+draft head read from disk where the drafter needs one), the gamma policy and the tree policy, and the costs the
+`auto` ones are calibrated with (a verify of 1 .. k tokens and a draft step, timed once per loaded model here).
+"""
+
+from __future__ import annotations
+
+from .config import TREE_AUTO_MAX, SpecConfig, SpecvizError
+from .costs import calibration, head_calibration
+from .drafters import Drafter, LookupDrafter, make_drafter
+from .head import head_for
+from .models import LoadedModel
+from .policies import TreePolicy, make_policy
+from .served import ServedTarget
+from .translate import draft_ids
+
+
+def make_run(
+    target: LoadedModel, draft: LoadedModel | None, prompt_ids: list[int], cfg: SpecConfig, drafter: Drafter | None
+):
+    """The drafter and gamma policy of one run (auto measures the verify costs once per model first).
+
+    Returns (drafter, gamma policy, tree policy or None, seconds spent measuring now).
+    """
+    V = target.vocab_size
+    if isinstance(target, ServedTarget):
+        check_served(cfg)
+    lookup = dict(
+        prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size
+    )
+    head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
+    drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
+    verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
+    tree_auto = cfg.tree == "auto"
+    if cfg.gamma_policy == "auto" or tree_auto:
+        verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
+        if head is not None:  # one head step, for its cost
+            (step_s,), spent_q = head_calibration(head)
+            spent, paid = spent + spent_q, "head"
+        elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
+            (step_s,), spent_q = calibration(draft, draft_ids(target, draft, prompt_ids), 1, vocab_size=V)
+            spent += spent_q
+    policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
+    tree = None
+    if cfg.tree != "off":
+        tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, step_s)
+    return drafter, policy, tree, spent
+
+
+def check_served(cfg: SpecConfig) -> None:
+    """One sentence for what a served target cannot do (hidden states, all of p, a tree-masked verify)."""
+    if cfg.drafter.endswith("head"):
+        raise SpecvizError(
+            "The head drafters read the target's hidden states, which a served target does not send; "
+            "use model, lookup or lookup+model."
+        )
+    if cfg.relaxed_w < 1.0:
+        raise SpecvizError(
+            "Relaxed verification needs all of p at every position, which a served target does not send."
+        )
+    if cfg.tree != "off":
+        raise SpecvizError(
+            "Token trees need a tree-masked verify, which a served target's API does not offer; use chains."
+        )

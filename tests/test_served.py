@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 import re
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 from protocol_server import ProtocolServer
+from server_process import free_port
 
 import specviz
 from specviz import served, served_run
@@ -178,12 +178,6 @@ def test_requests_and_their_time_are_counted(server, tiny_pair):
 # --- failures: one sentence each, and the program goes on -------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _one_sentence(err: SpecvizError) -> str:
     text = str(err)
     assert text.endswith(".") and "\n" not in text and "Traceback" not in text, text
@@ -192,7 +186,7 @@ def _one_sentence(err: SpecvizError) -> str:
 
 def test_a_server_that_is_not_there(tiny_pair):
     with pytest.raises(SpecvizError) as e:
-        specviz.generate("hi", target=f"http://127.0.0.1:{_free_port()}/v1", draft=tiny_pair[1], device="cpu")
+        specviz.generate("hi", target=f"http://127.0.0.1:{free_port()}/v1", draft=tiny_pair[1], device="cpu")
     assert "cannot be reached (connection refused)" in _one_sentence(e.value)
 
 

@@ -2,14 +2,14 @@
 exactness (greedy equality, the sampled law) for every drafter and policy; the accounting in theory.py."""
 
 import dataclasses
-import math
 
 import pytest
 import torch
+from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import Done, Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
 from specviz.drafters import Drafter, LookupDrafter, Proposal
-from specviz.engine import autoregressive_decode, eos_ids, speculative_decode
+from specviz.engine import autoregressive_decode, speculative_decode
 from specviz.policies import Auto, Heuristic
 from specviz.theory import (
     accepted_histogram,
@@ -157,41 +157,6 @@ def generate_events(p, q, prompt, **kw):
     return speculative_decode(p, q, encode_prompt(p, prompt), cfg)
 
 
-def _exact_two_token_law(m, ids):
-    """The exact law of a model's first two tokens after ids: V*V pairs, then V one-token (EOS) endings."""
-    V = m.vocab_size
-    with torch.no_grad():
-        p1 = torch.softmax(m.model(torch.tensor([ids])).logits[0, -1].float(), -1)
-        nxt = torch.tensor([ids + [a] for a in range(V)])
-        p2 = torch.softmax(m.model(nxt).logits[:, -1].float(), -1)  # (V, V)
-    eos = eos_ids(m)
-    exact = (p1[:, None] * p2).flatten()
-    for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)
-        exact.view(V, V)[a] = 0
-    return torch.cat([exact, torch.tensor([float(p1[a]) if a in eos else 0.0 for a in range(V)])])
-
-
-def _two_token_counts(p, q, ids, n_runs: int, **cfg_kw):
-    """Counts of the first two tokens of speculative runs over n_runs seeds, and the drafters that proposed."""
-    V = p.vocab_size
-    counts = torch.zeros(V * V + V)
-    sources = set()
-    for seed in range(n_runs):
-        cfg = SpecConfig(max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0), **cfg_kw)
-        events = list(speculative_decode(p, q, ids, cfg))
-        sources.update(s for e in events if isinstance(e, Round) for s in e.sources)
-        t = events[-1].token_ids
-        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
-    return counts, sources
-
-
-def _chi2_z(counts, law, n):
-    keep = law * n >= 5
-    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    return (chi2 - dof) / math.sqrt(2 * dof)  # normal approximation
-
-
 @pytest.mark.parametrize(
     "drafter, policy",
     [("lookup", "constant"), ("lookup+model", "auto"), ("model", "heuristic"), ("model", "confidence")],
@@ -200,12 +165,12 @@ def test_sampled_output_follows_the_target_for_every_drafter_and_policy(small_vo
     p, q = load_pair(*small_vocab_pair, device="cpu")
     ids = [5, 6, 7, 5, 6]  # lookup finds (5, 6) and proposes 7, 5: point-mass drafts are accepted and rejected
     n = 1000
-    counts, sources = _two_token_counts(p, q, ids, n, gamma=2, drafter=drafter, gamma_policy=policy, confidence=0.2)
+    counts, sources = two_token_counts(p, q, ids, n, gamma=2, drafter=drafter, gamma_policy=policy, confidence=0.2)
     assert sources & set(drafter.split("+"))  # the drafter under test did propose
-    law = _exact_two_token_law(p, ids)
-    z, tv = _chi2_z(counts, law, n), 0.5 * float((counts / n - law).abs().sum())
+    law = exact_two_token_law(p, ids)
+    z, tv = chi2_z(counts, law, n), 0.5 * float((counts / n - law).abs().sum())
     assert z < 4.0 and tv < 0.1, (drafter, policy, z, tv)
-    assert _chi2_z(counts, _exact_two_token_law(q, ids), n) > 4.0  # the control: the draft's law is rejected
+    assert chi2_z(counts, exact_two_token_law(q, ids), n) > 4.0  # the control: the draft's law is rejected
 
 
 # --- the seam: empty proposals, hidden states only for those who ask -------------------------------------

@@ -10,10 +10,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 import specviz.kernels as kernels
-from specviz import SamplingConfig, SpecConfig, generate, native
-from specviz.engine import eos_ids, speculative_decode
+from specviz import generate, native
 
 PATHS = ["torch", "transposed", "kernel"]
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "what is 2+2?", "once upon a time", "x = (1, 2)"]
@@ -230,22 +230,6 @@ def test_every_path_writes_the_same_greedy_text(pair_on):
 def test_sampled_spec_on_the_kernel_follows_the_target_distribution(pair_on, small_vocab_pair):
     """The chi-square test of the engine's sampled law (tests/test_engine.py), both models on the kernel."""
     p, q = pair_on("kernel", half="1", pair=small_vocab_pair)
-    ids, V = [1, 5, 6], p.vocab_size
-    with torch.inference_mode():
-        p1 = torch.softmax(p.model(torch.tensor([ids])).logits[0, -1].float(), -1)
-        p2 = torch.softmax(p.model(torch.tensor([ids + [a] for a in range(V)])).logits[:, -1].float(), -1)
-    eos = eos_ids(p)
-    law = torch.cat([(p1[:, None] * p2).flatten(), torch.zeros(V)])
-    for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)
-        law[a * V : a * V + V] = 0
-        law[V * V + a] = p1[a]
-    N = 3000
-    counts = torch.zeros(V * V + V)
-    for seed in range(N):
-        cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
-        t = list(speculative_decode(p, q, ids, cfg))[-1].token_ids
-        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
-    keep = law * N >= 5
-    chi2 = float((((counts[keep] - N * law[keep]) ** 2) / (N * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    ids, N = [1, 5, 6], 3000
+    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 
 import pytest
 import torch
+from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import SamplingConfig, SpecConfig, generate, lean, native
-from specviz.engine import eos_ids, speculative_decode
+from specviz import generate, lean, native
 from specviz.models import CACHE, backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
@@ -126,24 +125,9 @@ def test_sampled_spec_follows_the_target_distribution_on_every_forward(pair_with
     """The chi-square test of tests/test_engine.py (first two tokens, vocabulary 8, gamma 1), per forward, and
     with a draft on int8 weights (its q is what it drew from, so the law is the target's still)."""
     p, q = pair_with(forward, pair=small_vocab_pair, half="1", int8=int8)
-    ids, V = [1, 5, 6], p.vocab_size
-    p1 = torch.softmax(_reference(p, ids)[-1], -1)
-    with torch.inference_mode():
-        p2 = torch.softmax(p.model(torch.tensor([ids + [a] for a in range(V)])).logits[:, -1].float(), -1)
-    law = torch.cat([(p1[:, None] * p2).flatten(), torch.zeros(V)])
-    for a in eos_ids(p):  # after EOS nothing follows: its mass sits on (eos, -)
-        law[a * V : a * V + V] = 0
-        law[V * V + a] = p1[a]
-    N = 3000
-    counts = torch.zeros(V * V + V)
-    for seed in range(N):
-        cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
-        t = list(speculative_decode(p, q, ids, cfg))[-1].token_ids
-        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
-    keep = law * N >= 5
-    chi2 = float((((counts[keep] - N * law[keep]) ** 2) / (N * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    ids, N = [1, 5, 6], 3000
+    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
 
 
 def test_models_the_lean_forward_does_not_fit_run_on_transformers_with_the_reason(tiny_pair, monkeypatch):

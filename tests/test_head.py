@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_drafters import PROMPTS, _chi2_z, _exact_two_token_law, _two_token_counts
+from test_drafters import PROMPTS
+from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import Round, SpecConfig, SpecvizError, generate, load_pair
 from specviz.drafters import HeadDrafter, make_drafter
@@ -188,14 +189,14 @@ def test_sampled_output_follows_the_target(small_vocab_pair, tmp_path):
         head.fc.weight.add_(0.5 * torch.randn_like(head.fc.weight))  # a head with opinions of its own
     head.save(tmp_path / "h", dtype=torch.float32)
     ids = [5, 6, 7, 5, 6]
-    law = _exact_two_token_law(p, ids)
+    law = exact_two_token_law(p, ids)
     n = 1000
-    counts, sources = _two_token_counts(p, None, ids, n, gamma=2, drafter="head", head=str(tmp_path / "h"))
+    counts, sources = two_token_counts(p, None, ids, n, gamma=2, drafter="head", head=str(tmp_path / "h"))
     assert sources == {"head"}
-    z, tv = _chi2_z(counts, law, n), 0.5 * float((counts / n - law).abs().sum())
+    z, tv = chi2_z(counts, law, n), 0.5 * float((counts / n - law).abs().sum())
     assert z < 4.0 and tv < 0.1, (z, tv)
-    lossy, _ = _two_token_counts(p, None, ids, n, gamma=2, drafter="head", head=str(tmp_path / "h"), relaxed_w=0.0)
-    assert _chi2_z(lossy, law, n) > 4.0  # verifying against q instead of p is caught: the test has power
+    lossy, _ = two_token_counts(p, None, ids, n, gamma=2, drafter="head", head=str(tmp_path / "h"), relaxed_w=0.0)
+    assert chi2_z(lossy, law, n) > 4.0  # verifying against q instead of p is caught: the test has power
 
 
 def test_save_and_load_give_the_same_guesses(loaded_pair, tmp_path):

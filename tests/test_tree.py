@@ -7,10 +7,11 @@ import re
 
 import pytest
 import torch
+from two_tokens import chi2_z, exact_two_token_law
 
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
 from specviz.drafters import DraftContext, ModelDrafter
-from specviz.engine import eos_ids, speculative_decode
+from specviz.engine import speculative_decode
 from specviz.policies import GammaPolicy, TreePolicy
 from specviz.runtime import CachedModel
 from specviz.sampling import verify_tree_greedy, verify_tree_sampled
@@ -135,10 +136,7 @@ def test_the_sampled_walk_emits_the_target_law_with_children_drawn_without_repla
             emitted.append(int(torch.multinomial(p_next[emitted[0]], 1, generator=g)))
         counts[emitted[0] * V + emitted[1]] += 1
     law = (p_root[:, None] * p_next).flatten()
-    keep = law * n >= 5
-    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    assert chi2_z(counts, law, n) < 4.0
     draft_law = (q_root[:, None] * q_next).flatten()
     assert 0.5 * float((counts / n - draft_law).abs().sum()) > 0.05  # the check has power
 
@@ -176,19 +174,6 @@ def _ids(p, prompt):
     return encode_prompt(p, prompt)
 
 
-def _exact_two_token_law(m, ids):
-    V = m.vocab_size
-    with torch.no_grad():
-        p1 = torch.softmax(m.model(torch.tensor([ids])).logits[0, -1].float(), -1)
-        nxt = torch.tensor([ids + [a] for a in range(V)])
-        p2 = torch.softmax(m.model(nxt).logits[:, -1].float(), -1)  # (V, V)
-    exact = (p1[:, None] * p2).flatten()
-    eos = eos_ids(m)
-    for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)
-        exact.view(V, V)[a] = 0
-    return torch.cat([exact, torch.tensor([float(p1[a]) if a in eos else 0.0 for a in range(V)])])
-
-
 @pytest.mark.parametrize("children", [2, 3])
 def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pair, monkeypatch, children):
     """Vocabulary 8: the exact law of the first two tokens (64 outcomes) against tree runs at T = 1, whose first
@@ -217,12 +202,9 @@ def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pa
         t = events[-1].token_ids
         counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
     assert shapes == {children - 1}  # the first round's tree had that many children at some node
-    law = _exact_two_token_law(p, ids)
-    keep = law * n >= 5
-    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
-    q_law = _exact_two_token_law(q, ids)
+    law = exact_two_token_law(p, ids)
+    assert chi2_z(counts, law, n) < 4.0
+    q_law = exact_two_token_law(q, ids)
     assert 0.5 * float((counts / n - q_law).abs().sum()) > 0.05  # the draft's own law is told apart
 
 
@@ -280,11 +262,8 @@ def test_sampled_lookup_trees_follow_the_target(small_vocab_pair):
         t = events[-1].token_ids
         counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
     assert trees == n  # the first round is a tree every time
-    law = _exact_two_token_law(p, ids)
-    keep = law * n >= 5
-    chi2 = float((((counts[keep] - n * law[keep]) ** 2) / (n * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+    law = exact_two_token_law(p, ids)
+    assert chi2_z(counts, law, n) < 4.0
 
 
 # --- the budget ----------------------------------------------------------------------------------------

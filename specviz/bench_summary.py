@@ -126,6 +126,7 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 "alpha": a,
                 "tokens_per_call": run.tokens_per_call,
                 "drafted_per_call": run.drafted_per_call,
+                "tree_share": run.tree_rounds / run.rounds if run.rounds else float("nan"),  # rounds that branched
                 "c": c,
                 "decode_speedup": float(spec_dec / ar_dec),
                 "theory": theory,
@@ -173,6 +174,6 @@ def _beside_best_chain(table: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
                 f"{best['drafted_per_call'] + 1:.1f}: {best['verify_cost']:.2f}"
                 + (f", {per_node:+.3f} a node" if math.isfinite(per_node) else "")
                 + f") and drafting {row['draft_per_call']:.2f} (the chain's: {best['draft_per_call']:.2f}), "
-                f"so it runs {ratio:.2f}x the chain"
+                f"so it runs {ratio:.2f}x the chain; {row['tree_share']:.0%} of its rounds branched"
             )
     return table

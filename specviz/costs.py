@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from .config import SamplingConfig
 from .models import LoadedModel
 from .served import open_run
 
@@ -51,6 +52,43 @@ def forward_times(
 
 
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its times; freed with the model
+
+
+@torch.inference_mode()
+def tree_read_calibration(lm: LoadedModel, prompt_ids: list[int], vocab_size: int, reps: int = 5):
+    """([median seconds of one node read by a tree's draft], seconds spent now), once per loaded model.
+
+    A node read is what each draft call of a token tree costs (drafters.ModelDrafter._propose_tree): one cached
+    call over one token that sees its ancestors only (`feed_tree`), the node's distribution and its top children;
+    a chain's greedy step skips the mask and the V-wide distribution, so it costs less.
+    """
+    from .drafters import TREE_CHILDREN
+    from .sampling import to_probs
+
+    known = _TREE_MEMO.get(lm.model)
+    if known is not None:
+        return known, 0.0
+    t0 = time.perf_counter()
+    run = open_run(lm, vocab_size)
+    prompt = torch.tensor(prompt_ids, device=lm.device)
+    run.prefill(prompt)
+    if not run.supports_trees:  # its drafter proposes chains only
+        _TREE_MEMO[lm.model] = [0.0]
+        return _TREE_MEMO[lm.model], time.perf_counter() - t0
+    base, s, times = run.length, SamplingConfig(1.0), []
+    for _ in range(reps + 1):  # the first one warms up
+        t = time.perf_counter()
+        row = run.feed_tree(prompt[-1:], [base - 1])[-1]
+        torch.topk(to_probs(row, s), min(TREE_CHILDREN, vocab_size))
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        run.rollback(base)
+    _TREE_MEMO[lm.model] = [statistics.median(times[1:])]
+    return _TREE_MEMO[lm.model], time.perf_counter() - t0
+
+
+_TREE_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [its node read's seconds]
 
 
 @torch.inference_mode()

@@ -116,7 +116,7 @@ class ModelDrafter(Drafter):
         return torch.tensor(seq[keep:], device=self.lm.device)
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
-        if ctx.tree is not None and self.run.supports_trees:
+        if self.run.supports_trees and ctx.grows_tree(self.name):
             return self._propose_tree(seq, ctx)
         k, why = ctx.k_for(self.name)
         if k == 0:

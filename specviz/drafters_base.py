@@ -52,6 +52,14 @@ class DraftContext:
         rate = getattr(self.policy, "best_rate", None)
         return rate is None or rate(a) >= rate(b)
 
+    def grows_tree(self, source: str) -> bool:
+        """Whether `source` proposes a token tree this round: there is a tree policy, and it judges a tree worth
+        more than the gamma policy's best chain for `source` (TreePolicy.grows)."""
+        if self.tree is None:
+            return False
+        rate = getattr(self.policy, "best_rate", None)
+        return self.tree.grows(rate(source) if rate is not None else None)
+
     def k_for(self, source: str) -> tuple[int, str]:
         """The most tokens `source` may propose now, and why that many (the policy, or the budget)."""
         k = self.policy.k(source)

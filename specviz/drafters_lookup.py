@@ -4,7 +4,8 @@
 the output so far and proposes what followed their most recent occurrence. It is deterministic, so q is a point
 mass: token x is accepted with probability min(1, p(x) / 1) = p(x), and a rejection resamples from
 norm(max(0, p - onehot(x))), which is p with x removed and renormalised: exact, with no change to the verification
-rule. With a tree policy it proposes the trie of several earlier continuations. `LookupModelDrafter` uses a match
+rule. With a fixed tree budget it proposes the trie of several earlier continuations (tree="auto" prices trees
+by the draft model's curve, which a trie has none of, so there lookup proposes its chain). `LookupModelDrafter` uses a match
 where the text has one and the model (or head) drafter otherwise.
 """
 
@@ -95,7 +96,9 @@ class LookupDrafter(Drafter):
         return f"{self.name}:{n}"
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
-        if ctx.tree is not None:
+        if (
+            ctx.tree is not None and ctx.tree.fixed is not None
+        ):  # auto prices trees by the draft's curve: a trie has none
             tree = self._propose_tree(seq, ctx)
             if tree is not None:
                 return tree

@@ -113,6 +113,6 @@ def tree_advice(trials: tuple[TreeTrial, ...], best_chain: float, gamma: int, ch
         return f"Token trees pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain (use tree={t.budget} or auto)."
     return (
         f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree "
-        "off (tree=auto sizes each round by these costs and branches only where a runner-up is expected to be kept "
-        "more often than a longer chain's next guess)."
+        "off (with gamma auto, tree=auto weighs each round's best tree against the best chain by these costs and "
+        "runs the chain where the tree is not expected to be faster)."
     )

@@ -142,8 +142,12 @@ class TreePolicy:
     nodes expects 1 + (the sum of their scores) tokens per target call.
 
     `nodes`: a fixed budget, or None for auto: each round the k <= max_nodes that maximises expected tokens per
-    second, E_k / (draft calls for k nodes * t_draft + t_verify(k + 1)), from the running means of past rounds'
-    score curves and the verify cost of k + 1 positions measured on this machine (costs.calibration). The size is
+    second, E_k / (draft calls for k nodes * t_read + t_verify(k + 1)), from the running means of past rounds'
+    score curves, the verify cost of k + 1 positions and the cost of reading one node with the draft (a tree-masked
+    call and its distribution, dearer than a chain's greedy step), both measured on this machine
+    (costs.calibration, costs.tree_read_calibration). Auto also weighs the tree against the chain (`grows`): a
+    round grows a tree only where the best tree is expected to yield more tokens per second than the gamma
+    policy's best chain, so on a machine where trees do not pay, auto runs the chain. The size and the shape are
     fixed before the round draws anything, so sampled output stays exact.
     """
 
@@ -151,11 +155,15 @@ class TreePolicy:
     # of the time, its 2nd 12%, its 3rd 6% on held-out greedy replies; scripts/eval_draft.py --ranks)
     PRIOR = 1.0  # pseudo-mass of cal = 1: take the draft at its word until the target has said otherwise
     START = 4  # auto's first round, before any curve is known
+    EXPLORE_EVERY = 8  # under auto, one round in 8 that would be a chain grows a tree anyway: its curve keeps learning
 
-    def __init__(self, nodes: int | None, max_nodes: int, verify_s: Sequence[float] = (), draft_step_s: float = 0.0):
+    def __init__(self, nodes: int | None, max_nodes: int, verify_s: Sequence[float] = (), read_s: float = 0.0):
+        """verify_s[i]: seconds of one target call over i + 1 positions; read_s: seconds of one node read by the
+        draft (what each draft call of a tree costs)."""
         self.fixed, self.max_nodes = nodes, max_nodes
         self.verify_s = list(verify_s)
-        self.step_s = draft_step_s
+        self.read_s = read_s
+        self.chains = 0  # rounds in a row auto gave to the chain
         self.kept = [0.0] * self.RANKS  # decayed sums: children of reached nodes the target kept, by rank
         self.said = [0.0] * self.RANKS  # and the draft's probabilities for them
         self.gain = [0.0] * max_nodes  # decayed sums of the k-th node's score over rounds
@@ -190,7 +198,24 @@ class TreePolicy:
         """Expected tokens per second of a k-node tree (0 until a curve and the costs are known)."""
         if not self.weight or k > len(self.verify_s) - 1:
             return 0.0
-        return self.expected()[k - 1] / (self.calls[k - 1] / self.weight * self.step_s + self.verify_s[k])
+        return self.expected()[k - 1] / (self.calls[k - 1] / self.weight * self.read_s + self.verify_s[k])
+
+    def best_rate(self) -> float:
+        """Expected tokens per second of the best tree (0 until a curve and the costs are known)."""
+        return max(self.rate(k) for k in range(1, self.max_nodes + 1))
+
+    def grows(self, chain_rate: float | None) -> bool:
+        """Whether this round proposes a tree rather than the drafter's chain. A fixed budget always does; auto
+        does until it knows a curve, wherever the best tree is expected to beat `chain_rate` (the gamma policy's
+        expected tokens per second of its best chain; None: that policy makes no estimate, so trees are sized but
+        never weighed against it), and once in EXPLORE_EVERY rounds it would give to the chain."""
+        if self.fixed is not None or chain_rate is None or not self.weight or self.best_rate() > chain_rate:
+            self.chains = 0
+            return True
+        self.chains += 1
+        if self.chains % self.EXPLORE_EVERY == 0:
+            return True
+        return False
 
     def nodes(self) -> int:
         """The node budget of this round."""

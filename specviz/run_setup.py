@@ -6,7 +6,7 @@ draft head read from disk where the drafter needs one), the gamma policy and the
 from __future__ import annotations
 
 from .config import TREE_AUTO_MAX, SpecConfig, SpecvizError
-from .costs import calibration, head_calibration
+from .costs import calibration, head_calibration, tree_read_calibration
 from .drafters import Drafter, LookupDrafter, make_drafter
 from .head import head_for
 from .models import LoadedModel
@@ -30,7 +30,7 @@ def make_run(
     )
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
-    verify_s, step_s, spent, paid = [], 0.0, 0.0, "model"
+    verify_s, step_s, read_s, spent, paid = [], 0.0, 0.0, 0.0, "model"
     tree_auto = cfg.tree == "auto"
     if cfg.gamma_policy == "auto" or tree_auto:
         verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
@@ -38,12 +38,16 @@ def make_run(
             (step_s,), spent_q = head_calibration(head)
             spent, paid = spent + spent_q, "head"
         elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
-            (step_s,), spent_q = calibration(draft, draft_ids(target, draft, prompt_ids), 1, vocab_size=V)
+            d_ids = draft_ids(target, draft, prompt_ids)
+            (step_s,), spent_q = calibration(draft, d_ids, 1, vocab_size=V)
             spent += spent_q
+            if tree_auto:  # and a tree node's read
+                (read_s,), spent_q = tree_read_calibration(draft, d_ids, V)
+                spent += spent_q
     policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
     tree = None
     if cfg.tree != "off":
-        tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, step_s)
+        tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, read_s)
     return drafter, policy, tree, spent
 
 

@@ -169,5 +169,7 @@ def test_bench_puts_token_trees_beside_the_best_chain(loaded_pair):
     assert (trees["drafted_per_call"] > chains["drafted_per_call"].max()).all()  # more nodes checked per call
     for _, r in trees.iterrows():
         assert f"against the best chain ({best}" in r["note"] and "plain steps" in r["note"]
+        assert 0 < r["tree_share"] <= 1 and f"{r['tree_share']:.0%} of its rounds branched" in r["note"]
+    assert (chains["tree_share"] == 0).all()
     assert chains["vs_best_chain"].isna().all()
     assert "nodes/call" in format_table(t)

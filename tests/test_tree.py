@@ -270,7 +270,7 @@ def test_sampled_lookup_trees_follow_the_target(small_vocab_pair):
 
 
 def _policy_with_curve(verify_s):
-    tree = TreePolicy(None, 8, verify_s, draft_step_s=0.01)
+    tree = TreePolicy(None, 8, verify_s, read_s=0.01)
     for _ in range(5):  # each node of the best-first tree promises less: 0.6, 0.3, 0.15 ...
         tree.observe([0.6 * 0.5**k for k in range(8)], [1 + k // 2 for k in range(8)])
     return tree
@@ -282,6 +282,84 @@ def test_auto_grows_a_tree_where_verifying_more_positions_is_nearly_free_and_sta
     assert flat.nodes() >= 5
     assert steep.nodes() == 1
     assert TreePolicy(5, 5).nodes() == 5  # a fixed budget is a fixed budget
+
+
+def test_auto_grows_a_tree_only_where_it_beats_the_best_chain_and_looks_again_now_and_then():
+    """With the flat-verify curve above, the best tree's rate is the best of (1 + the first k scores) / (the k-th
+    node's draft reads * 0.01 s + a verify of 1 s), k = 1 .. 8 (k = 6 here)."""
+    tree = _policy_with_curve([1.0] * 9)
+    best = tree.best_rate()
+    by_hand = max((1 + sum(0.6 * 0.5**j for j in range(k))) / ((1 + (k - 1) // 2) * 0.01 + 1.0) for k in range(1, 9))
+    assert abs(best - by_hand) < 1e-9
+    assert [tree.grows(best * 0.9) for _ in range(3)] == [True] * 3  # the tree is expected to be faster
+    every = TreePolicy.EXPLORE_EVERY
+    looks = [tree.grows(best * 1.1) for _ in range(2 * every)]  # the chain is: a tree once in EXPLORE_EVERY
+    assert looks == ([False] * (every - 1) + [True]) * 2
+    assert tree.grows(None)  # a gamma policy without estimates: trees are sized, never weighed against it
+    assert TreePolicy(4, 4).grows(1e9)  # a fixed budget always grows its tree
+    assert TreePolicy(None, 8, [1.0] * 9, 0.01).grows(1e9)  # auto with no curve yet starts with a tree
+
+
+def test_auto_prices_a_tree_node_by_the_drafts_own_timed_read(loaded_pair):
+    from specviz.costs import tree_read_calibration
+    from specviz.run_setup import make_run
+
+    p, q = loaded_pair
+    ids = _ids(p, "hello world")
+    (read_s,), _ = tree_read_calibration(q, ids, p.vocab_size)
+    again, spent = tree_read_calibration(q, ids, p.vocab_size)
+    assert read_s > 0 and again == [read_s] and spent == 0.0  # measured once per loaded model
+    _, _, tree, _ = make_run(p, q, ids, SpecConfig(gamma_policy="auto", tree="auto", drafter="model"), None)
+    assert tree.read_s == read_s and tree.fixed is None
+    _, _, fixed, _ = make_run(p, q, ids, SpecConfig(tree=4, drafter="model"), None)
+    assert fixed.fixed == 4
+
+
+def _alternating(start: bool):
+    """TreePolicy.grows replaced by tree, chain, tree ... (or chain first): every way a run can switch."""
+    state = {"next": start}
+
+    def grows(self, chain_rate):
+        now, state["next"] = state["next"], not state["next"]
+        return now
+
+    return grows
+
+
+@pytest.mark.parametrize("start", [True, False])
+def test_greedy_runs_that_switch_between_trees_and_chains_equal_plain_decoding(loaded_pair, monkeypatch, start):
+    monkeypatch.setattr(TreePolicy, "grows", _alternating(start))
+    p, q = loaded_pair
+    shapes = set()
+    for pr in PROMPTS:
+        plain = generate(pr, target=p, mode="ar", max_new_tokens=40).token_ids
+        for gamma in (2, 4):
+            cfg = SpecConfig(gamma=gamma, gamma_policy="auto", tree="auto", drafter="model", max_new_tokens=40)
+            events = list(speculative_decode(p, q, _ids(p, pr), cfg))
+            assert events[-1].token_ids == plain, (pr, gamma)
+            shapes.update(e.tree is not None for e in events if isinstance(e, Round))
+    assert shapes == {True, False}  # both kinds of round ran, one after the other
+
+
+def test_sampled_runs_that_switch_from_a_chain_to_a_tree_follow_the_target(small_vocab_pair, monkeypatch):
+    """Round 1 a chain of one guess, round 2 (where round 1 emitted one token) a tree: the first two tokens' law."""
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    ids, n = [1, 5, 6], 1000
+    V = p.vocab_size
+    counts, switched = torch.zeros(V * V + V), 0
+    for seed in range(n):
+        monkeypatch.setattr(TreePolicy, "grows", _alternating(False))
+        cfg = SpecConfig(
+            gamma=1, tree="auto", drafter="model", max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0)
+        )
+        events = list(speculative_decode(p, q, ids, cfg))
+        rounds = [e for e in events if isinstance(e, Round)]
+        assert rounds[0].tree is None
+        switched += len(rounds) > 1 and rounds[1].tree is not None
+        t = events[-1].token_ids
+        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
+    assert switched > 100  # the second token came from a tree round often
+    assert chi2_z(counts, exact_two_token_law(p, ids), n) < 4.0
 
 
 def test_the_calibration_learns_how_often_each_rank_is_kept():

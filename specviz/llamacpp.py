@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-import time
 
 import torch
 
@@ -245,12 +244,7 @@ class LlamaCppRun(ServedRun):
 
     def _complete(self, prompt: list[int], **fields) -> list[dict]:
         body = request_body(self.t.model, text_of_ids(self.t, prompt), fields)
-        t0 = time.perf_counter()
-        try:
-            data = self.t.client.post("/v1/completions", body)
-        finally:
-            self.calls += 1
-            self.request_s += time.perf_counter() - t0
+        data = self._post(body)
         return [as_vllm_choice(self.t, prompt, body["prompt"], data, body["echo"])]
 
     def verify(self, fed: list[int], x: list[int], q, s, gen):

@@ -103,6 +103,15 @@ class ServedRun:
     def _set(self, ids: list[int]) -> None:
         self.ids, self.length = ids, len(ids)
 
+    def _post(self, body: dict):
+        """POST /v1/completions, counted and timed (calls, request_s) whether it answers or raises."""
+        t0 = time.perf_counter()
+        try:
+            return self.t.client.post("/v1/completions", body)
+        finally:
+            self.calls += 1
+            self.request_s += time.perf_counter() - t0
+
     def _complete(self, prompt: list[int], **fields) -> list[dict]:
         """POST /v1/completions with a token-id prompt; the choices, checked to carry what specviz reads."""
         body = {
@@ -114,12 +123,7 @@ class ServedRun:
             "logprobs": 0,
             **fields,
         }
-        t0 = time.perf_counter()
-        try:
-            data = self.t.client.post("/v1/completions", body)
-        finally:
-            self.calls += 1
-            self.request_s += time.perf_counter() - t0
+        data = self._post(body)
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices:
             raise missing(self.t, "choices")

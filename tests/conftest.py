@@ -31,19 +31,24 @@ def make_tokenizer(vocab_size: int, chat: bool) -> PreTrainedTokenizerFast:
             vocab[ch] = len(vocab)
     while len(vocab) < vocab_size:
         vocab[f"<x{len(vocab)}>"] = len(vocab)
+    fast = word_tokenizer(vocab)
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def word_tokenizer(vocab: dict[str, int]) -> PreTrainedTokenizerFast:
+    """One token per character (and per special), ids from vocab; no chat template."""
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"<\|[a-z]+\|>|</s>|."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
         bos_token="<s>",
         eos_token="</s>",
         additional_special_tokens=["<|user|>", "<|assistant|>"],
     )
-    if chat:
-        fast.chat_template = CHAT_TEMPLATE
-    return fast
 
 
 def make_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:

@@ -5,8 +5,7 @@ import math
 
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from conftest import make_model, make_tokenizer, word_tokenizer
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 import specviz.pairs as pairs
@@ -61,16 +60,7 @@ def permuted_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     chars = [t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i >= 5]
     new = {t: i for t, i in vocab.items() if i < 5}
     new.update({t: 5 + k for k, t in enumerate(reversed(chars))})
-    tok = Tokenizer(models.WordLevel(new, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern=Regex(r"<\|[a-z]+\|>|</s>|."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        additional_special_tokens=["<|user|>", "<|assistant|>"],
-    )
+    fast = word_tokenizer(new)
     fast.chat_template = base.chat_template
     return fast
 

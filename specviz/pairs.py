@@ -5,7 +5,10 @@ the draft's proposals would be nonsense to the target); what does a draft step c
 step (c); how often does the target accept the draft's greedy proposals (alpha, written `a` here as in
 the formula). From a and c the expected speedup for each block size gamma follows (Leviathan et al. 2023,
 Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula lives in theory.py; a and c are read from
-the decoding runs' tally.Tally (measured in the decode loops, as the benchmark and the sweep measure them).
+the decoding runs' tally.Tally (measured in the decode loops, as the benchmark and the sweep measure them). The
+prediction the verdict and the recommended gamma rest on prices a round of each gamma from the rounds the acceptance
+runs paid, against the plain steps beside them (pairs_measure.RoundCosts), and the report gives what those runs
+gained, measured, beside it.
 
 The measurements are pairs_measure.py, the findings in sentences pairs_verdict.py, the report pairs_report.py and
 the tokenizer comparison translate.compare_tokenizers; this module runs the check.

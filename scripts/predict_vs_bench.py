@@ -8,7 +8,8 @@
     python scripts/predict_vs_bench.py                  # the built-in pair
     python scripts/predict_vs_bench.py --target T --draft D --max-new-tokens 64
 
-Prints one JSON object: predicted and measured speedup and tokens per target call, and their ratios.
+Prints one JSON object: predicted and measured speedup and tokens per target call, and their ratios; and the
+check's own measured speedup at the gamma its acceptance runs used, beside its prediction there.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> dict:
     from specviz import check_pair, load_pair
     from specviz.bench import run_bench
     from specviz.pairs import SAMPLE_PROMPTS
+    from specviz.pairs_measure import CHECK_GAMMA
     from specviz.theory import expected_tokens
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> dict:
         "predicted_tokens_per_call": expected_tokens(rep.a, g),
         "measured_tokens_per_call": float(row["tokens_per_call"]),
         "identical": bool(row["identical"]),
+        # the check's own runs at its gamma against the plain runs beside them, and its prediction there
+        "check_gamma": CHECK_GAMMA,
+        "check_measured_speedup": rep.measured_speedup,
+        "check_predicted_speedup": rep.speedups_measured[CHECK_GAMMA - 1],
     }
     out["speedup_ratio"] = out["predicted_speedup"] / out["measured_speedup"]
     out["tokens_per_call_ratio"] = out["predicted_tokens_per_call"] / out["measured_tokens_per_call"]

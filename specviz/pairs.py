@@ -5,7 +5,10 @@ the draft's proposals would be nonsense to the target); what does a draft step c
 step (c); how often does the target accept the draft's greedy proposals (alpha, written `a` here as in
 the formula). From a and c the expected speedup for each block size gamma follows (Leviathan et al. 2023,
 Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula lives in theory.py; a and c are read from
-the decoding runs' tally.Tally (measured in the decode loops, as the benchmark and the sweep measure them).
+the decoding runs' tally.Tally (measured in the decode loops, as the benchmark and the sweep measure them). The
+prediction the verdict and the recommended gamma rest on prices a round of each gamma from the rounds the acceptance
+runs paid, against the plain steps beside them (pairs_measure.RoundCosts), and the report gives what those runs
+gained, measured, beside it.
 
 The measurements are pairs_measure.py, the findings in sentences pairs_verdict.py, the report pairs_report.py and
 the tokenizer comparison translate.compare_tokenizers; this module runs the check.
@@ -20,7 +23,7 @@ import torch
 from .config import CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SpecConfig, SpecvizError
 from .costs import forward_times
 from .models import LoadedModel, load_pair, pair_dtypes, vocab_gap
-from .pairs_measure import CHECK_GAMMA, acceptance_by_kind, measure_trees
+from .pairs_measure import CHECK_GAMMA, RoundCosts, acceptance_by_kind, measure_trees
 from .pairs_report import PairReport
 from .pairs_verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
 from .served import ServedTarget, engine_step_s, is_url, load_served_pair
@@ -118,18 +121,19 @@ def check_pair(
     first = next(iter(ids.values()))[0]
     times = forward_times(p, first, max(MEASURED_GAMMAS) + 1, reps=3)  # one call over 1 .. 9 tokens
     step = times[0]
-    verify = tuple(times[g] / step for g in MEASURED_GAMMAS)  # (v_1 .. v_8): a call over g + 1 tokens, in steps
     acc, plain_runs = acceptance_by_kind(p, q, ids, cfg.max_new_tokens, deadline, drafter)
     c = acc.tally.c(plain_runs)  # the one c (tally.py): lookup alone makes no draft call, so c = 0
     p_s, q_s = plain_runs.step_s, acc.tally.draft_call_s
-    plain = p_s / step
-    draft_cost = acc.draft_s / acc.drafted / step if acc.drafted else c
-    forward_s = sum(n * times[k] for k, n in enumerate(acc.block_sizes))  # the verify calls the loop made
-    overhead = max(0.0, acc.decode_s - acc.draft_s - forward_s) / max(acc.rounds, 1) / step
+    # The prediction prices a round of each gamma from the rounds the acceptance runs paid (RoundCosts), against
+    # the plain steps beside them; its parts are shown in target forward steps
+    rc = RoundCosts.of(acc, plain_runs, times)
+    verify = tuple(rc.verify_at(times[g]) / step for g in MEASURED_GAMMAS)  # (v_1 .. v_8): a verify as the loop pays it
+    draft_cost, overhead, plain = rc.guess_s / step, rc.rest_s / step, rc.plain_s / step
     speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
     measured = tuple(
         expected_speedup_measured([acc.a] * g, draft_cost, v, overhead, plain) for g, v in zip(MEASURED_GAMMAS, verify)
     )
+    checked = acc.tally.decode_tokens_per_s / plain_runs.decode_tokens_per_s  # what the acceptance runs gained
     best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
     best = measured[best_gamma - 1]
     verdict, reasons = worth_verdict(acc.a, c, best_gamma, best, translated)
@@ -170,6 +174,7 @@ def check_pair(
         round_overhead=overhead,
         plain_cost=plain,
         speedups_measured=measured,
+        measured_speedup=checked,
         best_gamma=best_gamma,
         best_speedup=best,
         trees=trees,

@@ -16,7 +16,9 @@ from .tally import Tally
 from .theory import speedup_per_round, wilson_interval
 
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
-PLAIN_TOKENS = 8  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean
+PLAIN_TOKENS = 16  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean. A run's
+# first step costs more (the tiny cross pair: 0.29 ms against 0.24), so 8-token runs read a step 3-8% slower than
+# 64-token runs did and the prediction as much too high; 16-token runs read 1-2% slower
 TREE_BUDGETS = (4, 7)  # token trees the check measures: a verify of 8 positions at most, the CPU few-token
 # kernel's range (kernels.py; past it a verify here cost about twice: 2.1 steps at 9 positions, 1.3 at 8)
 
@@ -71,6 +73,53 @@ class Acceptance:
             t.draft_calls,
             t,
         )
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """The acceptance runs' rounds and the plain runs' steps in seconds (means over their runs, tally.Tally's), split
+    so that a round of another gamma is priced from the one measured: the check's prediction (`round_at`).
+
+    A round as the loop paid it is guesses * guess_s + verify_s + rest_s. Drafting grows with gamma one draft call
+    a guess; re-tokenising (a draft with another tokenizer: the reply re-encoded, the guess decoded) and the loop's
+    own work are paid once a round whatever gamma is (`rest_s`); the verify call grows as the isolated calls of
+    costs.forward_times grow with the block, scaled to what the loop paid for its verify calls. At the measured
+    block sizes `round_at` gives the measured round back, so the prediction there is the measurement."""
+
+    round_s: float  # one round, all of it: drafting, re-tokenising, the verify call, the loop's own work
+    guesses: float  # guesses the target checked per round (fewer than CHECK_GAMMA where a run or a draft ended)
+    guess_s: float  # drafting one guess: the draft model's calls (its catching up included), re-tokenising not
+    verify_s: float  # the verify call and its accept/reject, a round
+    isolated_s: float  # the same verify calls timed alone (forward_times over the measured block sizes), a round
+    plain_s: float  # one plain decoding step: its forward and the loop's own work
+
+    @property
+    def rest_s(self) -> float:
+        """A round's work paid once whatever gamma is: re-tokenising, the loop's own (accept, roll back, events)."""
+        return self.round_s - self.guesses * self.guess_s - self.verify_s
+
+    @classmethod
+    def of(cls, acc: Acceptance, plain: Tally, times: list[float]) -> RoundCosts:
+        """From the acceptance runs, the plain runs beside them, and times[k]: one target call over k + 1 tokens
+        (forward_times)."""
+        t, rounds = acc.tally, max(acc.rounds, 1)
+        isolated = sum(n * times[min(k, len(times) - 1)] for k, n in enumerate(acc.block_sizes)) / rounds
+        return cls(
+            round_s=t.step_s,  # a speculative run's target calls are its rounds
+            guesses=acc.drafted / rounds,
+            guess_s=(acc.draft_s - acc.translate_s) / acc.drafted if acc.drafted else t.draft_call_s,
+            verify_s=t.verify_s / rounds,
+            isolated_s=isolated,
+            plain_s=plain.step_s,
+        )
+
+    def verify_at(self, call_s: float) -> float:
+        """Seconds the loop pays for a verify call that takes call_s alone (forward_times)."""
+        return self.verify_s * call_s / self.isolated_s if self.isolated_s > 0 else call_s
+
+    def round_at(self, gamma: int, call_s: float) -> float:
+        """Seconds of a round of gamma guesses whose verify call takes call_s alone."""
+        return gamma * self.guess_s + self.verify_at(call_s) + self.rest_s
 
 
 def _within(events, deadline: float | None):

@@ -41,13 +41,19 @@ class PairReport:
     prompts: int = 0
     max_new_tokens: int = 0
     speedups: tuple[float, ...] = field(default=())  # the textbook speedup (a verify costs one step), gamma 1..16
-    verify_costs: tuple[float, ...] = field(default=())  # one target call over k + 1 tokens, in single steps, k = 1..8
-    # Measured in the decode loops, in target forward steps: drafting one proposal (c as the loop pays it), the
-    # loop's own work per round beyond the draft and the verify call, and one plain decoding step.
+    # The prediction's costs (pairs_measure.RoundCosts: a round of each gamma priced from the rounds the acceptance
+    # runs paid), in single-token target steps (costs.forward_times): a verify over k + 1 tokens as the loop pays it
+    # (the isolated call's growth with k, scaled to the loop's verify calls), k = 1..8; drafting one proposal (the
+    # draft model's calls; re-tokenising is paid once a round); the round's work paid once whatever gamma is
+    # (re-tokenising, accept/reject, roll back, bookkeeping); and one plain decoding step.
+    verify_costs: tuple[float, ...] = field(default=())
     draft_cost: float | None = None
     round_overhead: float | None = None
     plain_cost: float | None = None
     speedups_measured: tuple[float, ...] = field(default=())  # with those measured costs, gamma 1..8: the prediction
+    # What the acceptance runs (gamma CHECK_GAMMA) gained over the plain runs beside them: decoding tokens per second
+    # (prefills left out), measured; the prediction at that gamma is speedups_measured[CHECK_GAMMA - 1]
+    measured_speedup: float | None = None
     best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
     target_precision: str = ""  # how each model's weights are held: "float32", "NF4, bitsandbytes" ...
@@ -134,9 +140,10 @@ class PairReport:
                 f"            95% interval {acc.low:.2f}-{acc.high:.2f}; by kind: "
                 + ", ".join(f"{k.kind} {k.a:.2f} ({k.low:.2f}-{k.high:.2f})" for k in acc.by_kind),
                 "expected speedup by gamma: tokens per round (1 - a^(g+1)) / (1 - a) times a plain step's cost P, over",
-                "(g c' + v_g + o), all measured here in target forward steps: v_g one target call over g + 1 tokens,",
-                f"c' = {self.draft_cost:.3f} drafting one proposal, o = {self.round_overhead:.3f} the loop's own work per "
-                f"round, P = {self.plain_cost:.3f} (the textbook formula has c' = c, v = 1, o = 0, P = 1)",
+                "(g c' + v_g + o), priced from the rounds measured here, in target forward steps: v_g a verify over",
+                f"g + 1 tokens as the loop pays it, c' = {self.draft_cost:.3f} drafting one proposal, o = "
+                f"{self.round_overhead:.3f} the work paid once a round (re-tokenising, accept, roll back), P = "
+                f"{self.plain_cost:.3f} (the textbook formula has c' = c, v = 1, o = 0, P = 1)",
             ]
             top = max(self.speedups_measured)
             for g, (s, v) in enumerate(zip(self.speedups_measured, self.verify_costs), start=1):
@@ -149,6 +156,11 @@ class PairReport:
                 lines.append(
                     f"  tree {t.budget:2d}  {t.speedup:5.2f}x  ({t.tokens_per_call:.2f} tokens per call, "
                     f"{t.nodes_per_call:.1f} nodes; verify {t.verify_cost:.2f}, drafting {t.draft_cost:.2f} steps)"
+                )
+            if self.measured_speedup is not None:
+                lines.append(
+                    f"measured    at gamma {CHECK_GAMMA} the acceptance runs decoded {self.measured_speedup:.2f}x as "
+                    f"fast as the plain runs beside them (expected {self.speedups_measured[CHECK_GAMMA - 1]:.2f}x)"
                 )
         if self.served and self.engine_step_s:
             lines += [

@@ -316,3 +316,4 @@ def test_predict_vs_bench_reports_the_checks_prediction_beside_the_benchmarks_me
     assert abs(out["tokens_per_call_ratio"] - 1) < 0.10, out
     assert out["predicted_speedup"] > 0 and out["measured_speedup"] > 0
     assert out["speedup_ratio"] == pytest.approx(out["predicted_speedup"] / out["measured_speedup"])
+    assert out["check_gamma"] == 4 and out["check_measured_speedup"] > 0 and out["check_predicted_speedup"] > 0

@@ -119,9 +119,10 @@ def test_pair_check_of_the_tiny_pair(client, tiny_pair):
     assert "sv-badge" in html and ("Compatible" in html or "not worth it" in html)
     assert numbers["tokenizer"]["compatible"] is True and len(numbers["speedups"]) == 16
     # the page names the costs its prediction used, the same numbers the API returns
-    assert "The prediction uses costs measured on this machine" in html
+    assert "The prediction prices a round of each gamma from the rounds the check ran" in html
     assert f"a plain decoding step {numbers['plain_cost']:.2f}" in html
-    assert f"the decode loop's own work {numbers['round_overhead']:.2f} a round" in html
+    assert f"the decode loop's own) {numbers['round_overhead']:.2f}" in html
+    assert f"{numbers['measured_speedup']:.2f}×" in html and "measured at gamma 4" in html
 
 
 def test_unreachable_hub_model_gives_a_clear_sentence(client, tiny_pair):

@@ -88,6 +88,17 @@ def report_html(r: PairReport) -> str:
                     _num(f"{r.best_gamma}", "recommended gamma"),
                     _num(f"{r.best_speedup:.2f}×", "expected speedup at that gamma"),
                 ]
+                + (
+                    [
+                        _num(
+                            f"{r.measured_speedup:.2f}×",
+                            f"measured at gamma {CHECK_GAMMA} (the check's runs; "
+                            f"expected there {r.speedups_measured[CHECK_GAMMA - 1]:.2f}×)",
+                        )
+                    ]
+                    if r.measured_speedup is not None and r.speedups_measured
+                    else []
+                )
             )
             + "</div>"
         )
@@ -99,11 +110,11 @@ def report_html(r: PairReport) -> str:
     if r.speedups_measured:
         v = r.verify_costs[r.best_gamma - 1]
         nums += (
-            f'<p class="sv-warn">The prediction uses costs measured on this machine, in single-token target '
-            f"steps: a target call over {r.best_gamma + 1} tokens {v:.2f}, drafting one guess {r.draft_cost:.2f}, "
-            f"the decode loop's own work {r.round_overhead:.2f} a round, and a plain decoding step "
-            f"{r.plain_cost:.2f}. The textbook formula (a verify costs one step, nothing else costs anything) "
-            f"gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma.</p>"
+            f'<p class="sv-warn">The prediction prices a round of each gamma from the rounds the check ran on this '
+            f"machine, in single-token target steps: a verify over {r.best_gamma + 1} tokens {v:.2f}, drafting one "
+            f"guess {r.draft_cost:.2f}, the work paid once a round (re-tokenising, the decode loop's own) "
+            f"{r.round_overhead:.2f}, and a plain decoding step {r.plain_cost:.2f}. The textbook formula (a verify "
+            f"costs one step, nothing else costs anything) gives {r.speedups[r.best_gamma - 1]:.2f}× at this gamma.</p>"
         )
     if r.translation:  # a draft with another tokenizer
         cost = (

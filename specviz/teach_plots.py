@@ -219,7 +219,9 @@ def speedup_figure(gammas: Sequence[int], speedups: Sequence[float], recommended
             showlegend=False,
         )
     )
-    fig.add_hline(y=1.0, line=dict(color=BLACK, dash="dash", width=2), annotation_text="no gain (1×)")
+    no_gain = dict(color=BLACK, dash="dash", width=2)
+    fig.add_hline(y=1.0, line=no_gain)  # named in the legend: a label on the line collided with a bar's near 1×
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", line=no_gain, name="no gain (1×)"))
     if recommended in gammas:
         top = max(speedups)
         fig.add_annotation(
@@ -227,4 +229,6 @@ def speedup_figure(gammas: Sequence[int], speedups: Sequence[float], recommended
         )
     fig.update_xaxes(title_text="gamma (tokens the draft guesses per round)", dtick=1)
     fig.update_yaxes(title_text="expected speedup", rangemode="tozero", range=[0, max([1.2, *speedups]) * 1.3])
-    return _layout(fig, 420, "Expected speedup per gamma")
+    fig = _layout(fig, 420, "Expected speedup per gamma")
+    fig.update_layout(legend=dict(orientation="h", x=1.0, xanchor="right", y=1.02, yanchor="bottom"))
+    return fig

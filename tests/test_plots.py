@@ -85,3 +85,15 @@ def test_sweep_figure_has_measured_and_theory():
     measured_speedup = [t for t in fig.data if t.name == "measured" and t.xaxis == "x2"][0]
     assert list(measured_speedup.y) == [1.2, 1.5, 1.4]
     assert len(plots.sweep_figure(measured.iloc[:0]).data) == 2  # empty before the sweep runs
+
+
+def test_the_pair_checks_speedup_chart_names_the_break_even_line_in_its_legend_not_on_a_bar():
+    from specviz.teach_plots import speedup_figure
+
+    fig = speedup_figure(range(1, 9), [1.27, 1.51, 1.49, 1.44, 1.44, 1.06, 1.07, 0.99], recommended=2)
+    bars, line = fig.data
+    assert list(bars.text) == ["1.27×", "1.51×", "1.49×", "1.44×", "1.44×", "1.06×", "1.07×", "0.99×"]
+    assert line.name == "no gain (1×)" and line.line.dash == "dash"
+    assert [s.y0 for s in fig.layout.shapes] == [1.0]  # the 1× line itself
+    texts = [a.text for a in fig.layout.annotations]
+    assert "recommended: gamma = 2" in texts and not any("no gain" in t for t in texts)

@@ -217,7 +217,8 @@ class LeanLlama:
         self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
         self.scales: dict[int, torch.Tensor] = {}  # an int8 weight's address -> its rows' scales (N,) float32
         lib = native.library() if path == "kernel" else None
-        self.lib = lib if lib is not None and hasattr(lib, "llama_layers") else None
+        same = self.head.dtype == self.layers[0][1].dtype and self.head.is_contiguous()  # llama.c reads one type
+        self.lib = lib if lib is not None and same else None
         self._pointers()
         self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
         self._int8: LeanLlama | None = None
@@ -326,18 +327,23 @@ class LeanLlama:
         self._rope(int(pos.max()) + 1)
         x = F.embedding(ids.view(-1), self.embed).float()  # (L, H)
         if self.lib is not None and L <= native.MAX_ROWS:
-            self._native(cache, x, base, pos, mask)
+            logits, h = self._native(cache, x, base, pos, mask, 1 if last_only else L)
         else:
             x = self._torch(cache, x, base, pos, mask)
+            h = F.rms_norm(x, (self.H,), self.norm, self.eps)  # (L, H): the last hidden states, as transformers gives
+            logits = self._linear(h[-1:] if last_only else h, self.head)
         cache.length = base + L
-        h = F.rms_norm(x, (self.H,), self.norm, self.eps)  # (L, H): the last hidden states, as transformers gives
-        return self._linear(h[-1:] if last_only else h, self.head), h
+        return logits, h
 
-    def _native(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask) -> None:
-        """The decoder layers by llama.c, in one call: x (L, H) updated in place, the cache written."""
+    def _native(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask, out_rows: int):
+        """The forward pass by llama.c, in one call: x (L, H) the embeddings (overwritten), the cache written.
+        Returns (logits (out_rows, Vm) of the last out_rows tokens, last hidden states (L, H))."""
         cos, sin = self.cos[pos], self.sin[pos]  # (L, d) each
         m = mask.float().contiguous() if mask is not None else None
-        failed = self.lib.llama_layers(
+        h = torch.empty_like(x)  # (L, H)
+        logits = torch.empty(out_rows, self.head.shape[0])  # (out_rows, Vm)
+        head_scale = self.scales.get(self.head.data_ptr()) if self.is_int8 else None
+        failed = self.lib.llama_forward(
             self.weight_ptrs,
             self.scale_ptrs,
             self.norm_ptrs,
@@ -358,10 +364,18 @@ class LeanLlama:
             cos.data_ptr(),
             sin.data_ptr(),
             m.data_ptr() if m is not None else None,
+            self.norm.data_ptr(),
+            self.head.data_ptr(),
+            head_scale.data_ptr() if head_scale is not None else None,
+            self.head.shape[0],
+            out_rows,
+            h.data_ptr(),
+            logits.data_ptr(),
             torch.get_num_threads(),
         )
         if failed:
-            raise RuntimeError("llama_layers refused its arguments")  # unreachable: forward checks them
+            raise RuntimeError("llama_forward refused its arguments")  # unreachable: forward checks them
+        return logits, h
 
     def _torch(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask) -> torch.Tensor:
         """The decoder layers in PyTorch ops (a prefill, or where llama.c is not built): x (L, H) -> x."""

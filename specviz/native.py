@@ -1,7 +1,7 @@
 """specviz's native code: building it with the machine's C compiler, loading it, and calling it.
 
 `csrc/few_rows.c` computes a linear layer for a call of 1-16 tokens while reading the weights once, and
-`csrc/llama.c` runs a Llama model's decoder layers around those products in one call (lean.py; why: their
+`csrc/llama.c` runs a Llama model's forward pass around those products in one call (lean.py; why: their
 headers). Both are compiled on first use (about two seconds with gcc) into one library in $SPECVIZ_HOME/kernels,
 named by a hash of the sources and compiler flags (a built file loads without a compiler), so an edited source
 builds anew and concurrent processes never load a half-written file. Without a C compiler, or on a CPU with
@@ -28,7 +28,7 @@ from .config import specviz_home
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c")  # the products; a Llama model's decoder layers (lean.py)
+SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c")  # the products; a Llama model's forward pass (lean.py)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
 LIBS = ["-lm"]
 MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1, a tree)
@@ -93,24 +93,22 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,
     ]
     lib.few_rows.restype = ctypes.c_int
-    lib.llama_layers.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_int,
-        *[ctypes.c_long] * 5,
-        ctypes.c_float,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_long,
-        ctypes.c_long,
-        *[ctypes.c_void_p] * 3,
-        ctypes.c_int,
+    lib.llama_forward.argtypes = [
+        *[ctypes.c_void_p] * 3,  # weights, scales, norms
+        ctypes.c_long,  # layers
+        ctypes.c_int,  # wtype
+        *[ctypes.c_long] * 5,  # H, heads, kv heads, d, I
+        ctypes.c_float,  # eps
+        ctypes.c_void_p,  # x
+        ctypes.c_long,  # L
+        *[ctypes.c_void_p] * 2,  # key and value caches
+        *[ctypes.c_long] * 2,  # capacity, base
+        *[ctypes.c_void_p] * 6,  # cos, sin, mask, final norm, head, head scale
+        *[ctypes.c_long] * 2,  # V, out_rows
+        *[ctypes.c_void_p] * 2,  # hn, logits
+        ctypes.c_int,  # threads
     ]
-    lib.llama_layers.restype = ctypes.c_int
+    lib.llama_forward.restype = ctypes.c_int
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
     if lib.few_rows_isa() == 0:
         _why.append("this CPU has neither AVX-512 nor AVX2 with FMA and F16C")

@@ -228,15 +228,21 @@ class LeanLlama:
         self._rope(256)
 
     def _pointers(self) -> None:
-        """For llama.c: the weights', scales' and norms' addresses, 4, 4 and 2 per layer (the tensors held by
-        self.layers and self.scales keep them alive), and the weights' type."""
+        """For llama.c: the arguments of every call that depend on the model alone (the tensors held by self.layers,
+        self.scales, self.norm and self.head keep the addresses alive): the weights', scales' and norms' addresses,
+        4, 4 and 2 per layer, the weights' type and the shapes (`_layer_args`); the final norm and the output
+        layer (`_head_args`)."""
         weights = [w for (_, qkv, o, _, gu, down) in self.layers for w in (qkv, o, gu, down)]
         self.wtype = native.WTYPES[weights[0].dtype]
-        self.weight_ptrs = (ctypes.c_void_p * len(weights))(*[w.data_ptr() for w in weights])
-        scales = [self.scales.get(w.data_ptr()) for w in weights]  # None for float weights
-        self.scale_ptrs = (ctypes.c_void_p * len(weights))(*[None if sc is None else sc.data_ptr() for sc in scales])
+        weight_ptrs = (ctypes.c_void_p * len(weights))(*[w.data_ptr() for w in weights])
+        scales = [self.scales.get(w.data_ptr()) for w in [*weights, self.head]]  # None for float weights
+        scale_ptrs = (ctypes.c_void_p * len(weights))(*[None if sc is None else sc.data_ptr() for sc in scales[:-1]])
         norms = [t for (ln1, _, _, ln2, _, _) in self.layers for t in (ln1, ln2)]
-        self.norm_ptrs = (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms])
+        norm_ptrs = (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms])
+        shape = (len(self.layers), self.wtype, self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps)
+        self._layer_args = (weight_ptrs, scale_ptrs, norm_ptrs, *shape)
+        head_scale = None if scales[-1] is None else scales[-1].data_ptr()
+        self._head_args = (self.norm.data_ptr(), self.head.data_ptr(), head_scale, self.head.shape[0])
 
     def int8(self) -> LeanLlama:
         """This model's forward with int8 weights in the decoder layers and the output layer (symmetric, one float32
@@ -340,21 +346,9 @@ class LeanLlama:
         Returns (logits (out_rows, Vm) of the last out_rows tokens, last hidden states (L, H))."""
         cos, sin = self.cos[pos], self.sin[pos]  # (L, d) each
         m = mask.float().contiguous() if mask is not None else None
-        h = torch.empty_like(x)  # (L, H)
-        logits = torch.empty(out_rows, self.head.shape[0])  # (out_rows, Vm)
-        head_scale = self.scales.get(self.head.data_ptr()) if self.is_int8 else None
+        h, logits = torch.empty_like(x), torch.empty(out_rows, self.head.shape[0])  # (L, H), (out_rows, Vm)
         failed = self.lib.llama_forward(
-            self.weight_ptrs,
-            self.scale_ptrs,
-            self.norm_ptrs,
-            len(self.layers),
-            self.wtype,
-            self.H,
-            self.heads,
-            self.kv_heads,
-            self.d,
-            self.inter,
-            self.eps,
+            *self._layer_args,
             x.data_ptr(),
             x.shape[0],
             cache.k.data_ptr(),
@@ -364,10 +358,7 @@ class LeanLlama:
             cos.data_ptr(),
             sin.data_ptr(),
             m.data_ptr() if m is not None else None,
-            self.norm.data_ptr(),
-            self.head.data_ptr(),
-            head_scale.data_ptr() if head_scale is not None else None,
-            self.head.shape[0],
+            *self._head_args,
             out_rows,
             h.data_ptr(),
             logits.data_ptr(),

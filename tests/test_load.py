@@ -245,24 +245,32 @@ def test_memory_is_flat_over_sequential_races(app, client):
     gc.collect()
     before, objects = psutil.Process().memory_info().rss / 2**20, len(gc.get_objects())
     runners = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))  # e.g. open step-through sessions
-    t0 = time.monotonic()
+    t0, thirds = time.monotonic(), []
     for i in range(APP_RUNS):
         out = race(client, f"run {i}", 1 + i % 4, [0.0, 1.0][i % 2], 0, 1.0, 4, i)
         assert "sv-error" not in out[MESSAGE]
-    gc.collect()
-    after = psutil.Process().memory_info().rss / 2**20
+        if i % (APP_RUNS // 3) == APP_RUNS // 3 - 1:
+            gc.collect()
+            thirds.append(psutil.Process().memory_info().rss / 2**20)
+    after = thirds[-1]
     live = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))
     per_race = (len(gc.get_objects()) - objects) / APP_RUNS
+    marks = [before, *thirds]
+    steps = sorted(b - a for a, b in zip(marks, marks[1:]))  # RSS growth over each third of the races
     print(
-        f"app RSS {before:.1f} MB -> {after:.1f} MB, {per_race:+.0f} Python objects a race, over {APP_RUNS} races "
-        f"({time.monotonic() - t0:.1f} s)"
+        f"app RSS {before:.1f} MB -> {after:.1f} MB (by thirds: {[round(x, 1) for x in steps]}), {per_race:+.0f} Python "
+        f"objects a race, over {APP_RUNS} races ({time.monotonic() - t0:.1f} s)"
     )
     assert live == runners  # no race's KV caches outlived it
     # a race's events, panes and figures are thousands of objects; none may outlive it
     assert per_race < 25, f"{per_race:.0f} Python objects a race stay alive"
     # Up to ~0.6 MB a race is glibc arenas of gradio's worker threads filling up (it levels off after ~100
-    # races); a run's figures or events kept alive would cost several MB a race.
-    assert after - before < 1.0 * APP_RUNS, f"RSS grew {after - before:.1f} MB over {APP_RUNS} races"
+    # races); a run's figures or events kept alive would cost several MB a race. A leak grows every third; a
+    # one-off (a new malloc arena, or a cache doubling, on a loaded machine: 30.8 MB over 30 races once in a
+    # whole-suite run on a Zen 3, when the same file passed alone) lands in one third only, so the median third
+    # times 3 is the trend.
+    grew = 3 * steps[1]
+    assert grew < 1.0 * APP_RUNS, f"RSS grew {grew:.1f} MB over {APP_RUNS} races (median third times 3)"
 
 
 def test_streaming_updates_do_not_accumulate_components(client):

@@ -85,6 +85,42 @@ def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(p
     assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:21])))  # bit for bit, 16 tokens in one call
 
 
+@needs_kernel
+@pytest.mark.parametrize("d", [12, 72])  # not a multiple of 8 (the plain loops); a 64-float block and 8 more
+def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_stay_bit_identical(d):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(d)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=3 * d,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        head_dim=d,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    fwd = lean.LeanLlama(model, "kernel")
+    assert fwd.lib is not None and fwd.d == d
+    ids = torch.tensor([(7 * i) % 40 for i in range(61)])  # calls end at rows that are and are not multiples of 4 and 8
+    with torch.inference_mode():
+        ref = model(ids[None]).logits[0]
+    cache, alone, got = fwd.new_cache(), fwd.new_cache(), []
+    fwd.forward(cache, ids[:9])
+    fwd.forward(alone, ids[:9])
+    at = 9
+    for n in (1, 3, 8, 5, 16, 2, 7, 1, 9):
+        block = fwd.forward(cache, ids[at : at + n])[0]
+        got.append(block)
+        one_by_one = torch.cat([fwd.forward(alone, ids[at + i : at + i + 1])[0] for i in range(n)])
+        assert torch.equal(block, one_by_one), n
+        at += n
+    torch.testing.assert_close(torch.cat(got), ref[9:at], atol=2e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
 def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8):
     p, q = pair_with(forward, half="1", int8=int8)

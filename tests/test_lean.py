@@ -85,9 +85,8 @@ def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(p
     assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:21])))  # bit for bit, 16 tokens in one call
 
 
-@needs_kernel
-@pytest.mark.parametrize("d", [12, 72])  # not a multiple of 8 (the plain loops); a 64-float block and 8 more
-def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_stay_bit_identical(d):
+def _llama(d: int):
+    """A small Llama model with head size d (3 query heads, 1 kv head) and its lean forward on llama.c."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(d)
@@ -105,6 +104,13 @@ def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_st
     model = LlamaForCausalLM(cfg).eval()
     fwd = lean.LeanLlama(model, "kernel")
     assert fwd.lib is not None and fwd.d == d
+    return model, fwd
+
+
+@needs_kernel
+@pytest.mark.parametrize("d", [12, 72])  # not a multiple of 8 (the plain loops); a 64-float block and 8 more
+def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_stay_bit_identical(d):
+    model, fwd = _llama(d)
     ids = torch.tensor([(7 * i) % 40 for i in range(61)])  # calls end at rows that are and are not multiples of 4 and 8
     with torch.inference_mode():
         ref = model(ids[None]).logits[0]
@@ -119,6 +125,32 @@ def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_st
         assert torch.equal(block, one_by_one), n
         at += n
     torch.testing.assert_close(torch.cat(got), ref[9:at], atol=2e-4, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("d", [8, 72])
+def test_on_llama_c_a_tree_nodes_logits_are_the_same_bits_as_its_line_fed_as_a_chain(d):
+    """A node sees the cache and its ancestors; the rows between them that it may not see weigh exactly nothing,
+    so its logits are those of its line fed after the cache, bit for bit (greedy trees equal plain decoding even
+    at a near-tie)."""
+    _, fwd = _llama(d)
+    ids = torch.tensor([(11 * i) % 40 for i in range(37)])
+    nodes = torch.tensor([3, 4, 5, 6, 7, 8])  # 3 and 4 under the cache; 5 under 3; 6 under 4; 7 under 6; 8 under 5
+    lines = [[0], [1], [0, 2], [1, 3], [1, 3, 4], [0, 2, 5]]
+    tree_cache = fwd.new_cache()
+    fwd.forward(tree_cache, ids)
+    base, L = tree_cache.length, len(nodes)
+    mask = torch.full((L, base + L), -torch.inf)
+    mask[:, :base] = 0.0
+    for i, line in enumerate(lines):
+        mask[i, [base + j for j in line]] = 0.0
+    depth = torch.tensor([base + len(line) - 1 for line in lines])
+    tree = fwd.forward(tree_cache, nodes, positions=depth, mask=mask)[0]
+    for i, line in enumerate(lines):
+        chain_cache = fwd.new_cache()
+        fwd.forward(chain_cache, ids)
+        chain = fwd.forward(chain_cache, nodes[line])[0]
+        assert torch.equal(tree[i], chain[-1]), (i, line)
 
 
 @pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])

@@ -14,9 +14,9 @@
 // the loop is its weights coming back from memory after the target's verify).
 //
 // Same numbers whatever the call's length: every row of every step is computed by the same sequence of operations
-// whether it is fed alone or with others (attention reads exactly the rows a token may see, in order; a masked
-// row is skipped, not added as zero), so a token's logits from a verify are bit for bit those of a one-token
-// step. Compiled with -ffp-contract=off: no multiply-add contraction the compiler might choose differently.
+// whether it is fed alone or with others (attention goes through the rows in order; a row a token may not see
+// weighs exactly 0: it adds 0 to the softmax's sum and is skipped in the output), so a token's logits from a
+// verify are bit for bit those of a one-token step, and a tree node's those of its line fed as a chain. Compiled with -ffp-contract=off: no multiply-add contraction the compiler might choose differently.
 //
 // Layout (all float32 but the weights): x (L, H) the residual stream, updated in place; the KV cache
 // (layers, kv heads, cap, d) for keys and for values; cos and sin (L, d) for the tokens' positions; mask (L, T)
@@ -114,9 +114,10 @@ A256 static void exp_n(float* v, long n) {
 // One query head of one token against the rows it sees: softmax(q.K^T * scale + mask) . V -> out (d).
 // keys, values: this kv head's rows (cap, d); n: rows to read; mask: this token's row of the mask, or NULL.
 // For d a multiple of 8 (every Llama head size) the scores run four rows at a time, each row its own chain (the
-// chain `dot` runs); the softmax's steps run 8 lanes at a time (the sum in 8 partial sums, then across them); the
-// output is summed in registers over all rows, 64 of its floats at a time. Every step depends on n and the row's
-// values only, so a token's numbers are the same alone or in a verify. On a 2-core EPYC Zen 3, after 150 / 400
+// chain `dot` runs); the softmax's max, exp and division run 8 lanes at a time (its sum row by row); the output is
+// summed in registers over all rows, 64 of its floats at a time, skipping rows of weight 0. Each row's numbers
+// go through the same operations in the same order whatever the call and wherever masked rows sit, so a token's
+// logits are the same alone, in a verify, or as a tree's node against its line fed as a chain. On a 2-core EPYC Zen 3, after 150 / 400
 // cached rows, a verify of 4 tokens went from 27.0 / 31.9 ms to 25.8 / 28.8 ms and a step from 21.8 / 24.3 ms to
 // 21.2 / 23.4 ms against one row at a time through memory (`axpy`) with scalar softmax loops.
 A256 static void attend(const float* q, const float* keys, const float* values, long d, long n, const float* mask,
@@ -142,7 +143,7 @@ A256 static void attend(const float* q, const float* keys, const float* values, 
     for (; j < n; j++) s[j] = dot(q, keys + j * d, d) * scale;
     if (mask)  // a row this token may not see (the mask's minimum or -inf) gets -inf, so weight 0 below
         for (j = 0; j < n; j++) s[j] = mask[j] < -1e30f ? -INFINITY : s[j] + mask[j];
-    // softmax: the maximum (exact in any order), exp, the sum in 8 lanes then across them, the division
+    // softmax: the maximum (exact in any order), exp and the division 8 lanes at a time
     __m256 m8 = _mm256_set1_ps(-INFINITY);
     for (j = 0; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j));
     for (int c = 0; c < 8; c++) mx = fmaxf(mx, ((float*)&m8)[c]);
@@ -151,10 +152,8 @@ A256 static void attend(const float* q, const float* keys, const float* values, 
     for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
     for (; j < n; j++) s[j] -= mx;
     exp_n(s, n);  // exp(-inf) = 0
-    __m256 s8 = _mm256_setzero_ps();
-    for (j = 0; j + 8 <= n; j += 8) s8 = _mm256_add_ps(s8, _mm256_loadu_ps(s + j));
-    float sum = hsum8(s8);
-    for (; j < n; j++) sum += s[j];
+    float sum = 0.0f;  // in row order, one at a time: a masked row adds an exact 0, so a tree's node gets the sum
+    for (j = 0; j < n; j++) sum += s[j];  // of its line fed as a chain, bit for bit (8 lanes would not)
     __m256 sv = _mm256_set1_ps(sum);
     for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sv));
     for (; j < n; j++) s[j] /= sum;  // a row of weight 0 is skipped below

@@ -117,9 +117,9 @@ A256 static void exp_n(float* v, long n) {
 // chain `dot` runs); the softmax's max, exp and division run 8 lanes at a time (its sum row by row); the output is
 // summed in registers over all rows, 64 of its floats at a time, skipping rows of weight 0. Each row's numbers
 // go through the same operations in the same order whatever the call and wherever masked rows sit, so a token's
-// logits are the same alone, in a verify, or as a tree's node against its line fed as a chain. On a 2-core EPYC Zen 3, after 150 / 400
-// cached rows, a verify of 4 tokens went from 27.0 / 31.9 ms to 25.8 / 28.8 ms and a step from 21.8 / 24.3 ms to
-// 21.2 / 23.4 ms against one row at a time through memory (`axpy`) with scalar softmax loops.
+// logits are the same alone, in a verify, or as a tree's node against its line fed as a chain. On a 2-core EPYC
+// Zen 3, after 150 / 400 cached rows, a verify of 6 tokens went from 29.9 / 37.1-38.7 ms to 26.6-27.0 / 32.0-32.7
+// ms against one row at a time through memory (`axpy`) with scalar softmax loops (BENCHMARKS.md, "Zen 3 again").
 A256 static void attend(const float* q, const float* keys, const float* values, long d, long n, const float* mask,
                         float scale, float* s, float* out) {
     float mx = -INFINITY;

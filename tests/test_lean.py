@@ -13,6 +13,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import generate, lean, native
@@ -86,22 +87,8 @@ def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(p
 
 
 def _llama(d: int):
-    """A small Llama model with head size d (3 query heads, 1 kv head) and its lean forward on llama.c."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(d)
-    cfg = LlamaConfig(
-        vocab_size=40,
-        hidden_size=3 * d,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        head_dim=d,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg).eval()
+    """The tests' small Llama model with head size d (4 query heads, 2 kv heads) and its lean forward on llama.c."""
+    model = make_model(40, seed=d, layers=2, hidden=4 * d)
     fwd = lean.LeanLlama(model, "kernel")
     assert fwd.lib is not None and fwd.d == d
     return model, fwd

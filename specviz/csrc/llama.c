@@ -16,7 +16,8 @@
 // Same numbers whatever the call's length: every row of every step is computed by the same sequence of operations
 // whether it is fed alone or with others (attention goes through the rows in order; a row a token may not see
 // weighs exactly 0: it adds 0 to the softmax's sum and is skipped in the output), so a token's logits from a
-// verify are bit for bit those of a one-token step, and a tree node's those of its line fed as a chain. Compiled with -ffp-contract=off: no multiply-add contraction the compiler might choose differently.
+// verify are bit for bit those of a one-token step, and a tree node's those of its line fed as a chain. Compiled
+// with -ffp-contract=off: no multiply-add contraction the compiler might choose differently.
 //
 // Layout (all float32 but the weights): x (L, H) the residual stream, updated in place; the KV cache
 // (layers, kv heads, cap, d) for keys and for values; cos and sin (L, d) for the tokens' positions; mask (L, T)

@@ -21,8 +21,10 @@ gate/up products):
 
 Numbers: the same model, in float32, up to rounding (the tests check the logits against transformers' and that
 greedy speculative output equals greedy plain output on this path). Both lanes of a race run it, so the output
-is still the target's own. Where a model does not fit (another architecture, biases, quantised layers, a GPU,
-dynamic RoPE) the transformers forward runs as before; SPECVIZ_FORWARD=transformers forces that everywhere.
+is still the target's own. A target quantised to int8 by bitsandbytes runs here too, its int8 rows and scales read
+as they are stored (the numbers of quant.py's float32 products, summed in another order). Where a model does not
+fit (another architecture, biases, 4-bit layers, a GPU, dynamic RoPE) the transformers forward runs as before;
+SPECVIZ_FORWARD=transformers forces that everywhere.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import native, quant
+from .lean_cache import LeanCache
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +113,12 @@ def why_not(model: torch.nn.Module) -> str | None:
     rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
     if rope.get("rope_type", rope.get("type", "default")) not in _STATIC_ROPE:
         return f"its RoPE ({rope.get('rope_type')}) depends on the sequence length"
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear) and type(mod) is not torch.nn.Linear:
-            return "its layers are quantised"
+    linears = [mod for layer in model.model.layers for mod in layer.modules() if isinstance(mod, torch.nn.Linear)]
+    for mod in linears:
+        if type(mod) is not torch.nn.Linear and not quant.is_int8_layer(mod):
+            return "its layers are quantised in a format it does not read (it reads bitsandbytes' int8)"
+    if len({mod.weight.dtype for mod in linears}) > 1:
+        return "its layers mix weight types"
     w = model.get_input_embeddings().weight
     if w.device.type != "cpu" or w.dtype not in _DTYPES:
         return "it runs on the CPU in float32 or float16 only"
@@ -131,59 +137,18 @@ def build(model: torch.nn.Module, path: str) -> LeanLlama | None:
 
 
 def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
-    """One (sum of out, in) weight from several linear layers; each layer's weight becomes a view into it."""
+    """One (sum of out, in) weight from several linear layers; each layer's weight becomes a view into it (a
+    bitsandbytes int8 layer keeps its parameter, with its scales, and reads its rows from the fused tensor)."""
     fused = torch.cat([m.weight.detach() for m in linears]).contiguous()
     start = 0
     for m in linears:
         n = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(fused[start : start + n], requires_grad=False)
+        if quant.is_int8_layer(m):
+            m.weight.data = fused[start : start + n]
+        else:
+            m.weight = torch.nn.Parameter(fused[start : start + n], requires_grad=False)
         start += n
     return fused
-
-
-class LeanCache:
-    """Keys and values of every layer: (layers, kv heads, capacity, head dim) each, `length` rows in use.
-
-    The capacity doubles when a call needs more; rows past `length` are garbage and never read.
-    """
-
-    FIRST_ROWS = 128  # the capacity a cache starts with: a chat prompt and a short reply
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int):
-        self.k = torch.zeros(layers, kv_heads, self.FIRST_ROWS, head_dim)
-        self.v = torch.zeros_like(self.k)
-        self.length = 0
-
-    @classmethod
-    def rows_for(cls, n: int) -> int:
-        """The capacity a cache has once it holds n rows."""
-        cap = cls.FIRST_ROWS
-        while cap < n:
-            cap *= 2
-        return cap
-
-    def reserve(self, n: int) -> None:
-        if n <= self.k.shape[2]:
-            return
-        cap = self.rows_for(n)
-        k, v = self.k, self.v
-        self.k = k.new_zeros(k.shape[0], k.shape[1], cap, k.shape[3])
-        self.v = torch.zeros_like(self.k)
-        self.k[:, :, : self.length] = k[:, :, : self.length]
-        self.v[:, :, : self.length] = v[:, :, : self.length]
-
-    def get_seq_length(self) -> int:
-        """Rows in use (transformers' cache spelling)."""
-        return self.length
-
-    def crop(self, count: int) -> None:
-        """Drop the last -count rows (a negative count, as transformers' DynamicCache.crop takes)."""
-        self.length = max(0, self.length + count)
-
-    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy rows src -> dst in every layer (a tree's accepted path into place)."""
-        self.k[:, :, dst] = self.k[:, :, src]
-        self.v[:, :, dst] = self.v[:, :, src]
 
 
 class LeanLlama:
@@ -201,31 +166,39 @@ class LeanLlama:
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach().float()
         self.head = model.lm_head.weight.detach()
+        self.scales: dict[int, torch.Tensor] = {}  # an int8 weight's address -> its rows' scales (N,) float32
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append(
                 (
                     layer.input_layernorm.weight.detach().float(),
-                    _fuse(a.q_proj, a.k_proj, a.v_proj),  # (heads + 2 kv heads) * d rows
-                    a.o_proj.weight.detach(),
+                    self._weight(a.q_proj, a.k_proj, a.v_proj),  # (heads + 2 kv heads) * d rows
+                    self._weight(a.o_proj),
                     layer.post_attention_layernorm.weight.detach().float(),
-                    _fuse(m.gate_proj, m.up_proj),  # 2 * intermediate rows
-                    m.down_proj.weight.detach(),
+                    self._weight(m.gate_proj, m.up_proj),  # 2 * intermediate rows
+                    self._weight(m.down_proj),
                 )
             )
         self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
-        self.scales: dict[int, torch.Tensor] = {}  # an int8 weight's address -> its rows' scales (N,) float32
         lib = native.library() if path == "kernel" else None
-        same = self.head.dtype == self.layers[0][1].dtype and self.head.is_contiguous()  # llama.c reads one type
-        self.lib = lib if lib is not None and same else None
+        self.lib = lib if lib is not None and self.head.is_contiguous() else None
         self._pointers()
         self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
+        if self.is_int8:
+            self.engine += ", int8 weights from bitsandbytes"
         self._int8: LeanLlama | None = None
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
         self._rope(256)
+
+    def _weight(self, *linears: torch.nn.Linear) -> torch.Tensor:
+        """The weight llama.c reads for these layers (fused where several), with its rows' scales noted for int8."""
+        w = _fuse(*linears) if len(linears) > 1 else linears[0].weight.detach()
+        if w.dtype == torch.int8:
+            self.scales[w.data_ptr()] = torch.cat([quant.row_scales(m) for m in linears]).contiguous()
+        return w
 
     def _pointers(self) -> None:
         """For llama.c: the arguments of every call that depend on the model alone (the tensors held by self.layers,
@@ -242,7 +215,8 @@ class LeanLlama:
         shape = (len(self.layers), self.wtype, self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps)
         self._layer_args = (weight_ptrs, scale_ptrs, norm_ptrs, *shape)
         head_scale = None if scales[-1] is None else scales[-1].data_ptr()
-        self._head_args = (self.norm.data_ptr(), self.head.data_ptr(), head_scale, self.head.shape[0])
+        head_type = native.WTYPES[self.head.dtype]  # a target quantised by bitsandbytes keeps a float output layer
+        self._head_args = (self.norm.data_ptr(), self.head.data_ptr(), head_scale, head_type, self.head.shape[0])
 
     def int8(self) -> LeanLlama:
         """This model's forward with int8 weights in the decoder layers and the output layer (symmetric, one float32

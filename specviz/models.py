@@ -83,9 +83,9 @@ class LoadedModel:
     def precision(self) -> str:
         """How its weights are held, in words: "float32", "NF4, bitsandbytes" for a 4-bit target, "int8" for a
         draft whose lean forward reads int8 weights (lean.draft_forward)."""
-        if self.lean is not None and self.lean.is_int8:
-            return "int8"
-        return QUANT_LABELS[self.quantize] if self.quantize else str(self.dtype).removeprefix("torch.")
+        if self.quantize:
+            return QUANT_LABELS[self.quantize]
+        return "int8" if self.lean is not None and self.lean.is_int8 else str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         """Its size in words for a header: "135 M parameters, NF4, bitsandbytes, 158 MiB"."""

@@ -104,6 +104,7 @@ def library() -> ctypes.CDLL | None:
         *[ctypes.c_void_p] * 2,  # key and value caches
         *[ctypes.c_long] * 2,  # capacity, base
         *[ctypes.c_void_p] * 6,  # cos, sin, mask, final norm, head, head scale
+        ctypes.c_int,  # head wtype
         *[ctypes.c_long] * 2,  # V, out_rows
         *[ctypes.c_void_p] * 2,  # hn, logits
         ctypes.c_int,  # threads

@@ -10,6 +10,11 @@ with token 33 when plain and 27455 when verified in a block (NF4; logit margin 0
 of "What is AI?". So on the CPU each quantised layer here multiplies in float32 with its weights dequantised
 for that call (weight-only quantisation): memory as bitsandbytes stores it, the numbers of a float32 model
 with those weights, and the speed of a dequantise plus a float32 product (README, "Your own pair").
+
+An int8 Llama target does not go through these layers in a race: the lean forward (lean.py, csrc/llama.c) reads
+the same int8 rows and row scales (`row_scales`) straight from bitsandbytes' parameters, float32 activations, one
+fused chain of multiply-adds per output (6.3x the tokens per second of transformers' forward over these layers on a
+2-core Zen 3, BENCHMARKS.md). NF4 stays on transformers' forward with the layers here.
 """
 
 from __future__ import annotations
@@ -75,12 +80,28 @@ def _nf4_forward(self, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w, None if self.bias is None else self.bias.to(x.dtype))
 
 
+def is_int8_layer(mod: torch.nn.Module) -> bool:
+    """Whether `mod` is a bitsandbytes int8 layer holding int8 rows and their scales (the lean forward reads those)."""
+    w = getattr(mod, "weight", None)
+    return type(mod).__name__ == "Linear8bitLt" and w is not None and w.dtype == torch.int8 and _scb(mod) is not None
+
+
+def _scb(mod: torch.nn.Module) -> torch.Tensor | None:
+    """An int8 layer's absolute row maxima (bitsandbytes keeps them on the weight, or on the layer's state)."""
+    scb = getattr(mod.weight, "SCB", None)
+    return scb if scb is not None else getattr(getattr(mod, "state", None), "SCB", None)
+
+
+def row_scales(mod: torch.nn.Module) -> torch.Tensor:
+    """(out,) float32: what each int8 row of a bitsandbytes int8 layer is multiplied by, SCB / 127."""
+    return _scb(mod).float() / 127
+
+
 def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:
     """int8 weights times float32 activations in one float32 product, each output then times its row's scale
     SCB / 127 (the same numbers as dequantising first, in another order; measured 0.2 ms instead of 3.4 ms for
     a 1536 x 576 layer here: scaling the weight matrix is the slow part)."""
-    scb = self.weight.SCB if getattr(self.weight, "SCB", None) is not None else self.state.SCB
-    y = F.linear(x, self.weight.data.to(x.dtype)) * (scb.to(x.dtype) / 127)  # (..., out)
+    y = F.linear(x, self.weight.data.to(x.dtype)) * row_scales(self).to(x.dtype)  # (..., out)
     return y if self.bias is None else y + self.bias.to(x.dtype)
 
 

@@ -1,7 +1,9 @@
 """Quantised targets (bitsandbytes NF4 and int8) on the CPU: loading, what the page and the check say, exactness.
 
 Exactness is with respect to the quantised target: both lanes run the same quantised model, so greedy speculative
-output must equal its greedy plain output token for token, and sampled output must follow its distribution.
+output must equal its greedy plain output token for token, and sampled output must follow its distribution, on
+every forward that can run it: transformers' (NF4, int8) and the lean forward's two (int8: llama.c reading the
+int8 rows and scales as bitsandbytes stores them, and PyTorch ops), each forced in turn.
 The tiny models here are 64 wide: bitsandbytes' CPU NF4 kernel needs widths in multiples of its 64-weight blocks.
 """
 
@@ -12,13 +14,38 @@ import pytest
 import torch
 from conftest import save_pair
 
-from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, load_model, load_pair
+from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, lean, load_model, load_pair, native
 from specviz.engine import speculative_decode
+from specviz.models import CACHE, backend
+from specviz.runtime import CachedModel
 
 bnb = pytest.importorskip("bitsandbytes")  # requirements.txt installs it; a bare environment skips, not fails
 
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "what is 2+2?", "once upon a time"]
 LAYERS = {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}
+# (quantisation, forward): every forward that can run each kind of quantised target
+RUNS = [("4bit", "transformers"), ("8bit", "llama.c"), ("8bit", "PyTorch ops"), ("8bit", "transformers")]
+
+
+@pytest.fixture
+def quantised(monkeypatch):
+    """load_pair(..., quantize=...) with one forward forced, loaded afresh (the model cache does not key on it)."""
+
+    def load(pair, quantize: str, forward: str):
+        if forward == "llama.c" and native.library() is None:
+            pytest.skip("no C compiler or no AVX2 here")
+        monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward == "llama.c" else "torch")
+        monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "0")
+        CACHE.clear()
+        p, q = load_pair(*pair, device="cpu", quantize=quantize)
+        engine = p.lean.engine if p.lean is not None else "transformers"
+        assert engine == (forward if forward == "transformers" else f"{forward}, int8 weights from bitsandbytes")
+        assert (forward if forward != "transformers" else "transformers forward") in backend(p)
+        return p, q
+
+    yield load
+    CACHE.clear()
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +76,9 @@ def test_a_quantised_target_loads_on_the_cpu_and_says_what_it_is(wide_pair, quan
     assert pair_dtypes(p, q) == f"{p.precision}; draft {q.precision}"
 
 
-@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
-def test_greedy_speculative_equals_greedy_plain_of_the_same_quantised_target(wide_pair, quantize):
-    p, q = load_pair(*wide_pair, device="cpu", quantize=quantize)
+@pytest.mark.parametrize("quantize,forward", RUNS)
+def test_greedy_speculative_equals_greedy_plain_of_the_same_quantised_target(wide_pair, quantised, quantize, forward):
+    p, q = quantised(wide_pair, quantize, forward)
     rejections = 0
     for gamma, prompt in itertools.product((1, 3, 6), PROMPTS):
         ar = generate(prompt, target=p, mode="ar", max_new_tokens=32)
@@ -61,10 +88,10 @@ def test_greedy_speculative_equals_greedy_plain_of_the_same_quantised_target(wid
     assert rejections > 0  # the draft disagreed sometimes: the rollback path ran on the quantised target
 
 
-@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
-def test_sampled_speculative_follows_the_quantised_target(wide_small_vocab, quantize):
+@pytest.mark.parametrize("quantize,forward", RUNS)
+def test_sampled_speculative_follows_the_quantised_target(wide_small_vocab, quantised, quantize, forward):
     """The first token's law at T = 1 (gamma 1: accept, resample and bonus all happen) against p's own softmax."""
-    p, q = load_pair(*wide_small_vocab, device="cpu", quantize=quantize)
+    p, q = quantised(wide_small_vocab, quantize, forward)
     ids, V, N = [1, 5, 6], p.vocab_size, 1200
     with torch.inference_mode():
         law = torch.softmax(p.model(torch.tensor([ids])).logits[0, -1].float(), -1)
@@ -99,3 +126,49 @@ def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair,
     for shown in (page, text):
         assert "NF4, bitsandbytes" in shown and "MiB" in shown
     assert r.verdict in ("compatible", "not worth it")  # it measured the pair: a quantised target is a target
+
+
+@pytest.mark.parametrize("forward", ["llama.c", "PyTorch ops"])
+def test_an_int8_target_on_the_lean_forward_computes_its_layers_numbers(wide_pair, quantised, forward):
+    """The lean forward reads bitsandbytes' int8 rows and scales as stored: its logits through a prefill and calls of
+    1-16 tokens are those of the same int8 model under transformers' forward (quant.py's float32 products), which
+    still runs after the lean forward fused its layers (the fused model against one loaded without the lean forward)."""
+    p, _ = quantised(wide_pair, "8bit", forward)
+    ids = list(range(3, 63)) + [5, 9, 12, 30] * 20  # 140 tokens
+    with torch.inference_mode():
+        fused = p.model(torch.tensor([ids])).logits[0].float()
+    plain, _ = quantised(wide_pair, "8bit", "transformers")
+    with torch.inference_mode():
+        ref = plain.model(torch.tensor([ids])).logits[0].float()
+    torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
+    assert p.lean.is_int8 and p.lean.head.dtype == torch.float32  # the output layer stays as bitsandbytes left it
+    run = CachedModel(p, p.vocab_size)
+    run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
+    got, at = [], 19
+    for n in itertools.cycle([1, 4, 8, 2, 1, 5, 16, 12]):
+        if at + n > len(ids):
+            break
+        got.append(run.feed(torch.tensor(ids[at : at + n])))
+        at += n
+    torch.testing.assert_close(torch.cat(got), ref[19:at], atol=2e-4, rtol=1e-4)
+
+
+def test_on_llama_c_an_int8_targets_token_has_the_same_bits_alone_or_inside_a_verify(wide_pair, quantised):
+    p, _ = quantised(wide_pair, "8bit", "llama.c")
+    ids = [3, 17, 40, 8, 22, 9, 51, 30]
+    run = CachedModel(p, p.vocab_size)
+    run.prefill(torch.tensor(ids[:3]))  # caches all but the last token, which the next call feeds
+    base = run.length
+    block = run.feed(torch.tensor(ids[2:8]))  # a verify of 6
+    run.rollback(base)
+    alone = torch.cat([run.feed(torch.tensor([t])) for t in ids[2:8]])  # six steps
+    assert block.shape == alone.shape == (6, p.vocab_size) and torch.equal(block, alone)
+
+
+def test_the_lean_forward_says_which_quantised_layers_it_cannot_read(wide_pair, quantised):
+    p, _ = quantised(wide_pair, "4bit", "transformers")
+    assert "does not read" in lean.why_not(p.model) and "int8" in lean.why_not(p.model)
+    q, _ = quantised(wide_pair, "8bit", "transformers")
+    assert lean.why_not(q.model) is None
+    q.model.model.layers[0].mlp.down_proj = torch.nn.Linear(q.model.config.intermediate_size, 64, bias=False)
+    assert lean.why_not(q.model) == "its layers mix weight types"

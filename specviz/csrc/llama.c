@@ -24,8 +24,9 @@
 // additive or NULL (causal: token l sees rows 0 .. base + l); weights (4 per layer: qkv, o, gate_up, down),
 // each (out, in) row-major, float32, float16 or int8 (wtype 0, 1, 2; int8 with a float32 scale per row in
 // `scales`, 4 per layer, NULL entries otherwise); norms (2 per layer) float32. Out: hn (L, H) the final-normed
-// hidden states of every token, logits (out_rows, V) the output layer (`head`, (V, H), the same weight type,
-// `head_scale` for int8) for the last out_rows tokens.
+// hidden states of every token, logits (out_rows, V) the output layer (`head`, (V, H), weight type `head_wtype`,
+// `head_scale` for int8: a target quantised by bitsandbytes keeps a float32 output layer) for the last out_rows
+// tokens.
 
 #include <immintrin.h>
 #include <math.h>
@@ -192,8 +193,8 @@ A256 static void attend(const float* q, const float* keys, const float* values, 
 int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
                   int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc,
                   long cap, long base, const float* cos, const float* sin, const float* mask, const float* fnorm,
-                  const void* head, const float* head_scale, long V, long out_rows, float* hn, float* logits,
-                  int threads) {
+                  const void* head, const float* head_scale, int head_wtype, long V, long out_rows, float* hn,
+                  float* logits, int threads) {
     if (L < 1 || L > 16 || threads < 1 || hq % hk || base + L > cap || out_rows < 1 || out_rows > L) return -1;
     long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L;
     float scale = 1.0f / sqrtf((float)d);
@@ -257,7 +258,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
         // 6. hn = RMSNorm(x); logits = hn[L - out_rows:] . Whead^T
 #pragma omp for schedule(static)
         for (long l = 0; l < L; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
-        few_rows_part(head, wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);
+        few_rows_part(head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);
     }
     free(buf);
     return 0;

@@ -21,10 +21,10 @@ gate/up products):
 
 Numbers: the same model, in float32, up to rounding (the tests check the logits against transformers' and that
 greedy speculative output equals greedy plain output on this path). Both lanes of a race run it, so the output
-is still the target's own. A target quantised to int8 by bitsandbytes runs here too, its int8 rows and scales read
-as they are stored (the numbers of quant.py's float32 products, summed in another order). Where a model does not
-fit (another architecture, biases, 4-bit layers, a GPU, dynamic RoPE) the transformers forward runs as before;
-SPECVIZ_FORWARD=transformers forces that everywhere.
+is still the target's own. A target quantised by bitsandbytes (int8, or NF4 in blocks of 64) runs here too, its
+int8 rows and scales or NF4 nibbles and absmax read as they are stored (the numbers of quant.py's float32 products,
+summed in another order). Where a model does not fit (another architecture, biases, other 4-bit formats, a GPU,
+dynamic RoPE) the transformers forward runs as before; SPECVIZ_FORWARD=transformers forces that everywhere.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def why_not(model: torch.nn.Module) -> str | None:
         return f"its RoPE ({rope.get('rope_type')}) depends on the sequence length"
     linears = [mod for layer in model.model.layers for mod in layer.modules() if isinstance(mod, torch.nn.Linear)]
     for mod in linears:
-        if type(mod) is not torch.nn.Linear and not quant.is_int8_layer(mod):
-            return "its layers are quantised in a format it does not read (it reads bitsandbytes' int8)"
+        if type(mod) is not torch.nn.Linear and not (quant.is_int8_layer(mod) or quant.is_nf4_layer(mod)):
+            return "its layers are quantised in a format it does not read (it reads bitsandbytes' int8 and NF4)"
     if len({mod.weight.dtype for mod in linears}) > 1:
         return "its layers mix weight types"
     w = model.get_input_embeddings().weight
@@ -139,11 +139,11 @@ def build(model: torch.nn.Module, path: str) -> LeanLlama | None:
 def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
     """One (sum of out, in) weight from several linear layers; each layer's weight becomes a view into it (a
     bitsandbytes int8 layer keeps its parameter, with its scales, and reads its rows from the fused tensor)."""
-    fused = torch.cat([m.weight.detach() for m in linears]).contiguous()
+    fused = torch.cat([m.weight.detach() for m in linears]).contiguous()  # NF4: (bytes, 1) each
     start = 0
     for m in linears:
         n = m.weight.shape[0]
-        if quant.is_int8_layer(m):
+        if quant.is_int8_layer(m) or quant.is_nf4_layer(m):
             m.weight.data = fused[start : start + n]
         else:
             m.weight = torch.nn.Parameter(fused[start : start + n], requires_grad=False)
@@ -180,13 +180,14 @@ class LeanLlama:
                     self._weight(m.down_proj),
                 )
             )
-        self.inter = inner.layers[0].mlp.gate_proj.weight.shape[0]
+        self.inter = inner.layers[0].mlp.gate_proj.out_features
         lib = native.library() if path == "kernel" else None
         self.lib = lib if lib is not None and self.head.is_contiguous() else None
         self._pointers()
         self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
-        if self.is_int8:
-            self.engine += ", int8 weights from bitsandbytes"
+        kind = {torch.int8: "int8", torch.uint8: "NF4"}.get(self.layers[0][1].dtype)
+        if kind is not None:  # bitsandbytes quantised this target (a draft's int8 weights come later: int8())
+            self.engine += f", {kind} weights from bitsandbytes"
         self._int8: LeanLlama | None = None
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
@@ -198,6 +199,10 @@ class LeanLlama:
         w = _fuse(*linears) if len(linears) > 1 else linears[0].weight.detach()
         if w.dtype == torch.int8:
             self.scales[w.data_ptr()] = torch.cat([quant.row_scales(m) for m in linears]).contiguous()
+        elif w.dtype == torch.uint8:  # NF4: (out, in / 2) bytes; its code values, then every block's absmax
+            w = w.view(sum(m.out_features for m in linears), -1)
+            code = linears[0].weight.quant_state.code.float()
+            self.scales[w.data_ptr()] = torch.cat([code, *[quant.nf4_absmax(m) for m in linears]]).contiguous()
         return w
 
     def _pointers(self) -> None:
@@ -276,9 +281,11 @@ class LeanLlama:
     def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (L, in) float32 -> (L, out) float32 by the path chosen for this machine."""
         rows = x.shape[0]
-        scale = self.scales.get(w.data_ptr()) if w.dtype == torch.int8 else None
+        scale = self.scales.get(w.data_ptr())  # int8 and NF4 weights have one; float ones None
         if self.path == "kernel" and rows <= native.MAX_ROWS:
             return native.few_rows(x.contiguous(), w, scale)
+        if w.dtype == torch.uint8:  # NF4 on PyTorch's path (a prefill): dequantised for the call
+            return F.linear(x, quant.nf4_dense(w, scale))
         if scale is not None:  # int8 on PyTorch's path (a prefill): the same products, dequantised for the call
             return F.linear(x, w.float()) * scale
         if w.dtype != torch.float32:

@@ -137,12 +137,14 @@ def use_isa(name: str | None) -> str | None:
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
 
 
-WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # the kernel's weight types
+WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2, torch.uint8: 3}  # the kernel's weight types (uint8:
+# bitsandbytes' NF4, two weights a byte)
 
 
 def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) float32 contiguous, weight (N, K) float32, float16, or int8 with scale (N,) float32 (row n of the
-    product times scale[n]), contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
+    product times scale[n]), or (N, K / 2) uint8 NF4 with scale (16 code values, then N K / 64 absmax) float32,
+    contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
     rows, k = x.shape
     n = weight.shape[0]
     y = torch.empty(rows, n, dtype=torch.float32)

@@ -11,10 +11,10 @@ of "What is AI?". So on the CPU each quantised layer here multiplies in float32 
 for that call (weight-only quantisation): memory as bitsandbytes stores it, the numbers of a float32 model
 with those weights, and the speed of a dequantise plus a float32 product (README, "Your own pair").
 
-An int8 Llama target does not go through these layers in a race: the lean forward (lean.py, csrc/llama.c) reads
-the same int8 rows and row scales (`row_scales`) straight from bitsandbytes' parameters, float32 activations, one
-fused chain of multiply-adds per output (6.3x the tokens per second of transformers' forward over these layers on a
-2-core Zen 3, BENCHMARKS.md). NF4 stays on transformers' forward with the layers here.
+A quantised Llama target does not go through these layers in a race: the lean forward (lean.py, csrc/llama.c)
+reads the same int8 rows and row scales (`row_scales`), or NF4 nibbles and block absmax (`nf4_absmax`), straight
+from bitsandbytes' parameters, with float32 activations and one chain of multiply-adds per output (int8: 6.3x the
+tokens per second of transformers' forward over these layers on a 2-core Zen 3, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -95,6 +95,37 @@ def _scb(mod: torch.nn.Module) -> torch.Tensor | None:
 def row_scales(mod: torch.nn.Module) -> torch.Tensor:
     """(out,) float32: what each int8 row of a bitsandbytes int8 layer is multiplied by, SCB / 127."""
     return _scb(mod).float() / 127
+
+
+def is_nf4_layer(mod: torch.nn.Module) -> bool:
+    """Whether `mod` is a bitsandbytes NF4 layer the lean forward reads: blocks of 64 weights along rows whose length
+    is a multiple of 64, dequantised to float32 (a bfloat16 one rounds its weights: another model's numbers)."""
+    w = getattr(mod, "weight", None)
+    qs = getattr(w, "quant_state", None)
+    return (
+        type(mod).__name__ == "Linear4bit"
+        and qs is not None
+        and (qs.quant_type, qs.blocksize, qs.dtype, w.dtype) == ("nf4", 64, torch.float32, torch.uint8)
+        and qs.shape[1] % 64 == 0
+    )
+
+
+def nf4_absmax(mod: torch.nn.Module) -> torch.Tensor:
+    """(out * in / 64,) float32: an NF4 layer's absmax per block of 64 weights (a nested state's expanded as
+    bitsandbytes' dequantize_4bit expands it)."""
+    qs = mod.weight.quant_state
+    if not qs.nested:
+        return qs.absmax.float()
+    from bitsandbytes.functional import dequantize_blockwise
+
+    return (dequantize_blockwise(qs.absmax, qs.state2) + qs.offset).float()
+
+
+def nf4_dense(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(N, K / 2) uint8 NF4 (first weight of a byte in its high nibble) and scale (16 code values, then the absmax of
+    each block of 64) -> (N, K) float32: code[q] * absmax, bitsandbytes' dequantisation."""
+    q = torch.stack([packed >> 4, packed & 15], dim=-1).view(packed.shape[0], -1).long()  # (N, K)
+    return (scale[:16][q].view(-1, 64) * scale[16:, None]).view(q.shape)
 
 
 def _int8_forward(self, x: torch.Tensor) -> torch.Tensor:

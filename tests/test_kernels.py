@@ -54,6 +54,37 @@ def test_the_kernel_computes_the_product_and_a_row_gets_the_same_bits_in_any_cal
             assert torch.equal(got[i], alone[i][0]), (m, i)
 
 
+@pytest.mark.parametrize("k, n", [(64, 5), (576, 101), (1536, 64)])
+def test_the_nf4_kernel_multiplies_by_bitsandbytes_weights_and_a_row_gets_the_same_bits_in_any_call(k, n):
+    """NF4 (two weights a byte, the first in the high nibble; code[q] * absmax per block of 64), checked against
+    bitsandbytes' own dequantisation where it is installed and against the layout written out here."""
+    from specviz.quant import nf4_dense
+
+    torch.manual_seed(0)
+    code = torch.linspace(-1, 1, 16) ** 3  # any 16 values: the kernel reads the table it is given
+    q = torch.randint(0, 16, (n, k))
+    absmax = torch.rand(n * k // 64) + 0.5
+    dense = code[q] * absmax.repeat_interleave(64).view(n, k)
+    packed, scale = ((q[:, 0::2] << 4) | q[:, 1::2]).to(torch.uint8), torch.cat([code, absmax])
+    assert torch.equal(nf4_dense(packed, scale), dense)
+    x = torch.randn(native.MAX_ROWS, k)
+    want = F.linear(x.double(), dense.double()).float()
+    alone = [native.few_rows(x[i : i + 1].contiguous(), packed, scale) for i in range(native.MAX_ROWS)]
+    for m in range(1, native.MAX_ROWS + 1):
+        got = native.few_rows(x[:m].contiguous(), packed, scale)
+        torch.testing.assert_close(got, want[:m], rtol=1e-4, atol=1e-4 * math.sqrt(k))
+        for i in range(m):
+            assert torch.equal(got[i], alone[i][0]), (m, i)
+    bnb = pytest.importorskip("bitsandbytes.functional")
+    w = torch.randn(n, k)
+    packed, state = bnb.quantize_4bit(w, blocksize=64, quant_type="nf4")
+    scale = torch.cat([state.code.float(), state.absmax.float()])
+    ref = bnb.dequantize_4bit(packed, state)
+    assert torch.equal(nf4_dense(packed.view(n, -1), scale), ref)  # the same layout, the same float32 weights
+    got, want = native.few_rows(x[:4].contiguous(), packed.view(n, -1), scale), F.linear(x[:4].double(), ref.double())
+    torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-4 * math.sqrt(k))
+
+
 def _pair(bias: bool, dtype=torch.float32, shape=(48, 96)):
     torch.manual_seed(0)
     plain = torch.nn.Linear(*shape, bias=bias).to(dtype)

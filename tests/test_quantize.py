@@ -2,8 +2,8 @@
 
 Exactness is with respect to the quantised target: both lanes run the same quantised model, so greedy speculative
 output must equal its greedy plain output token for token, and sampled output must follow its distribution, on
-every forward that can run it: transformers' (NF4, int8) and the lean forward's two (int8: llama.c reading the
-int8 rows and scales as bitsandbytes stores them, and PyTorch ops), each forced in turn.
+every forward that can run it: transformers' and the lean forward's two (llama.c reading the int8 rows and
+scales, or the NF4 nibbles and block absmax, as bitsandbytes stores them; and PyTorch ops), each forced in turn.
 The tiny models here are 64 wide: bitsandbytes' CPU NF4 kernel needs widths in multiples of its 64-weight blocks.
 """
 
@@ -24,7 +24,8 @@ bnb = pytest.importorskip("bitsandbytes")  # requirements.txt installs it; a bar
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "what is 2+2?", "once upon a time"]
 LAYERS = {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}
 # (quantisation, forward): every forward that can run each kind of quantised target
-RUNS = [("4bit", "transformers"), ("8bit", "llama.c"), ("8bit", "PyTorch ops"), ("8bit", "transformers")]
+RUNS = [(quantize, forward) for quantize in ("4bit", "8bit") for forward in ("llama.c", "PyTorch ops", "transformers")]
+KINDS = {"4bit": "NF4", "8bit": "int8"}
 
 
 @pytest.fixture
@@ -40,7 +41,9 @@ def quantised(monkeypatch):
         CACHE.clear()
         p, q = load_pair(*pair, device="cpu", quantize=quantize)
         engine = p.lean.engine if p.lean is not None else "transformers"
-        assert engine == (forward if forward == "transformers" else f"{forward}, int8 weights from bitsandbytes")
+        assert engine == (
+            forward if forward == "transformers" else f"{forward}, {KINDS[quantize]} weights from bitsandbytes"
+        )
         assert (forward if forward != "transformers" else "transformers forward") in backend(p)
         return p, q
 
@@ -128,20 +131,21 @@ def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair,
     assert r.verdict in ("compatible", "not worth it")  # it measured the pair: a quantised target is a target
 
 
-@pytest.mark.parametrize("forward", ["llama.c", "PyTorch ops"])
-def test_an_int8_target_on_the_lean_forward_computes_its_layers_numbers(wide_pair, quantised, forward):
-    """The lean forward reads bitsandbytes' int8 rows and scales as stored: its logits through a prefill and calls of
-    1-16 tokens are those of the same int8 model under transformers' forward (quant.py's float32 products), which
-    still runs after the lean forward fused its layers (the fused model against one loaded without the lean forward)."""
-    p, _ = quantised(wide_pair, "8bit", forward)
+@pytest.mark.parametrize("quantize,forward", [r for r in RUNS if r[1] != "transformers"])
+def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(wide_pair, quantised, quantize, forward):
+    """The lean forward reads bitsandbytes' int8 rows and scales, or NF4 nibbles and absmax, as stored: its logits
+    through a prefill and calls of 1-16 tokens are those of the same model under transformers' forward (quant.py's
+    float32 products), which still runs after the lean forward fused its layers (against one loaded without it)."""
+    p, _ = quantised(wide_pair, quantize, forward)
     ids = list(range(3, 63)) + [5, 9, 12, 30] * 20  # 140 tokens
     with torch.inference_mode():
         fused = p.model(torch.tensor([ids])).logits[0].float()
-    plain, _ = quantised(wide_pair, "8bit", "transformers")
+    plain, _ = quantised(wide_pair, quantize, "transformers")
     with torch.inference_mode():
         ref = plain.model(torch.tensor([ids])).logits[0].float()
     torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
-    assert p.lean.is_int8 and p.lean.head.dtype == torch.float32  # the output layer stays as bitsandbytes left it
+    assert p.lean.layers[0][1].dtype == {"4bit": torch.uint8, "8bit": torch.int8}[quantize]
+    assert p.lean.head.dtype == torch.float32  # the output layer stays as bitsandbytes left it
     run = CachedModel(p, p.vocab_size)
     run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
     got, at = [], 19
@@ -153,8 +157,11 @@ def test_an_int8_target_on_the_lean_forward_computes_its_layers_numbers(wide_pai
     torch.testing.assert_close(torch.cat(got), ref[19:at], atol=2e-4, rtol=1e-4)
 
 
-def test_on_llama_c_an_int8_targets_token_has_the_same_bits_alone_or_inside_a_verify(wide_pair, quantised):
-    p, _ = quantised(wide_pair, "8bit", "llama.c")
+@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
+def test_on_llama_c_a_quantised_targets_token_has_the_same_bits_alone_or_inside_a_verify(
+    wide_pair, quantised, quantize
+):
+    p, _ = quantised(wide_pair, quantize, "llama.c")
     ids = [3, 17, 40, 8, 22, 9, 51, 30]
     run = CachedModel(p, p.vocab_size)
     run.prefill(torch.tensor(ids[:3]))  # caches all but the last token, which the next call feeds
@@ -167,7 +174,9 @@ def test_on_llama_c_an_int8_targets_token_has_the_same_bits_alone_or_inside_a_ve
 
 def test_the_lean_forward_says_which_quantised_layers_it_cannot_read(wide_pair, quantised):
     p, _ = quantised(wide_pair, "4bit", "transformers")
-    assert "does not read" in lean.why_not(p.model) and "int8" in lean.why_not(p.model)
+    assert lean.why_not(p.model) is None
+    p.model.model.layers[0].mlp.up_proj.weight.quant_state.dtype = torch.bfloat16  # its weights rounded to bfloat16
+    assert "does not read" in lean.why_not(p.model) and "NF4" in lean.why_not(p.model)
     q, _ = quantised(wide_pair, "8bit", "transformers")
     assert lean.why_not(q.model) is None
     q.model.model.layers[0].mlp.down_proj = torch.nn.Linear(q.model.config.intermediate_size, 64, bias=False)

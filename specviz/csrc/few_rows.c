@@ -12,8 +12,9 @@
 // over K in vector-width chunks, a fixed horizontal sum, then the scalar tail), so a token's logits from a verify
 // are bit for bit those of a one-token step on the same path.
 //
-// W is float32, float16 (a draft kept in half precision: half the bytes, converted in registers) or int8 with a
-// scale per row (a draft's weights in a quarter of the bytes); x and y are float32. Dispatch at run time: AVX-512F, or AVX2 with FMA and F16C; without either the caller keeps PyTorch's
+// W is float32, float16 (a draft kept in half precision: half the bytes, converted in registers), int8 with a
+// scale per row (a draft's weights in a quarter of the bytes, or a target's from bitsandbytes) or NF4 (a target's
+// from bitsandbytes, two weights a byte); x and y are float32. Dispatch at run time: AVX-512F, or AVX2 with FMA and F16C; without either the caller keeps PyTorch's
 // path (few_rows_isa() returns 0). Threads: OpenMP, the team PyTorch's own libgomp already runs.
 
 #include <immintrin.h>
@@ -160,6 +161,64 @@ KERNELS(i8_256, int8_t, A256, 4, 4, 3, 2, 2, 2, 1, 1)
 #undef LOADW
 #undef tail
 
+// ---- NF4 (bitsandbytes' 4-bit NormalFloat, wtype 3), on the AVX2 path whatever the CPU's best ----
+// W: two weights a byte, the first in the high nibble, row-major, K a multiple of 64. scale: the 16 code values,
+// then one absmax per block of 64 weights (row n's j-th block at n * K / 64 + j). A weight is code[q] * absmax,
+// one float32 product, as bitsandbytes dequantises it; then the multiply-add chain of the float32 kernels.
+// Registers: 4 constants, R x M accumulators, R weights, 1 input, 2 temporaries <= 16.
+A256 static inline __m256 nf4_8(const uint8_t* p, __m256 lo, __m256 hi, __m256i shifts, __m256i low4, float amax) {
+    int32_t b4;
+    __builtin_memcpy(&b4, p, 4);
+    __m128i b = _mm_cvtsi32_si128(b4);
+    b = _mm_unpacklo_epi8(b, b);  // b0 b0 b1 b1 b2 b2 b3 b3: lanes 2i and 2i + 1 take byte i's high and low nibble
+    __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_cvtepu8_epi32(b), shifts), low4);
+    __m256 v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, q), _mm256_permutevar8x32_ps(hi, q),
+                                _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));  // q >= 8: the upper half's value
+    return _mm256_mul_ps(v, _mm256_set1_ps(amax));
+}
+
+#define NF4_PASS(MM, R)                                                                                    \
+    for (; n + R <= n1; n += R) {                                                                          \
+        __m256 acc[R][MM];                                                                                 \
+        PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++)                                                   \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[r][m] = _mm256_setzero_ps();             \
+        for (long k = 0; k < K; k += 8) {                                                                  \
+            __m256 wv[R];                                                                                  \
+            PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++) {                                             \
+                long e = (n + r) * K + k;                                                                  \
+                _mm_prefetch((const char*)(w + (e + R * K) / 2), _MM_HINT_T0);                             \
+                wv[r] = nf4_8(w + e / 2, lo, hi, shifts, low4, absmax[e >> 6]);                            \
+            }                                                                                              \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
+                __m256 xv = _mm256_loadu_ps(x + m * K + k);                                                \
+                PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++) acc[r][m] = _mm256_fmadd_ps(wv[r], xv, acc[r][m]); \
+            }                                                                                              \
+        }                                                                                                  \
+        PRAGMA(GCC unroll 8) for (int r = 0; r < R; r++)                                                   \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) y[m * N + n + r] = hsum256(acc[r][m]);      \
+    }
+#define NF4_BODY(MM, R) \
+    long n = n0;        \
+    NF4_PASS(MM, R)     \
+    NF4_PASS(MM, 1)
+
+A256 static void rows_nf4_256(const uint8_t* restrict w, const float* restrict scale, const float* restrict x, long M,
+                              long K, long N, float* restrict y, long n0, long n1) {
+    const __m256 lo = _mm256_loadu_ps(scale), hi = _mm256_loadu_ps(scale + 8);
+    const __m256i shifts = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0), low4 = _mm256_set1_epi32(15);
+    const float* absmax = scale + 16;
+    switch (M) {
+        case 1: { NF4_BODY(1, 4) } break;
+        case 2: { NF4_BODY(2, 2) } break;
+        case 3: { NF4_BODY(3, 2) } break;
+        case 4: { NF4_BODY(4, 1) } break;
+        case 5: { NF4_BODY(5, 1) } break;
+        case 6: { NF4_BODY(6, 1) } break;
+        case 7: { NF4_BODY(7, 1) } break;
+        default: { NF4_BODY(8, 1) } break;
+    }
+}
+
 // 2 = AVX-512F, 1 = AVX2 + FMA + F16C, 0 = neither (the caller keeps PyTorch's path).
 int few_rows_isa(void) {
     __builtin_cpu_init();
@@ -182,7 +241,8 @@ int few_rows_use_isa(int level) {
 
 // Thread t of T computes its share of y's columns (whole 16-row blocks of W): called inside a parallel region, by
 // few_rows below and by llama.c's forward pass. wtype: 0 float32, 1 float16, 2 int8 with one float32 scale per
-// row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x).
+// row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x), 3 NF4 (scale:
+// its 16 code values, then an absmax per 64 weights; above).
 void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                    int t, int T) {
     if (isa < 0) isa = few_rows_isa();
@@ -198,7 +258,8 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
             long mm = M - m0 < MAX_M ? M - m0 : MAX_M;
             const float* xm = x + m0 * K;
             float* ym = y + m0 * N;
-            if (isa == 2) {
+            if (wtype == 3) rows_nf4_256((const uint8_t*)w, scale, xm, mm, K, N, ym, b0, b1);
+            else if (isa == 2) {
                 if (wtype == 2) rows_i8_512((const int8_t*)w, xm, mm, K, N, ym, b0, b1);
                 else if (wtype == 1) rows_f16_512((const uint16_t*)w, xm, mm, K, N, ym, b0, b1);
                 else rows_f32_512((const float*)w, xm, mm, K, N, ym, b0, b1);
@@ -217,7 +278,8 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
 int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
              int threads) {
     if (isa < 0) isa = few_rows_isa();
-    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 2 || (wtype == 2 && !scale)) return -1;
+    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 3 || (wtype >= 2 && !scale)) return -1;
+    if (wtype == 3 && K % 64) return -1;
 #pragma omp parallel num_threads(threads)
     few_rows_part(w, wtype, scale, x, M, K, N, y, omp_get_thread_num(), omp_get_num_threads());
     return 0;

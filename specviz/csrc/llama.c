@@ -22,11 +22,11 @@
 // Layout (all float32 but the weights): x (L, H) the residual stream, updated in place; the KV cache
 // (layers, kv heads, cap, d) for keys and for values; cos and sin (L, d) for the tokens' positions; mask (L, T)
 // additive or NULL (causal: token l sees rows 0 .. base + l); weights (4 per layer: qkv, o, gate_up, down),
-// each (out, in) row-major, float32, float16 or int8 (wtype 0, 1, 2; int8 with a float32 scale per row in
-// `scales`, 4 per layer, NULL entries otherwise); norms (2 per layer) float32. Out: hn (L, H) the final-normed
-// hidden states of every token, logits (out_rows, V) the output layer (`head`, (V, H), weight type `head_wtype`,
-// `head_scale` for int8: a target quantised by bitsandbytes keeps a float32 output layer) for the last out_rows
-// tokens.
+// each (out, in) row-major, float32, float16, int8 or NF4 (wtype 0, 1, 2, 3; int8 with a float32 scale per row in
+// `scales`, NF4 with its code values and block absmax there (few_rows.c), 4 per layer, NULL entries otherwise);
+// norms (2 per layer) float32. Out: hn (L, H) the final-normed hidden states of every token, logits (out_rows, V)
+// the output layer (`head`, (V, H), weight type `head_wtype`, `head_scale` for int8: a target quantised by
+// bitsandbytes keeps a float32 output layer) for the last out_rows tokens.
 
 #include <immintrin.h>
 #include <math.h>

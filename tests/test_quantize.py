@@ -181,3 +181,20 @@ def test_the_lean_forward_says_which_quantised_layers_it_cannot_read(wide_pair, 
     assert lean.why_not(q.model) is None
     q.model.model.layers[0].mlp.down_proj = torch.nn.Linear(q.model.config.intermediate_size, 64, bias=False)
     assert lean.why_not(q.model) == "its layers mix weight types"
+
+
+def test_nf4_weights_read_with_nested_absmax_are_bitsandbytes_own():
+    """Double quantisation (absmax stored in 8 bits with scales of their own) is expanded as bitsandbytes does."""
+    from types import SimpleNamespace
+
+    from bitsandbytes.functional import dequantize_4bit, quantize_4bit
+
+    from specviz.quant import nf4_absmax, nf4_dense
+
+    w = torch.randn(96, 256, generator=torch.Generator().manual_seed(0))
+    for nested in (False, True):
+        packed, state = quantize_4bit(w, blocksize=64, quant_type="nf4", compress_statistics=nested)
+        assert state.nested is nested
+        absmax = nf4_absmax(SimpleNamespace(weight=SimpleNamespace(quant_state=state)))
+        dense = nf4_dense(packed.view(96, -1), torch.cat([state.code.float(), absmax]))
+        assert torch.equal(dense, dequantize_4bit(packed, state))

@@ -138,7 +138,7 @@ def build(model: torch.nn.Module, path: str) -> LeanLlama | None:
 
 def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
     """One (sum of out, in) weight from several linear layers; each layer's weight becomes a view into it (a
-    bitsandbytes int8 layer keeps its parameter, with its scales, and reads its rows from the fused tensor)."""
+    bitsandbytes int8 or NF4 layer keeps its parameter, with its scales, and reads its bytes from the fused one)."""
     fused = torch.cat([m.weight.detach() for m in linears]).contiguous()  # NF4: (bytes, 1) each
     start = 0
     for m in linears:
@@ -166,7 +166,7 @@ class LeanLlama:
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach().float()
         self.head = model.lm_head.weight.detach()
-        self.scales: dict[int, torch.Tensor] = {}  # an int8 weight's address -> its rows' scales (N,) float32
+        self.scales: dict[int, torch.Tensor] = {}  # a weight's address -> int8: its rows' scales; NF4: code, absmax
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -195,7 +195,7 @@ class LeanLlama:
         self._rope(256)
 
     def _weight(self, *linears: torch.nn.Linear) -> torch.Tensor:
-        """The weight llama.c reads for these layers (fused where several), with its rows' scales noted for int8."""
+        """The weight llama.c reads for these layers (fused where several), its scales noted (int8 and NF4)."""
         w = _fuse(*linears) if len(linears) > 1 else linears[0].weight.detach()
         if w.dtype == torch.int8:
             self.scales[w.data_ptr()] = torch.cat([quant.row_scales(m) for m in linears]).contiguous()
@@ -228,7 +228,7 @@ class LeanLlama:
         scale per output row): a quarter of float32's bytes, half of float16's. For a draft only (its weights are
         read cold every round, after the target's verify has streamed through the caches; kernels.draft_int8): a
         target keeps its own weights, since the output is the target's. Built once, kept."""
-        if self.is_int8:
+        if self.wtype >= native.WTYPES[torch.int8]:  # int8 already, or NF4 (a quantised model: kept as it is)
             return self
         if self._int8 is None:
             new = copy.copy(self)

@@ -146,6 +146,7 @@ def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(wide
     torch.testing.assert_close(fused, ref, atol=1e-5, rtol=1e-5)
     assert p.lean.layers[0][1].dtype == {"4bit": torch.uint8, "8bit": torch.int8}[quantize]
     assert p.lean.head.dtype == torch.float32  # the output layer stays as bitsandbytes left it
+    assert p.lean.int8() is p.lean  # a quantised model is never quantised again (a draft's int8 choice)
     run = CachedModel(p, p.vocab_size)
     run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
     got, at = [], 19

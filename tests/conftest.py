@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -70,6 +71,18 @@ def make_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) ->
     with torch.no_grad():  # sharper than the tiny init, so sampled text has structure and greedy text varies
         model.lm_head.weight.mul_(SHARPNESS)
     return model.eval()
+
+
+def feed_in_calls(run, ids: list[int], at: int) -> tuple[torch.Tensor, int]:
+    """Feed ids[at:] to a CachedModel in calls of 1-16 tokens (1, 4, 8, 2, 1, 5, 16, 12, again) until the next call
+    would run past the end: (every fed token's logits, where feeding stopped)."""
+    got = []
+    for n in itertools.cycle([1, 4, 8, 2, 1, 5, 16, 12]):
+        if at + n > len(ids):
+            break
+        got.append(run.feed(torch.tensor(ids[at : at + n])))
+        at += n
+    return torch.cat(got), at
 
 
 def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3, hidden: int = 32):

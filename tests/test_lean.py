@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import make_model
+from conftest import feed_in_calls, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import generate, lean, native
@@ -63,14 +63,9 @@ def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_v
     for lm in (p, q):
         run = CachedModel(lm, lm.vocab_size)
         run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
-        got, at = [], 19
-        for n in itertools.cycle([1, 4, 8, 2, 1, 5, 16, 12]):
-            if at + n > len(ids):
-                break
-            got.append(run.feed(torch.tensor(ids[at : at + n])))
-            at += n
+        got, at = feed_in_calls(run, ids, 19)
         ref = _reference(lm, ids[:at])[19:]
-        torch.testing.assert_close(torch.cat(got), ref, atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(got, ref, atol=2e-4, rtol=1e-4)
         run.rollback(30)
         torch.testing.assert_close(run.feed(torch.tensor(ids[30:33])), ref[11:14], atol=2e-4, rtol=1e-4)
 
@@ -111,7 +106,7 @@ def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_st
         one_by_one = torch.cat([fwd.forward(alone, ids[at + i : at + i + 1])[0] for i in range(n)])
         assert torch.equal(block, one_by_one), n
         at += n
-    torch.testing.assert_close(torch.cat(got), ref[9:at], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(got, ref[9:at], atol=2e-4, rtol=1e-4)
 
 
 @needs_kernel

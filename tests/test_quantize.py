@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import save_pair
+from conftest import feed_in_calls, save_pair
 
 from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, lean, load_model, load_pair, native
 from specviz.engine import speculative_decode
@@ -149,13 +149,8 @@ def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(wide
     assert p.lean.int8() is p.lean  # a quantised model is never quantised again (a draft's int8 choice)
     run = CachedModel(p, p.vocab_size)
     run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
-    got, at = [], 19
-    for n in itertools.cycle([1, 4, 8, 2, 1, 5, 16, 12]):
-        if at + n > len(ids):
-            break
-        got.append(run.feed(torch.tensor(ids[at : at + n])))
-        at += n
-    torch.testing.assert_close(torch.cat(got), ref[19:at], atol=2e-4, rtol=1e-4)
+    got, at = feed_in_calls(run, ids, 19)
+    torch.testing.assert_close(got, ref[19:at], atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("quantize", ["4bit", "8bit"])

@@ -106,7 +106,7 @@ def test_llama_c_attention_matches_transformers_for_other_head_sizes_and_rows_st
         one_by_one = torch.cat([fwd.forward(alone, ids[at + i : at + i + 1])[0] for i in range(n)])
         assert torch.equal(block, one_by_one), n
         at += n
-    torch.testing.assert_close(got, ref[9:at], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat(got), ref[9:at], atol=2e-4, rtol=1e-4)
 
 
 @needs_kernel

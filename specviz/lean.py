@@ -119,6 +119,8 @@ def why_not(model: torch.nn.Module) -> str | None:
             return "its layers are quantised in a format it does not read (it reads bitsandbytes' int8 and NF4)"
     if len({mod.weight.dtype for mod in linears}) > 1:
         return "its layers mix weight types"
+    if type(model.lm_head) is not torch.nn.Linear:  # bitsandbytes leaves it in float unless told otherwise
+        return "its output layer is quantised"
     w = model.get_input_embeddings().weight
     if w.device.type != "cpu" or w.dtype not in _DTYPES:
         return "it runs on the CPU in float32 or float16 only"

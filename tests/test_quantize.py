@@ -175,6 +175,10 @@ def test_the_lean_forward_says_which_quantised_layers_it_cannot_read(wide_pair, 
     assert "does not read" in lean.why_not(p.model) and "NF4" in lean.why_not(p.model)
     q, _ = quantised(wide_pair, "8bit", "transformers")
     assert lean.why_not(q.model) is None
+    head = q.model.lm_head
+    q.model.lm_head = bnb.nn.Linear8bitLt(64, head.out_features, bias=False, has_fp16_weights=False)
+    assert lean.why_not(q.model) == "its output layer is quantised"  # llama.c would read it without its scales
+    q.model.lm_head = head
     q.model.model.layers[0].mlp.down_proj = torch.nn.Linear(q.model.config.intermediate_size, 64, bias=False)
     assert lean.why_not(q.model) == "its layers mix weight types"
 

@@ -115,7 +115,7 @@ def why_not(model: torch.nn.Module) -> str | None:
         return f"its RoPE ({rope.get('rope_type')}) depends on the sequence length"
     linears = [mod for layer in model.model.layers for mod in layer.modules() if isinstance(mod, torch.nn.Linear)]
     for mod in linears:
-        if type(mod) is not torch.nn.Linear and not (quant.is_int8_layer(mod) or quant.is_nf4_layer(mod)):
+        if type(mod) is not torch.nn.Linear and not quant.read_as_stored(mod):
             return "its layers are quantised in a format it does not read (it reads bitsandbytes' int8 and NF4)"
     if len({mod.weight.dtype for mod in linears}) > 1:
         return "its layers mix weight types"
@@ -145,7 +145,7 @@ def _fuse(*linears: torch.nn.Linear) -> torch.Tensor:
     start = 0
     for m in linears:
         n = m.weight.shape[0]
-        if quant.is_int8_layer(m) or quant.is_nf4_layer(m):
+        if quant.read_as_stored(m):
             m.weight.data = fused[start : start + n]
         else:
             m.weight = torch.nn.Parameter(fused[start : start + n], requires_grad=False)

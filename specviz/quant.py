@@ -110,6 +110,11 @@ def is_nf4_layer(mod: torch.nn.Module) -> bool:
     )
 
 
+def read_as_stored(mod: torch.nn.Module) -> bool:
+    """Whether the lean forward reads this bitsandbytes layer's weights as they are stored (int8 or NF4)."""
+    return is_int8_layer(mod) or is_nf4_layer(mod)
+
+
 def nf4_absmax(mod: torch.nn.Module) -> torch.Tensor:
     """(out * in / 64,) float32: an NF4 layer's absmax per block of 64 weights (a nested state's expanded as
     bitsandbytes' dequantize_4bit expands it)."""

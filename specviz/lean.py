@@ -17,7 +17,8 @@ gate/up products):
 3. RoPE's cos and sin come from the model's own rotary module, once per position, so every rope type it computes
    statically is computed as transformers does;
 4. attention is two batched products and a softmax over the cache (grouped-query heads share their key-value
-   head without copies); an additive mask only where the call has more than one token.
+   head without copies); an additive mask only where the call has more than one token (lean_torch.py; llama.c
+   runs the same steps in one C call of up to 16 tokens, a prefill of a few dozen in several).
 
 Numbers: the same model, in float32, up to rounding (the tests check the logits against transformers' and that
 greedy speculative output equals greedy plain output on this path). Both lanes of a race run it, so the output
@@ -40,9 +41,17 @@ import torch.nn.functional as F
 
 from . import native, quant
 from .lean_cache import LeanCache
+from .lean_torch import decoder_layers
 
 log = logging.getLogger(__name__)
 
+# The longest prefill llama.c runs in calls of up to 16 tokens, by weight type (float32, float16, int8, NF4); a longer
+# one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call (0.1 and 0.5 s of
+# the built-in target's). `python scripts/prefill_costs.py [--quantize 8bit|4bit]` on the 2-core Zen 3 of 26 Nov
+# 2026: the calls were faster up to about 96 tokens in float32 (24 tokens: 84 against 136 ms), 128 in int8 (58
+# against 108 ms) and past 384 in NF4 (76 against 683 ms); set at or below those, as another CPU's crossover may sit
+# lower (faster batched products).
+CHUNKED_PREFILL = {0: 48, 1: 48, 2: 128, 3: 256}
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose cos/sin depend on the position only
 _DTYPES = (torch.float32, torch.float16)
 
@@ -280,7 +289,7 @@ class LeanLlama:
         self.cos, self.sin = cos[0].float().contiguous(), sin[0].float().contiguous()
         self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1)
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x (L, in) float32 -> (L, out) float32 by the path chosen for this machine."""
         rows = x.shape[0]
         scale = self.scales.get(w.data_ptr())  # int8 and NF4 weights have one; float ones None
@@ -317,12 +326,25 @@ class LeanLlama:
         x = F.embedding(ids.view(-1), self.embed).float()  # (L, H)
         if self.lib is not None and L <= native.MAX_ROWS:
             logits, h = self._native(cache, x, base, pos, mask, 1 if last_only else L)
+        elif self.lib is not None and L <= CHUNKED_PREFILL[self.wtype]:
+            logits, h = self._chunks(cache, x, base, pos, mask, last_only)
         else:
-            x = self._torch(cache, x, base, pos, mask)
+            x = decoder_layers(self, cache, x, base, pos, mask)
             h = F.rms_norm(x, (self.H,), self.norm, self.eps)  # (L, H): the last hidden states, as transformers gives
-            logits = self._linear(h[-1:] if last_only else h, self.head)
+            logits = self.linear(h[-1:] if last_only else h, self.head)
         cache.length = base + L
         return logits, h
+
+    def _chunks(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask, last_only: bool):
+        """A prefill of a few dozen tokens by llama.c in calls of up to MAX_ROWS, the output layer on the last call
+        only where only the last token's logits are wanted (a row's numbers are those of its own call's)."""
+        n, L, parts = native.MAX_ROWS, x.shape[0], []
+        for a in range(0, L, n):
+            b = min(a + n, L)
+            m = mask[a:b, : base + b] if mask is not None else None
+            rows = (1 if b == L else 0) if last_only else b - a
+            parts.append(self._native(cache, x[a:b], base + a, pos[a:b], m, rows))
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _native(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask, out_rows: int):
         """The forward pass by llama.c, in one call: x (L, H) the embeddings (overwritten), the cache written.
@@ -350,33 +372,3 @@ class LeanLlama:
         if failed:
             raise RuntimeError("llama_forward refused its arguments")  # unreachable: forward checks them
         return logits, h
-
-    def _torch(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask) -> torch.Tensor:
-        """The decoder layers in PyTorch ops (a prefill, or where llama.c is not built): x (L, H) -> x."""
-        L, T = x.shape[0], base + x.shape[0]
-        hq, hk, d, g = self.heads, self.kv_heads, self.d, self.heads // self.kv_heads
-        cos, sin = self.cos[pos][:, None], self.sin_signed[pos][:, None]  # (L, 1, d): over heads
-        if mask is None and L > 1:
-            mask = torch.full((L, T), -torch.inf).triu_(base + 1)  # causal: token l sees rows 0 .. base + l
-        if mask is not None:  # (L, T) -> (L g, T): the query heads of a group read the same rows
-            mask = mask.float().repeat_interleave(g, dim=0)
-        for i, (ln1, qkv_w, o_w, ln2, gu_w, down_w) in enumerate(self.layers):
-            h = F.rms_norm(x, (self.H,), ln1, self.eps)
-            qkv = self._linear(h, qkv_w)  # (L, (hq + 2 hk) d)
-            qk = qkv[:, : (hq + hk) * d].view(L, hq + hk, d)
-            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)  # RoPE on q and k at once
-            cache.k[i, :, base:T] = qk[:, hq:].transpose(0, 1)
-            cache.v[i, :, base:T] = qkv[:, (hq + hk) * d :].view(L, hk, d).transpose(0, 1)
-            q = qk[:, :hq].reshape(L, hk, g, d).transpose(0, 1).reshape(hk, L * g, d)  # rows: token-major
-            keys, values = cache.k[i, :, :T], cache.v[i, :, :T]  # (hk, T, d)
-            if mask is None:
-                s = torch.bmm(q, keys.transpose(1, 2)).mul_(self.scale)  # (hk, g, T)
-            else:
-                s = torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=self.scale)  # (hk, L g, T)
-            o = torch.bmm(torch.softmax(s, dim=-1), values)  # (hk, L g, d)
-            o = o.view(hk, L, g, d).transpose(0, 1).reshape(L, hq * d)
-            x = x + self._linear(o, o_w)
-            h = F.rms_norm(x, (self.H,), ln2, self.eps)
-            gu = self._linear(h, gu_w)  # (L, 2 I)
-            x = x + self._linear(F.silu(gu[:, : self.inter]) * gu[:, self.inter :], down_w)
-        return x

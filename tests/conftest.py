@@ -73,6 +73,18 @@ def make_model(vocab_size: int, seed: int, layers: int = 2, hidden: int = 32) ->
     return model.eval()
 
 
+PREFILLS = [("llama.c", "llama.c calls"), ("llama.c", "PyTorch ops"), ("PyTorch ops", "PyTorch ops")]  # (forward,
+# how it runs a prefill of more than 16 tokens): every way a lean forward can take one
+
+
+def long_prefill(monkeypatch, how: str) -> None:
+    """Force how the lean forward runs a prefill of more than 16 tokens: "llama.c calls" (up to 16 tokens each) or
+    "PyTorch ops" (otherwise lean.CHUNKED_PREFILL picks by length and weight type)."""
+    from specviz import lean
+
+    monkeypatch.setattr(lean, "CHUNKED_PREFILL", dict.fromkeys(range(4), 10**6 if how == "llama.c calls" else 0))
+
+
 def feed_in_calls(run, ids: list[int], at: int) -> tuple[torch.Tensor, int]:
     """Feed ids[at:] to a CachedModel in calls of 1-16 tokens (1, 4, 8, 2, 1, 5, 16, 12, again) until the next call
     would run past the end: (every fed token's logits, where feeding stopped)."""

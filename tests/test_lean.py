@@ -1,7 +1,7 @@
 """The lean Llama forward (specviz/lean.py, csrc/llama.c): the same model as transformers runs, every path exact.
 
 Three forwards can run a Llama model here: llama.c (the default where the few-token kernel is built), the lean
-forward in PyTorch ops (another linear path, or a call of more than 8 tokens) and transformers' own
+forward in PyTorch ops (another linear path, or a prefill longer than lean.CHUNKED_PREFILL) and transformers' own
 (SPECVIZ_FORWARD=transformers, or a model the lean forward does not fit). Each gets greedy equality with plain
 decoding, chains and trees, and the chi-square test of the sampled law.
 """
@@ -13,7 +13,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import feed_in_calls, make_model
+from conftest import PREFILLS, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import generate, lean, native
@@ -56,18 +56,25 @@ def _reference(lm, ids):
         return lm.model(torch.tensor([ids])).logits[0].float()
 
 
-@pytest.mark.parametrize("forward", FORWARDS[:2])
-def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_verifies(pair_with, forward):
+@pytest.mark.parametrize("forward, prefill", PREFILLS)
+def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_verifies(
+    pair_with, monkeypatch, forward, prefill
+):
     p, q = pair_with(forward)
+    long_prefill(monkeypatch, prefill)
     ids = list(range(3, 63)) + [5, 9, 12, 30] * 60  # 300 tokens: past the first cache and RoPE table (256)
     for lm in (p, q):
         run = CachedModel(lm, lm.vocab_size)
-        run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
-        got, at = feed_in_calls(run, ids, 19)
-        ref = _reference(lm, ids[:at])[19:]
-        torch.testing.assert_close(got, ref, atol=2e-4, rtol=1e-4)
-        run.rollback(30)
-        torch.testing.assert_close(run.feed(torch.tensor(ids[30:33])), ref[11:14], atol=2e-4, rtol=1e-4)
+        run.prefill(torch.tensor(ids[:40]))  # 39 rows by the prefill path forced; then calls of 1-16 tokens
+        got, at = feed_in_calls(run, ids, 39)
+        ref = _reference(lm, ids[:at])
+        torch.testing.assert_close(got, ref[39:], atol=2e-4, rtol=1e-4)
+        run.rollback(30)  # back inside the prefill's rows
+        torch.testing.assert_close(run.feed(torch.tensor(ids[30:33])), ref[30:33], atol=2e-4, rtol=1e-4)
+        with torch.no_grad():  # the prefill's own logits, every row
+            cache = lm.lean.new_cache()
+            logits, _ = lm.lean.forward(cache, torch.tensor(ids[:40]))
+        torch.testing.assert_close(logits, ref[:40], atol=2e-4, rtol=1e-4)
 
 
 @needs_kernel

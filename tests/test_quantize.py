@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from conftest import feed_in_calls, save_pair
+from conftest import PREFILLS, feed_in_calls, long_prefill, save_pair
 
 from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, lean, load_model, load_pair, native
 from specviz.engine import speculative_decode
@@ -131,8 +131,10 @@ def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair,
     assert r.verdict in ("compatible", "not worth it")  # it measured the pair: a quantised target is a target
 
 
-@pytest.mark.parametrize("quantize,forward", [r for r in RUNS if r[1] != "transformers"])
-def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(wide_pair, quantised, quantize, forward):
+@pytest.mark.parametrize("quantize,forward,prefill", [(q, f, how) for q in ("4bit", "8bit") for f, how in PREFILLS])
+def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(
+    wide_pair, quantised, monkeypatch, quantize, forward, prefill
+):
     """The lean forward reads bitsandbytes' int8 rows and scales, or NF4 nibbles and absmax, as stored: its logits
     through a prefill and calls of 1-16 tokens are those of the same model under transformers' forward (quant.py's
     float32 products), which still runs after the lean forward fused its layers (against one loaded without it)."""
@@ -147,10 +149,11 @@ def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(wide
     assert p.lean.layers[0][1].dtype == {"4bit": torch.uint8, "8bit": torch.int8}[quantize]
     assert p.lean.head.dtype == torch.float32  # the output layer stays as bitsandbytes left it
     assert p.lean.int8() is p.lean  # a quantised model is never quantised again (a draft's int8 choice)
+    long_prefill(monkeypatch, prefill)
     run = CachedModel(p, p.vocab_size)
-    run.prefill(torch.tensor(ids[:20]))  # 19 rows by the PyTorch ops (a prefill); then calls of 1-16 tokens
-    got, at = feed_in_calls(run, ids, 19)
-    torch.testing.assert_close(got, ref[19:at], atol=2e-4, rtol=1e-4)
+    run.prefill(torch.tensor(ids[:40]))  # 39 rows by the prefill path forced; then calls of 1-16 tokens
+    got, at = feed_in_calls(run, ids, 39)
+    torch.testing.assert_close(got, ref[39:at], atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("quantize", ["4bit", "8bit"])

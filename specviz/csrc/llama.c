@@ -26,7 +26,7 @@
 // `scales`, NF4 with its code values and block absmax there (few_rows.c), 4 per layer, NULL entries otherwise);
 // norms (2 per layer) float32. Out: hn (L, H) the final-normed hidden states of every token, logits (out_rows, V)
 // the output layer (`head`, (V, H), weight type `head_wtype`, `head_scale` for int8: a target quantised by
-// bitsandbytes keeps a float32 output layer) for the last out_rows tokens.
+// bitsandbytes keeps a float32 output layer) for the last out_rows tokens (0: none, a prefill's early part).
 
 #include <immintrin.h>
 #include <math.h>
@@ -195,7 +195,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
                   long cap, long base, const float* cos, const float* sin, const float* mask, const float* fnorm,
                   const void* head, const float* head_scale, int head_wtype, long V, long out_rows, float* hn,
                   float* logits, int threads) {
-    if (L < 1 || L > 16 || threads < 1 || hq % hk || base + L > cap || out_rows < 1 || out_rows > L) return -1;
+    if (L < 1 || L > 16 || threads < 1 || hq % hk || base + L > cap || out_rows < 0 || out_rows > L) return -1;
     long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L;
     float scale = 1.0f / sqrtf((float)d);
     float* buf = malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
@@ -258,7 +258,8 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
         // 6. hn = RMSNorm(x); logits = hn[L - out_rows:] . Whead^T
 #pragma omp for schedule(static)
         for (long l = 0; l < L; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
-        few_rows_part(head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);
+        if (out_rows)
+            few_rows_part(head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);
     }
     free(buf);
     return 0;

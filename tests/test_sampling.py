@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specviz.config import TOP_P_MIN, SamplingConfig, SpecvizError
-from specviz.sampling import clean_logits, residual, to_probs, verify_greedy, verify_sampled
+from specviz.sampling import clean_logits, greedy, residual, to_probs, verify_greedy, verify_sampled
 
 T1 = SamplingConfig(temperature=1.0)
 
@@ -78,6 +78,26 @@ def test_nan_and_inf_logits():
     assert torch.allclose(probs[1], torch.tensor([0.0, 0.5, 0.5]))  # +inf tokens share the mass
     with pytest.raises(SpecvizError, match="NaN or infinite"):
         clean_logits(torch.tensor([[float("nan"), float("-inf")]]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_greedy_is_the_argmax_of_the_cleaned_scores_whatever_nan_or_inf_they_hold(dtype):
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        [0.5, 2.0, 1.0, 2.0],
+        [nan, 1.0, 3.0, 2.0],
+        [1.0, nan, nan, 0.0],
+        [0.0, inf, 5.0, inf],
+        [-inf, nan, 2.0, inf],
+    ]
+    for row in rows + [list(r) for r in torch.randn(20, 4, generator=gen()) * 30]:
+        x = torch.tensor([row]).to(dtype)
+        assert torch.equal(greedy(x), clean_logits(x).argmax(dim=-1)), row
+        assert torch.equal(greedy(x[0]), clean_logits(x[0]).argmax(dim=-1)), row
+    x = torch.tensor(rows).to(dtype)
+    assert torch.equal(greedy(x), clean_logits(x).argmax(dim=-1))
+    with pytest.raises(SpecvizError, match="NaN or infinite"):
+        greedy(torch.tensor([[1.0, 2.0], [nan, -inf]]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

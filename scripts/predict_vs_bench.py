@@ -7,6 +7,7 @@
 
     python scripts/predict_vs_bench.py                  # the built-in pair
     python scripts/predict_vs_bench.py --target T --draft D --max-new-tokens 64
+    python scripts/predict_vs_bench.py --quantize 4bit  # the target loaded by bitsandbytes (NF4; 8bit: int8)
 
 Prints one JSON object: predicted and measured speedup and tokens per target call, and their ratios; and the
 check's own measured speedup at the gamma its acceptance runs used, beside its prediction there.
@@ -35,9 +36,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draft", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--quantize", choices=["4bit", "8bit"], default=None)
     args = ap.parse_args(argv)
 
-    p, q = load_pair(args.target, args.draft, device=args.device)
+    p, q = load_pair(args.target, args.draft, device=args.device, quantize=args.quantize)
     prompts = [x for v in SAMPLE_PROMPTS.values() for x in v]
     rep = check_pair(p, q, max_new_tokens=args.max_new_tokens)
     g = rep.best_gamma
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {
         "target": p.name,
         "draft": q.name,
+        "quantize": args.quantize,
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "alpha_check": rep.a,

@@ -27,6 +27,7 @@ from .pairs_measure import CHECK_GAMMA, RoundCosts, acceptance_by_kind, measure_
 from .pairs_report import PairReport
 from .pairs_verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
 from .served import ServedTarget, engine_step_s, is_url, load_served_pair
+from .tally import with_prefill
 from .theory import expected_speedup, expected_speedup_measured, expected_tokens, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 from .translate import compare_tokenizers, needs_translation
 
@@ -136,6 +137,7 @@ def check_pair(
     checked = acc.tally.decode_tokens_per_s / plain_runs.decode_tokens_per_s  # what the acceptance runs gained
     best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
     best = measured[best_gamma - 1]
+    whole_run = with_prefill(best, plain_runs, acc.tally)
     verdict, reasons = worth_verdict(acc.a, c, best_gamma, best, translated)
     if translated:
         base["translate_cost"] = acc.translate_s / max(acc.rounds, 1) / step
@@ -177,6 +179,7 @@ def check_pair(
         measured_speedup=checked,
         best_gamma=best_gamma,
         best_speedup=best,
+        prefill_speedup=whole_run,
         trees=trees,
         tree_advice=advice,
         **base,

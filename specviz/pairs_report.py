@@ -56,6 +56,9 @@ class PairReport:
     measured_speedup: float | None = None
     best_gamma: int | None = None  # the best gamma by the measured-cost prediction
     best_speedup: float | None = None
+    # best_speedup with the prompt's prefill counted, as the race and the benchmark time a run: the check's prompts
+    # and reply length, each side's prefill as its runs paid it (the speculative side's includes the draft's)
+    prefill_speedup: float | None = None
     target_precision: str = ""  # how each model's weights are held: "float32", "NF4, bitsandbytes" ...
     draft_precision: str = ""
     # A draft with another tokenizer (translate.py): how its guesses become the target's tokens, greedy and at T > 0
@@ -156,6 +159,11 @@ class PairReport:
                 lines.append(
                     f"  tree {t.budget:2d}  {t.speedup:5.2f}x  ({t.tokens_per_call:.2f} tokens per call, "
                     f"{t.nodes_per_call:.1f} nodes; verify {t.verify_cost:.2f}, drafting {t.draft_cost:.2f} steps)"
+                )
+            if self.prefill_speedup is not None:
+                lines.append(
+                    f"with prefill {self.prefill_speedup:.2f}x at gamma {self.best_gamma}: the prompt's prefill counted "
+                    f"too, as the race and the benchmark time a run of up to {self.max_new_tokens} tokens"
                 )
             if self.measured_speedup is not None:
                 lines.append(

@@ -226,3 +226,15 @@ class Tally:
             "tokens_per_s": self.tokens_per_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
         }
+
+
+def with_prefill(speedup: float, plain: Tally, spec: Tally) -> float | None:
+    """A decoding speedup (prefills left out, as the pair check predicts it) as a whole run's, the way the race and
+    the benchmark time one: a run of the speculative runs' mean length N, plain (a plain run's mean prefill, then N
+    steps at the plain runs' decoding seconds per token) over speculative (its runs' mean prefill, then N tokens
+    `speedup` times as fast). Given two sets of equally long runs and the decoding speedup they measured, it is
+    their tokens-per-second ratio. None without tokens on either side."""
+    if plain.new_tokens <= 0 or spec.new_tokens <= 0 or speedup <= 0:
+        return None
+    n, step = spec.new_tokens / spec.runs, plain.decode_s / plain.new_tokens
+    return (plain.prefill_s / plain.runs + n * step) / (spec.prefill_s / spec.runs + n * step / speedup)

@@ -71,3 +71,7 @@ def test_the_check_predicts_and_measures_from_its_runs(tiny_pair, monkeypatch):
     assert "measured    at gamma 4 the acceptance runs decoded 0.40x" in rep.report()
     assert "(expected 0.39x)" in rep.report()
     assert rep.to_dict()["measured_speedup"] == pytest.approx(0.4)
+    # with the prefills counted, for a run of the speculative runs' 10 tokens: a plain run's prefill 1 ms (4 ms over 4
+    # runs) and 10 steps of 2 ms against a speculative run's 5 ms (10 over 2) and 20 ms / best_speedup
+    assert rep.prefill_speedup == pytest.approx(21 / (5 + 20 / (3 / 6.2)))
+    assert f"with prefill {rep.prefill_speedup:.2f}x at gamma 1" in rep.report()

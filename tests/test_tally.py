@@ -379,3 +379,25 @@ def test_the_engine_s_done_stats_are_the_fold_of_its_own_events(loaded_pair, opt
             assert spec[-1].stats["draft_calls"] == 0 and Tally.of(spec).c(Tally.of(ar)) == 0.0
         if options.get("tree"):
             assert spec[-1].stats["tree_rounds"] > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=st.integers(1, 200),
+    prefills=st.tuples(st.floats(0, 2), st.floats(0, 2)),
+    decodes=st.tuples(st.floats(0.01, 5), st.floats(0.01, 5)),
+)
+def test_a_decoding_speedup_with_the_prefill_counted_is_the_whole_runs_ratio(tokens, prefills, decodes):
+    """tally.with_prefill turns a decoding speedup (prefills left out, as the pair check predicts) into a whole
+    run's, as the race and the bench time one: given the decoding speedup two sets of equally long runs measured, it
+    is their tokens-per-second ratio; with no prefill it is the speedup itself."""
+    from specviz.tally import with_prefill
+
+    (pp, ps), (dp, ds) = prefills, decodes
+    plain = Tally(runs=3, new_tokens=3 * tokens, prefill_s=3 * pp, elapsed_s=3 * (pp + dp))  # 3 runs of `tokens`
+    spec = Tally(runs=2, new_tokens=2 * tokens, prefill_s=2 * ps, elapsed_s=2 * (ps + ds))
+    decoding = spec.decode_tokens_per_s / plain.decode_tokens_per_s
+    assert math.isclose(with_prefill(decoding, plain, spec), spec.tokens_per_s / plain.tokens_per_s, rel_tol=1e-9)
+    bare = Tally(runs=1, new_tokens=tokens, elapsed_s=dp)
+    assert math.isclose(with_prefill(1.7, bare, Tally(runs=1, new_tokens=tokens, elapsed_s=ds)), 1.7, rel_tol=1e-9)
+    assert with_prefill(1.7, Tally(), spec) is None and with_prefill(1.7, plain, Tally()) is None

@@ -91,6 +91,17 @@ def report_html(r: PairReport) -> str:
                 + (
                     [
                         _num(
+                            f"{r.prefill_speedup:.2f}×",
+                            f"the same with the prompt's prefill counted, as the race times a run of up to "
+                            f"{r.max_new_tokens} tokens",
+                        )
+                    ]
+                    if r.prefill_speedup is not None
+                    else []
+                )
+                + (
+                    [
+                        _num(
                             f"{r.measured_speedup:.2f}×",
                             f"measured at gamma {CHECK_GAMMA} (the check's runs; "
                             f"expected there {r.speedups_measured[CHECK_GAMMA - 1]:.2f}×)",

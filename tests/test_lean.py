@@ -78,6 +78,26 @@ def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_v
 
 
 @needs_kernel
+def test_a_prefill_in_llama_c_calls_reads_a_given_mask_row_by_row(pair_with, monkeypatch):
+    """A prefill longer than one llama.c call with an additive mask (each call takes its rows of it): the causal
+    mask written out gives the bits of no mask; a mask that hides rows 0-9 from every token changes every logit
+    after them, as the same prefill under the PyTorch ops does."""
+    p, _ = pair_with("llama.c")
+    ids = torch.tensor(list(range(3, 43)))  # 40 tokens: three calls
+    causal = torch.full((40, 40), -torch.inf).triu_(1)
+    hidden = causal.clone()
+    hidden[10:, :10] = -torch.inf
+    got = {}
+    for how in ("llama.c calls", "PyTorch ops"):
+        long_prefill(monkeypatch, how)
+        for name, mask in (("none", None), ("causal", causal), ("hidden", hidden)):
+            got[how, name] = p.lean.forward(p.lean.new_cache(), ids, mask=mask)[0]
+    assert torch.equal(got["llama.c calls", "none"], got["llama.c calls", "causal"])
+    torch.testing.assert_close(got["llama.c calls", "hidden"], got["PyTorch ops", "hidden"], atol=2e-4, rtol=1e-4)
+    assert not torch.allclose(got["llama.c calls", "hidden"][10:], got["llama.c calls", "none"][10:], atol=1e-3)
+
+
+@needs_kernel
 def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(pair_with):
     p, _ = pair_with("llama.c")
     ids = [5, 9, 12, 30, 7, 8] + list(range(40, 56))

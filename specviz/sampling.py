@@ -46,8 +46,7 @@ def to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     The same function is applied to p and to q, and q is exactly what the draft samples from.
     """
     if cfg.greedy:  # the limit T -> 0: all mass on the argmax
-        x = clean_logits(logits)
-        return torch.nn.functional.one_hot(x.argmax(dim=-1), x.shape[-1]).float()
+        return torch.nn.functional.one_hot(greedy(logits), logits.shape[-1]).float()
     x = clean_logits(logits) / cfg.temperature
     if 0 < cfg.top_k < x.shape[-1]:
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]  # (..., 1)

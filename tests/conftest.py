@@ -82,7 +82,9 @@ def long_prefill(monkeypatch, how: str) -> None:
     "PyTorch ops" (otherwise lean.CHUNKED_PREFILL picks by length and weight type)."""
     from specviz import lean
 
-    monkeypatch.setattr(lean, "CHUNKED_PREFILL", dict.fromkeys(range(4), 10**6 if how == "llama.c calls" else 0))
+    monkeypatch.setattr(
+        lean, "CHUNKED_PREFILL", dict.fromkeys(lean.CHUNKED_PREFILL, 10**6 if how == "llama.c calls" else 0)
+    )
 
 
 def feed_in_calls(run, ids: list[int], at: int) -> tuple[torch.Tensor, int]:

@@ -26,7 +26,7 @@ from gradio_client.utils import Status  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from specviz import generate, load_pair  # noqa: E402
+from specviz import generate, load_pair, memory  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
 from specviz.render import Pieces  # noqa: E402
 from specviz.runtime import CachedModel  # noqa: E402
@@ -243,6 +243,7 @@ def test_memory_is_flat_over_sequential_races(app, client):
     for i in range(5):
         assert_ok(race(client, f"warm {i}", 3, 1.0, 0, 1.0, 4, i))
     gc.collect()
+    memory.trim()  # free heap pages back to the kernel before each reading: RSS then follows what is kept
     before, objects = psutil.Process().memory_info().rss / 2**20, len(gc.get_objects())
     runners = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))  # e.g. open step-through sessions
     t0, thirds = time.monotonic(), []
@@ -251,6 +252,7 @@ def test_memory_is_flat_over_sequential_races(app, client):
         assert "sv-error" not in out[MESSAGE]
         if i % (APP_RUNS // 3) == APP_RUNS // 3 - 1:
             gc.collect()
+            memory.trim()
             thirds.append(psutil.Process().memory_info().rss / 2**20)
     after = thirds[-1]
     live = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))

@@ -11,31 +11,26 @@ Only for a server you run yourself: the text is token ids --first-id, --first-id
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
-import urllib.request
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-def post(url: str, body: dict) -> float:
-    """Seconds one POST to /completions takes, its answer read whole."""
-    req = urllib.request.Request(url + "/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    t = time.perf_counter()
-    with urllib.request.urlopen(req, timeout=120) as answer:
-        answer.read()
-    return time.perf_counter() - t
+from specviz.served_http import Client  # noqa: E402  (the served lane's own HTTP: no redirects, errors as sentences)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("url", help="the server's OpenAI base, e.g. http://127.0.0.1:8000/v1")
+    ap.add_argument("url", help="the server's address, e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--lengths", default="40,400,1000", help="tokens of text before the guesses")
     ap.add_argument("--guesses", default="1,4,8", help="guesses a verify request carries")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions (one more warms up)")
     ap.add_argument("--first-id", type=int, default=1000, help="the text's first token id (any real ids will do)")
     args = ap.parse_args()
-    with urllib.request.urlopen(args.url + "/models", timeout=30) as answer:
-        model = json.load(answer)["data"][0]["id"]
+    client = Client(args.url, timeout_s=120)
+    model = client.get_json("/v1/models")["data"][0]["id"]
     guesses = [int(k) for k in args.guesses.split(",")]
     print("| text so far | plain one-token request | " + " | ".join(f"verify of {k}" for k in guesses) + " |")
     print("|---" * (2 + len(guesses)) + "|")
@@ -51,9 +46,10 @@ def main() -> None:
                 }
                 if k:
                     body["prompt_logprobs"] = 1
-                dt = post(args.url, body)
+                t = time.perf_counter()
+                client.post("/v1/completions", body)
                 if rep:
-                    times[k].append(dt)
+                    times[k].append(time.perf_counter() - t)
         cells = [f"{1000 * statistics.median(v):,.0f} ms" for v in times.values()]
         print(f"| {n} tokens | " + " | ".join(cells) + " |", flush=True)
 

@@ -219,7 +219,7 @@ def test_fuzz_run_caps(n, g):
 MEMORY_PROBE = """
 import gc, json, sys
 from pathlib import Path
-import psutil, torch
+import torch
 torch.set_num_threads(1)
 from conftest import make_model, make_tokenizer
 from specviz import generate, load_pair, memory
@@ -242,7 +242,7 @@ def run(i):
 def rss():
     gc.collect()
     memory.trim()  # free heap pages go back to the kernel: none left to absorb the control's leak unseen
-    return psutil.Process().memory_info().rss / 2**20
+    return memory.rss_mib()
 
 
 for i in range(10):  # warm-up: allocator pools, tokenizer caches, lazy imports

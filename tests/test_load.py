@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import psutil
 import pytest
 import torch
 
@@ -238,22 +237,25 @@ def test_one_model_run_at_a_time_across_all_endpoints(app, client, probe):
 APP_RUNS = 30
 
 
+def kept_rss() -> float:
+    """RSS in MiB of what this process keeps: garbage collected, free heap pages handed back to the kernel."""
+    gc.collect()
+    memory.trim()
+    return memory.rss_mib()
+
+
 def test_memory_is_flat_over_sequential_races(app, client):
     """RSS (server and client share this process) and the engine's per-run objects, after a warm-up."""
     for i in range(5):
         assert_ok(race(client, f"warm {i}", 3, 1.0, 0, 1.0, 4, i))
-    gc.collect()
-    memory.trim()  # free heap pages back to the kernel before each reading: RSS then follows what is kept
-    before, objects = psutil.Process().memory_info().rss / 2**20, len(gc.get_objects())
+    before, objects = kept_rss(), len(gc.get_objects())
     runners = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))  # e.g. open step-through sessions
     t0, thirds = time.monotonic(), []
     for i in range(APP_RUNS):
         out = race(client, f"run {i}", 1 + i % 4, [0.0, 1.0][i % 2], 0, 1.0, 4, i)
         assert "sv-error" not in out[MESSAGE]
         if i % (APP_RUNS // 3) == APP_RUNS // 3 - 1:
-            gc.collect()
-            memory.trim()
-            thirds.append(psutil.Process().memory_info().rss / 2**20)
+            thirds.append(kept_rss())
     after = thirds[-1]
     live = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))
     per_race = (len(gc.get_objects()) - objects) / APP_RUNS

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+PHI3 = Path(__file__).parent / "data" / "phi3_tokenizer"  # a real tokenizer (no weights): see its README
 
 ADJ = "red green small big old young quick lazy happy quiet bright dark".split()
 NOUN = "fox dog cat bird horse river tree house garden child teacher farmer".split()
@@ -139,16 +142,35 @@ def save(path, model, tok) -> str:
     return str(path)
 
 
+def replies(lines: list[str]) -> list[str]:
+    """The corpus as replies of one to three sentences (train_lm ends each with the end-of-turn token)."""
+    r, text, i = random.Random(1), [], 0
+    while i < len(lines):
+        n = r.randint(1, 3)
+        text.append(" ".join(lines[i : i + n]))
+        i += n
+    return text
+
+
 def cross_pair(root) -> tuple[str, str]:
     """(target_dir, draft_dir): a byte-level target and a ▁-style draft, trained on the same text."""
     lines = corpus()
     p_tok, q_tok = bytelevel_tokenizer(lines, 360), metaspace_tokenizer(lines, 170)
-    r, text, i = random.Random(1), [], 0
-    while i < len(lines):  # replies of one to three sentences, each ending with the end-of-turn token
-        n = r.randint(1, 3)
-        text.append(" ".join(lines[i : i + n]))
-        i += n
+    text = replies(lines)
     return (
         save(root / "target", train_lm(p_tok, text, seed=0), p_tok),
         save(root / "draft", train_lm(q_tok, text, seed=1), q_tok),
     )
+
+
+def phi3_tokenizer():
+    """Phi-3's own tokenizer: Llama 2's SentencePiece vocabulary (▁, byte fallback, a dummy prefix space, digits
+    one by one) with Phi-3's chat tokens and template, 32,064 tokens."""
+    return AutoTokenizer.from_pretrained(PHI3)
+
+
+def phi3_draft(root) -> str:
+    """A tiny draft with Phi-3's real tokenizer, trained on cross_pair's text: a draft as a user would bring one,
+    whose vocabulary was not made for the target's."""
+    tok = phi3_tokenizer()
+    return save(root / "phi3-draft", train_lm(tok, replies(corpus()), seed=1), tok)

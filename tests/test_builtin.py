@@ -114,10 +114,12 @@ def test_the_builtin_target_quantised_on_the_cpu_is_exact_with_the_builtin_draft
     assert accepted > 0  # the draft's guesses were kept: the quantised target verified blocks, not only steps
 
 
-def test_the_builtin_target_with_a_draft_of_another_tokenizer_is_exact(builtin_pair, tmp_path):
-    """A tiny ▁-style (SentencePiece-like) draft trained here on the built-in target's own replies: its guesses
-    are translated into SmolLM2's byte-level tokens, and greedy output stays the target's token for token."""
-    from cross_pair import corpus, metaspace_tokenizer, save, train_lm
+@pytest.mark.parametrize("tokenizer", ["trained here", "Phi-3's"])
+def test_the_builtin_target_with_a_draft_of_another_tokenizer_is_exact(builtin_pair, tmp_path, tokenizer):
+    """A tiny ▁-style draft trained here on the built-in target's own replies, its tokenizer trained here too or
+    Phi-3's real one (Llama 2's SentencePiece vocabulary): its guesses are translated into SmolLM2's byte-level
+    tokens, and greedy output stays the target's token for token."""
+    from cross_pair import corpus, metaspace_tokenizer, phi3_tokenizer, save, train_lm
 
     import specviz
 
@@ -125,7 +127,7 @@ def test_the_builtin_target_with_a_draft_of_another_tokenizer_is_exact(builtin_p
     prompts = ["What is AI?", "def fibonacci(n):", "Give me three tips for sleeping well."]
     plain = {x: specviz.generate(x, target=p, mode="ar", max_new_tokens=40) for x in prompts}
     replies = [r.text for r in plain.values()]
-    tok = metaspace_tokenizer(replies + corpus(100), 400)
+    tok = metaspace_tokenizer(replies + corpus(100), 400) if tokenizer == "trained here" else phi3_tokenizer()
     draft = save(tmp_path / "draft", train_lm(tok, replies * 8, seed=0, steps=200), tok)
     p, q = specviz.load_pair(p, draft, device="cpu")
     accepted = 0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from cross_pair import cross_pair, save, train_lm, useless_tokenizer
+from cross_pair import cross_pair, phi3_draft, save, train_lm, useless_tokenizer
 
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, check_pair, generate, load_pair
 from specviz.api import encode_prompt
@@ -35,6 +35,18 @@ def pair(pair_dirs):
     return load_pair(*pair_dirs, device="cpu", dtype="float32")
 
 
+@pytest.fixture(scope="module")
+def phi3_pair(pair_dirs, tmp_path_factory):
+    """The same target with a draft that speaks Phi-3's real tokenizer (tests/data/phi3_tokenizer)."""
+    return load_pair(pair_dirs[0], phi3_draft(tmp_path_factory.mktemp("phi3")), device="cpu", dtype="float32")
+
+
+@pytest.fixture(params=["trained ▁ tokenizer", "Phi-3's tokenizer"])
+def any_pair(request):
+    """Each exactness test runs with both drafts: the tokenizer trained here and a real one with its quirks."""
+    return request.getfixturevalue("pair" if request.param.startswith("trained") else "phi3_pair")
+
+
 def test_the_two_tokenizers_really_differ(pair):
     p, q = pair
     assert (space_marker(p.tokenizer), space_marker(q.tokenizer)) == ("Ġ", "▁")
@@ -43,6 +55,20 @@ def test_the_two_tokenizers_really_differ(pair):
     assert 0.5 < shared.draft_share < 1.0  # much shared ("Ġthe" is "▁the"), not everything
     the = p.tokenizer.convert_tokens_to_ids("Ġthe")
     assert q.tokenizer.convert_ids_to_tokens(int(shared.q_rows[shared.p_ids.tolist().index(the)])) == "▁the"
+
+
+def test_phi3_s_real_tokenizer_differs_as_real_pairs_do(phi3_pair):
+    p, q = phi3_pair
+    assert (space_marker(p.tokenizer), space_marker(q.tokenizer)) == ("Ġ", "▁") and len(q.tokenizer) == 32064
+    assert q.tokenizer.tokenize("12 times") == ["▁", "1", "2", "▁times"]  # digits one by one, a dummy prefix
+    shared = shared_vocabulary(p.tokenizer, q.tokenizer, q.vocab_size)
+    assert shared.draft_share < 0.05  # a 32k general vocabulary against the target's 360 tokens: little in common
+    mine = translator(p.tokenizer, q.tokenizer).draft_prompt(encode_prompt(p, "hello there"))
+    # Phi-3's own template, as its tokenizer reads it: a ▁ after each special token (Llama 2's legacy way)
+    assert q.tokenizer.convert_ids_to_tokens(mine) == [
+        *["<s>", "<|user|>", "▁", "<0x0A>", "hello", "▁there"],
+        *["<|end|>", "▁", "<0x0A>", "<|assistant|>", "▁", "<0x0A>"],
+    ]
 
 
 def test_each_model_reads_the_prompt_through_its_own_chat_template(pair):
@@ -55,8 +81,8 @@ def test_each_model_reads_the_prompt_through_its_own_chat_template(pair):
     assert q.tokenizer.decode(raw, skip_special_tokens=True) == "hello there"
 
 
-def test_greedy_speculative_equals_greedy_plain_over_many_prompts_and_gammas(pair):
-    p, q = pair
+def test_greedy_speculative_equals_greedy_plain_over_many_prompts_and_gammas(any_pair):
+    p, q = any_pair
     accepted = rejected = 0
     for gamma, prompt, raw in itertools.product((1, 2, 4, 7), PROMPTS, (False, True)):
         ar = generate(prompt, target=p, mode="ar", max_new_tokens=32, raw=raw)
@@ -67,9 +93,9 @@ def test_greedy_speculative_equals_greedy_plain_over_many_prompts_and_gammas(pai
     assert accepted > 100 and rejected > 100  # both the keep and the roll-back paths ran many times
 
 
-def test_the_default_drafter_and_gamma_translate_too(pair):
+def test_the_default_drafter_and_gamma_translate_too(any_pair):
     """lookup+model at gamma auto (the page's default): the auto policy times the draft on its own prompt ids."""
-    p, q = pair
+    p, q = any_pair
     for prompt in PROMPTS[:3]:
         ar = generate(prompt, target=p, mode="ar", max_new_tokens=40)
         sp = generate(prompt, target=p, draft=q, max_new_tokens=40)
@@ -97,9 +123,9 @@ def _chi2_z(counts: torch.Tensor, law: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("method", ["intersection", "match"])
-def test_sampled_output_follows_the_target_at_temperature_one(pair, method):
+def test_sampled_output_follows_the_target_at_temperature_one(any_pair, method):
     """The first two tokens at T = 1, gamma 2: their laws against p's own, computed exactly (chi-square)."""
-    p, q = pair
+    p, q = any_pair
     ids = p.tokenizer("the red", add_special_tokens=False)["input_ids"]
     law1, law2 = _law(p, ids)
     V, N = p.vocab_size, 1500

@@ -142,7 +142,9 @@ def check_pair(
     if translated:
         base["translate_cost"] = acc.translate_s / max(acc.rounds, 1) / step
     trees, advice = (), ""
-    if drafter in TREE_DRAFTERS and not isinstance(p, ServedTarget):  # a served target takes chains only
+    # a served target takes chains only, and a draft with another tokenizer proposes chains only (its guesses are
+    # re-tokenised text, one line of it)
+    if drafter in TREE_DRAFTERS and not isinstance(p, ServedTarget) and not translated:
         few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
         trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
         advice = tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))

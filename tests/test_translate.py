@@ -175,6 +175,7 @@ def test_the_pair_check_says_coverage_method_and_cost(pair):
     assert r.translation.startswith("text:") and r.sampling_translation.startswith("intersection:")
     assert r.translate_cost is not None and r.translate_cost > 0
     assert "translated through text" in " ".join(r.warnings)
+    assert r.trees == () and "Token trees" not in r.report()  # its guesses are one line of text: no tree to price
     for shown in (r.report(), report_html(r)):
         assert "token-level intersection" in shown and "re-tokenis" in shown.lower()
 

@@ -66,8 +66,10 @@ class Datastore:
         while live and len(out) < k:
             j = len(out)
             votes = collections.Counter(self.seqs[i][e + j] for i, e in live if e + j < len(self.seqs[i]))
-            t, support = votes.most_common(1)[0] if votes else (0, 0)
-            if not votes or support < self.min_support:
+            if not votes:
+                break
+            t, support = votes.most_common(1)[0]
+            if support < self.min_support:
                 break
             out.append(t)
             live = [(i, e) for i, e in live if e + j < len(self.seqs[i]) and self.seqs[i][e + j] == t]

@@ -108,6 +108,16 @@ class DraftHead(nn.Module):
         """tokens (B, L) target ids x_{t+1}, feats (B, L, H) f_t, positions (L,) of x_{t+1} -> f^_{t+1} (B, L, H).
 
         With a cache (B = 1) the pairs attend to every cached pair and causally among themselves."""
+        x, q, k, v = self.pairs(tokens, feats, positions)
+        L = x.shape[1]
+        past = 0 if cache is None else cache.length
+        if cache is not None:
+            k, v = cache.append(k, v)
+        mask = torch.ones(L, past + L, dtype=torch.bool, device=q.device).tril(past)  # pair i sees <= past + i
+        return self.finish(x, self.attend(q, k, v, mask))
+
+    def pairs(self, tokens: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor):
+        """The block's input x = fc([e(x_{t+1}); f_t]) and its rotated queries, keys and values (B, heads, L, d)."""
         B, L, _ = feats.shape
         x = self.fc(torch.cat([self.embed[tokens].to(feats.dtype), feats], dim=-1))
         h = rms_norm(x, self.norm_in, self.eps)
@@ -116,14 +126,17 @@ class DraftHead(nn.Module):
         v = self.v(h).view(B, L, self.n_kv, self.d).transpose(1, 2)
         ang = positions.to(self.inv_freq.dtype)[:, None] * self.inv_freq  # (L, d/2)
         cos, sin = torch.cat([ang, ang], -1).cos().to(q.dtype), torch.cat([ang, ang], -1).sin().to(q.dtype)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        past = 0 if cache is None else cache.length
-        if cache is not None:
-            k, v = cache.append(k, v)
+        return x, q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Attention of q over (k, v) (grouped heads repeated) under a boolean mask (L, S): (B, heads, L, d)."""
         rep = self.n_heads // self.n_kv
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        mask = torch.ones(L, past + L, dtype=torch.bool, device=q.device).tril(past)  # pair i sees <= past + i
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def finish(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The rest of the block after attention, then the final norm: the predicted features (B, L, H)."""
+        B, L, _ = x.shape
         x = x + self.o(a.transpose(1, 2).reshape(B, L, -1))
         h = rms_norm(x, self.norm_mid, self.eps)
         x = x + self.down(F.silu(self.gate(h)) * self.up(h))

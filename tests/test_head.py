@@ -274,3 +274,58 @@ def test_eval_draft_measures_a_head(tiny_pair, trained_head, tmp_path):
     d = res["decode"]
     assert 1 <= len(d["position_alphas"]) <= 3 and all(0 <= a <= 1 for a in d["position_alphas"])
     assert d["tokens_per_call"] > 1.0  # the trained head's guesses were kept often enough to save target calls
+
+
+def test_unrolled_training_computes_what_decoding_computes(loaded_pair):
+    """Training-time test (head_unroll.unrolled) must see at step s exactly what decoding's (s+1)-th guess of a
+    round sees: the true pairs before the round in the cache, then the head's own predicted features."""
+    from specviz.head import HeadCache
+    from specviz.training.head_unroll import unrolled
+
+    p, _ = loaded_pair
+    head = DraftHead.from_target(p.model, list(range(p.vocab_size)))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        head.fc.weight.add_(0.3 * torch.randn_like(head.fc.weight))
+        ids = torch.tensor([[1, 5, 9, 12, 7, 30, 2, 44, 8, 19, 3, 25]])
+        feats = p.model.model(input_ids=ids).last_hidden_state
+        T = ids.shape[1]
+        steps = unrolled(head, ids, feats[:, : T - 1], 3)
+        checked = 0
+        for j in range(T - 4):
+            cache = HeadCache()
+            f = head(ids[:, 1 : j + 2], feats[:, : j + 1], torch.arange(1, j + 2), cache)[:, -1:]
+            for s in range(3):
+                if s:  # the guess before was the target's own token x_{j+1+s}
+                    f = head(ids[:, j + 1 + s : j + 2 + s], f, torch.tensor([j + 1 + s]), cache)
+                assert torch.allclose(f[0, 0], steps[s][0, j], atol=1e-5), (j, s)
+                checked += 1
+    assert checked == 3 * (T - 4)
+
+
+def test_training_on_packed_tokens_with_chained_guesses(loaded_pair, trained_head, tmp_path):
+    """--pack-tokens then --tokens (features from the target on the fly) with --unroll 2: it learns both
+    guesses, reports the second's validation accuracy, and writes a head that loads."""
+    root = trained_head.parent.parent
+    common = [
+        "--heldout",
+        "",
+        "--heldout-dir",
+        "",
+        "--val-frac",
+        "0.2",
+        "--target",
+        TRAIN_ARGS[TRAIN_ARGS.index("--target") + 1],
+    ]
+    packed = tmp_path / "tok.npz"
+    train_head.main(["--data", str(root / "teacher.jsonl.gz"), "--pack-tokens", str(packed), *common])
+    vocab = TRAIN_ARGS[TRAIN_ARGS.index("--vocab") + 1]
+    args = ["--tokens", str(packed), "--vocab", vocab, "--out", str(tmp_path / "run"), "--unroll", "2"]
+    args += ["--minutes", "0", "--steps", "120", "--lr", "3e-3", "--warmup-steps", "5", "--batch-size", "4"]
+    final = train_head.main(args + ["--threads", "1", *common])
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if "acc2" in r]
+    assert steps[-1]["acc"] > steps[0]["acc"] + 0.2 and steps[-1]["acc2"] > steps[0]["acc2"] + 0.2
+    assert log[-1]["event"] == "checkpoint" and {"val_acc", "val_acc2", "val_greedy_acc2"} <= set(log[-1])
+    rows = len(json.loads(Path(vocab).read_text())["target_ids"])
+    assert load_head(final, loaded_pair[0]).rows.shape[0] == rows

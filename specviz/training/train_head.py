@@ -1,6 +1,6 @@
-"""Train a feature-level draft head (EAGLE-style, specviz/head.py) on the target's cached features.
+"""Train a feature-level draft head (EAGLE-style, specviz/head.py) on the target's features.
 
-Data: the feature shards of `scripts/label_teacher.py --features` (the target's last hidden state at every
+Data, either way: the feature shards of `scripts/label_teacher.py --features` (the target's last hidden state at every
 position of prompt + reply, computed once) and the teacher files they came from (for the prompts: held-out
 and benchmark prompts are dropped, and a share of distinct prompts is kept aside for validation).
 
@@ -17,6 +17,13 @@ input features (EAGLE's) makes later guesses, which read the head's own predicte
 Re-running resumes from <out>/state.pt; a usable head folder is written to <out>/latest every
 --ckpt-minutes and to <out>/final at the end. Validation reports the teacher-forced acceptance of the
 first guess (argmax == the target's token) on the held-aside greedy replies.
+
+Or a packed token file and the target itself, which computes the features batch by batch (the way to use a
+GPU: nothing to cache, nothing but the target's weights and this file to bring), with the chained guesses of
+decoding trained too (`--unroll 3`: training-time test, head_unroll.py):
+
+    python scripts/train_head.py --pack-tokens runs/head_tokens.npz --data data/teacher.jsonl.gz ...
+    python scripts/train_head.py --tokens runs/head_tokens.npz --unroll 3 --batch-size 64 --lr 6e-4 ...
 """
 
 from __future__ import annotations
@@ -29,10 +36,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..head import DraftHead
 from .common import HELDOUT, ROOT, read_heldout, target_folder
+from .head_unroll import collate, length_batches, pack_tokens, read_tokens, target_features, unrolled_loss
 from .teacher_io import read_jsonl, reply_key
 from .train_draft import TrainConfig, lr_at, progress_at, split_rows
 
@@ -50,65 +57,44 @@ def load_sequences(feature_dir: Path, rows_by_key: dict[str, dict]) -> list[dict
     return seqs
 
 
-def make_batch(items: list[dict], lookup: torch.Tensor, device) -> dict:
-    """Right-padded pairs: tokens x_{j+1} (B, L), features F_j (B, L, H), next features F_{j+1}, the next token
-    as a head row x_{j+2} (-1 outside the head's rows) and a mask of positions whose prediction is a reply token."""
-    L = max(len(it["ids"]) for it in items) - 1
-    B, H = len(items), items[0]["feats"].shape[1]
-    tok = torch.zeros(B, L, dtype=torch.long)
-    f_in, f_out = torch.zeros(B, L, H), torch.zeros(B, L, H)
-    nxt = torch.full((B, L), -1, dtype=torch.long)
-    mask = torch.zeros(B, L, dtype=torch.bool)
-    for b, it in enumerate(items):
-        ids, f, T = it["ids"], it["feats"].float(), len(it["ids"])
-        tok[b, : T - 1] = ids[1:]
-        f_in[b, : T - 1], f_out[b, : T - 1] = f[:-1], f[1:]
-        nxt[b, : T - 2] = lookup[ids[2:]]
-        mask[b, max(it["plen"] - 2, 0) : T - 2] = True  # pair j predicts x_{j+2}: a reply token from j = plen - 2
-    return {k: v.to(device) for k, v in dict(tok=tok, f_in=f_in, f_out=f_out, nxt=nxt, mask=mask).items()}
-
-
-def head_loss(head: DraftHead, b: dict, noise: float, token_weight: float):
-    """(loss, first-guess accuracy against the produced token) over the masked positions."""
-    f_in = b["f_in"] + (torch.rand_like(b["f_in"]) * 2 - 1) * noise if noise > 0 else b["f_in"]
-    L = b["tok"].shape[1]
-    f_hat = head(b["tok"], f_in, torch.arange(1, L + 1, device=f_in.device))  # (B, L, H)
-    m = b["mask"]
-    pred, true = f_hat[m], b["f_out"][m]  # (M, H)
-    logp = head.logits(pred).log_softmax(-1)  # (M, N)
-    with torch.no_grad():
-        p_true = head.logits(true).softmax(-1)  # the target's own distribution over the head's rows
-    ce = -(p_true * logp).sum(-1).mean()
-    loss = F.smooth_l1_loss(pred, true) + token_weight * ce
-    nxt = b["nxt"][m]
-    acc = (logp.argmax(-1) == nxt).float().mean()  # a token outside the rows (-1) is a miss
-    return loss, acc
-
-
 @torch.no_grad()
-def evaluate(head, items, lookup, device, batch_size: int) -> dict:
-    """Teacher-forced first-guess acceptance on greedy replies (the target's argmax), and loss on all."""
+def evaluate(head, items, lookup, device, batch_size: int, steps: int = 1, target=None) -> dict:
+    """Teacher-forced acceptance of each chained guess on greedy replies (the target's argmax), loss on all:
+    val_acc is the first guess's, val_acc2 the second's given the first, ..."""
     head.eval()
     out = {}
     for name, its in (("val", items), ("val_greedy", [it for it in items if it["greedy"]])):
-        tot_l = tot_a = n = 0.0
+        tot_l, tot_a, n = 0.0, [0.0] * steps, [0] * steps
         for i in range(0, len(its), batch_size):
-            b = make_batch(its[i : i + batch_size], lookup, device)
-            loss, acc = head_loss(head, b, 0.0, 0.1)
-            m = int(b["mask"].sum())
-            tot_l, tot_a, n = tot_l + loss.item() * m, tot_a + acc.item() * m, n + m
-        if n:
-            out[f"{name}_loss"], out[f"{name}_acc"] = tot_l / n, tot_a / n
+            b = batch_of(its[i : i + batch_size], device, target)
+            loss, accs, counts = unrolled_loss(head, b, lookup, steps, 0.0, 0.1)
+            tot_l += loss.item() * counts[0]
+            for s, (a, m) in enumerate(zip(accs, counts)):
+                tot_a[s], n[s] = tot_a[s] + a.item() * m, n[s] + m
+        if n[0]:
+            out[f"{name}_loss"], out[f"{name}_acc"] = tot_l / n[0], tot_a[0] / n[0]
+            out.update({f"{name}_acc{s + 1}": t / m for s, (t, m) in enumerate(zip(tot_a, n)) if s and m})
     head.train()
     return out
+
+
+def batch_of(items: list[dict], device, target=None) -> dict:
+    """A padded batch; its features computed by `target` where the items carry none (packed token files)."""
+    b = collate(items, device)
+    if "feats" not in b:
+        b["feats"] = target_features(target, b["ids"])
+    return b
 
 
 def main(argv: list[str] | None = None) -> Path:
     from transformers import AutoModelForCausalLM
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--features", required=True, help="feature shards folder (label_teacher.py --features)")
-    ap.add_argument("--data", nargs="+", required=True, help="the teacher files those features came from")
+    ap.add_argument("--features", default="", help="feature shards folder (label_teacher.py --features)")
+    ap.add_argument("--data", nargs="+", default=[], help="the teacher files those features came from")
+    ap.add_argument("--tokens", default="", help="a --pack-tokens file: features computed by the target on the fly")
+    ap.add_argument("--pack-tokens", default="", help="write --data's train/val split to this .npz file and stop")
+    ap.add_argument("--unroll", type=int, default=1, help="chained guesses trained per position (training-time test)")
     ap.add_argument(
         "--vocab",
         default=str(ROOT / "assets" / "draft" / "specviz_vocab.json"),
@@ -132,24 +118,39 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = True  # a GPU's float32 products in TF32 (no effect on a CPU)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     # 1. data: the replies of the teacher files, held-out prompts dropped, a validation split by prompt
-    rows = [r for p in args.data for r in read_jsonl(p)]
-    cfg = TrainConfig(heldout_dir=args.heldout_dir, val_frac=args.val_frac, seed=args.seed)
-    train_rows, val_rows, dropped = split_rows(rows, read_heldout(args.heldout) if args.heldout else [], cfg)
-    by_key = lambda rs: {reply_key(r): r for r in rs}  # noqa: E731
-    train, val = (
-        load_sequences(Path(args.features), by_key(train_rows)),
-        load_sequences(Path(args.features), by_key(val_rows)),
-    )
+    train, val, dropped = [], [], 0
+    if args.data:
+        rows = [r for p in args.data for r in read_jsonl(p)]
+        cfg = TrainConfig(heldout_dir=args.heldout_dir, val_frac=args.val_frac, seed=args.seed)
+        train_rows, val_rows, dropped = split_rows(rows, read_heldout(args.heldout) if args.heldout else [], cfg)
+    if args.pack_tokens:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(target_folder(args.target))
+        counts = pack_tokens(args.pack_tokens, {"train": train_rows, "val": val_rows}, tok)
+        print(f"packed {counts} sequences ({dropped} held-out replies dropped) into {args.pack_tokens}", flush=True)
+        return Path(args.pack_tokens)
+    if args.tokens:
+        packed = read_tokens(args.tokens)
+        train, val = packed["train"], packed["val"]
+    else:
+        by_key = lambda rs: {reply_key(r): r for r in rs}  # noqa: E731
+        train, val = (
+            load_sequences(Path(args.features), by_key(train_rows)),
+            load_sequences(Path(args.features), by_key(val_rows)),
+        )
     target_ids = json.loads(Path(args.vocab).read_text())["target_ids"]
     target = AutoModelForCausalLM.from_pretrained(target_folder(args.target), dtype=torch.float32)
-    lookup = torch.full((target.get_output_embeddings().weight.shape[0],), -1, dtype=torch.long)
-    lookup[torch.tensor(target_ids)] = torch.arange(len(target_ids))
+    feats_by = target.to(device).eval() if args.tokens else None  # computes the features where none are cached
+    lookup = torch.full((target.get_output_embeddings().weight.shape[0],), -1, dtype=torch.long, device=device)
+    lookup[torch.tensor(target_ids, device=device)] = torch.arange(len(target_ids), device=device)
     n_tok = sum(len(s["ids"]) - s["plen"] for s in train)
     print(
         f"data: {len(train)} train sequences ({n_tok} reply tokens), {len(val)} val, {dropped} held-out "
@@ -197,21 +198,21 @@ def main(argv: list[str] | None = None) -> Path:
             f.write(json.dumps({"event": "checkpoint", **meta}) + "\n")
 
     # 3. the loop: shuffled epochs, warm-up then cosine decay over max(step, time) progress
-    order: list[int] = []
+    batches: list[list[int]] = []
+    lengths = [len(s["ids"]) for s in train]
     t0, last_ckpt, ema = time.time() - elapsed, elapsed, None
     while True:
         elapsed = time.time() - t0
         progress = progress_at(step, elapsed, args.steps, args.minutes)
         if progress >= 1.0:
             break
-        if len(order) < args.batch_size:
-            order = list(range(len(train)))
-            rng.shuffle(order)
-        b = make_batch([train[order.pop()] for _ in range(args.batch_size)], lookup, device)
+        if not batches:
+            batches = length_batches(len(train), lengths, args.batch_size, rng)
+        b = batch_of([train[k] for k in batches.pop()], device, feats_by)
         lr = lr_at(progress, step, args)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss, acc = head_loss(head, b, args.noise, args.token_weight)
+        loss, accs, _ = unrolled_loss(head, b, lookup, args.unroll, args.noise, args.token_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -225,19 +226,20 @@ def main(argv: list[str] | None = None) -> Path:
                 "lr": lr,
                 "loss": loss.item(),
                 "ema": ema,
-                "acc": acc.item(),
+                "acc": accs[0].item(),
+                **{f"acc{s + 1}": a.item() for s, a in enumerate(accs) if s},
             }
             print(json.dumps(rec), flush=True)
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
         if elapsed - last_ckpt >= 60 * args.ckpt_minutes:
-            metrics = evaluate(head, val, lookup, device, args.batch_size)
+            metrics = evaluate(head, val, lookup, device, args.batch_size, args.unroll, feats_by)
             print(f"checkpoint at step {step}: {metrics}", flush=True)
             elapsed = time.time() - t0
             checkpoint("latest", {"train_loss_ema": ema, **metrics})
             last_ckpt = elapsed
 
-    metrics = evaluate(head, val, lookup, device, args.batch_size)
+    metrics = evaluate(head, val, lookup, device, args.batch_size, args.unroll, feats_by)
     print(f"final at step {step}: {metrics}", flush=True)
     checkpoint("latest", {"train_loss_ema": ema, **metrics})
     if (out / "final").exists():

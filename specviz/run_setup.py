@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .config import TREE_AUTO_MAX, SpecConfig, SpecvizError
 from .costs import calibration, head_calibration, tree_read_calibration
-from .drafters import Drafter, LookupDrafter, make_drafter
+from .drafters import Drafter, LookupDrafter, TranslatingDrafter, make_drafter
 from .head import head_for
 from .models import LoadedModel
 from .policies import TreePolicy, make_policy
@@ -31,7 +31,9 @@ def make_run(
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, read_s, spent, paid = [], 0.0, 0.0, 0.0, "model"
-    tree_auto = cfg.tree == "auto"
+    # a draft with another tokenizer guesses a line of text at a time: it runs chains (the race says so)
+    chains_only = isinstance(getattr(drafter, "model", drafter), TranslatingDrafter)
+    tree_auto = cfg.tree == "auto" and not chains_only
     if cfg.gamma_policy == "auto" or tree_auto:
         verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
         if head is not None:  # one head step, for its cost
@@ -46,7 +48,7 @@ def make_run(
                 spent += spent_q
     policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
     tree = None
-    if cfg.tree != "off":
+    if cfg.tree != "off" and not chains_only:
         tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, read_s)
     return drafter, policy, tree, spent
 

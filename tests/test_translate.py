@@ -8,7 +8,7 @@ import pytest
 import torch
 from cross_pair import cross_pair, phi3_draft, save, train_lm, useless_tokenizer
 
-from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, check_pair, generate, load_pair
+from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, check_pair, generate, load_pair, stream
 from specviz.api import encode_prompt
 from specviz.drafters import TranslatingDrafter
 from specviz.engine import eos_ids, speculative_decode
@@ -206,6 +206,25 @@ def test_the_race_page_says_the_guesses_were_translated_and_how(pair_dirs):
         spec_pane, message = last[2], last[5]
         assert f"draft&#x27;s guesses translated: {method}" in spec_pane, spec_pane[:300]
         assert "another tokenizer" in message and "sv-error" not in message
+
+
+def test_a_tree_setting_with_a_translated_draft_runs_chains_and_the_race_says_so(pair_dirs):
+    """A draft with another tokenizer proposes chains only: with tree on (or auto) its runs start with trees off,
+    and the race's message says the setting had no effect instead of leaving it silent."""
+    from specviz.request import RunRequest
+    from specviz.ui.common import UIContext
+    from specviz.ui.race import race_stream
+
+    for tree in (4, "auto"):
+        events = list(stream("the red fox", target=pair_dirs[0], draft=pair_dirs[1], device="cpu", tree=tree,
+                             gamma=3, max_new_tokens=12))  # fmt: skip
+        assert events[0].tree == "" and not any(getattr(e, "tree", None) for e in events[1:-1])
+    ctx = UIContext(device="cpu", default_target=pair_dirs[0], default_draft=pair_dirs[1])
+    for tree, said in ((4, True), ("off", False)):
+        *_, last = race_stream(
+            ctx, "the red fox", {"spec": RunRequest(drafter="model", gamma=3, tree=tree, max_new_tokens=16)}
+        )
+        assert ("Token trees are off for a draft with another tokenizer" in last[5]) is said, last[5][-400:]
 
 
 def test_the_benchmark_races_transformers_universal_assisted_generation_on_the_same_pair(pair):

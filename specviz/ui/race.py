@@ -157,6 +157,8 @@ class RaceView:
             parts.append("Slower means the guesses cost more than they saved here.")
         for how in dict.fromkeys(self.translation.values()):
             parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")
+        if any(str(self.requests[k].tree) != "off" for k in self.translation if k in self.requests):
+            parts.append("Token trees are off for a draft with another tokenizer: its guesses ran as chains.")
         if engine is not None and engine.drafts:
             rounds = [(len(e.drafted), e.n) for e in self.events["spec"] if isinstance(e, Round) and e.drafted]
             ours = ", ".join(f"{x:.2f}" for x in position_alphas(rounds)) or "none drafted"

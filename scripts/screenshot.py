@@ -1,7 +1,7 @@
 """The README's picture: the app with the default pair racing, in Debian's chromium.
 
     .venv/bin/python scripts/screenshot.py assets/screenshot.png [--prompt TEXT] [--sweep] [--tab NAME]
-        [--drafter lookup+model] [--policy auto] [--lane3 lookup --policy3 auto] [--tab "Pair check" --check]
+        [--drafter lookup+model] [--policy auto] [--tree 4] [--lane3 lookup --policy3 auto] [--tab "Pair check" --check]
     .venv/bin/python scripts/screenshot.py tree.png --step 3 --tree 8 --width 1280 --height 720 [--present]
         (the Step-through tab after 3 rounds with token trees of 8 nodes, no race; the viewport only)
 
@@ -75,7 +75,9 @@ def main() -> None:
     ap.add_argument("--policy3", default="", help="the third lane's gamma policy (default auto)")
     ap.add_argument("--height", type=int, default=1000)
     ap.add_argument("--step", type=int, default=0, help="instead of the race: this many rounds of the Step-through")
-    ap.add_argument("--tree", default="", help="with --step: the token tree (off, 4, 8, auto)")
+    ap.add_argument(
+        "--tree", default="", help="the token tree (off, 4, 8, auto): the race's, or with --step the round's"
+    )
     ap.add_argument("--present", action="store_true", help="presentation mode (large type, for projectors)")
     args = ap.parse_args()
 
@@ -98,7 +100,11 @@ def main() -> None:
                 return
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)
-            for label, value in (("guesses from (drafter)", args.drafter), ("gamma policy", args.policy)):
+            for label, value in (
+                ("guesses from (drafter)", args.drafter),
+                ("gamma policy", args.policy),
+                ("token tree (model drafters)", args.tree),
+            ):
                 _choose(page, label, value)
             if args.lane3:
                 page.get_by_text("Race a third lane").click()

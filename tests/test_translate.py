@@ -225,6 +225,7 @@ def test_a_tree_setting_with_a_translated_draft_runs_chains_and_the_race_says_so
             ctx, "the red fox", {"spec": RunRequest(drafter="model", gamma=3, tree=tree, max_new_tokens=16)}
         )
         assert ("Token trees are off for a draft with another tokenizer" in last[5]) is said, last[5][-400:]
+        assert ("model, gamma 3, trees off" in last[2]) is said and "tree 4" not in last[2] + last[5]
 
 
 def test_the_benchmark_races_transformers_universal_assisted_generation_on_the_same_pair(pair):

@@ -69,6 +69,9 @@ class RaceView:
             self.clock[side] = ev.prefill_s
             if ev.translation:
                 self.translation[side] = ev.translation
+                tree = self.requests[side].tree if side in self.requests else "off"
+                if str(tree) != "off" and not ev.tree:  # a translated draft runs chains (run_setup.make_run)
+                    self.labels[side] = self.labels[side].replace(f", tree {tree}", ", trees off")
         elif isinstance(ev, Step):
             self.body[side].append(render.ar_token_html(self.pieces, ev, self.greedy))
             self.clock[side] = ev.elapsed_s
@@ -157,7 +160,7 @@ class RaceView:
             parts.append("Slower means the guesses cost more than they saved here.")
         for how in dict.fromkeys(self.translation.values()):
             parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")
-        if any(str(self.requests[k].tree) != "off" for k in self.translation if k in self.requests):
+        if any(self.labels[k].endswith(", trees off") for k in self.translation):
             parts.append("Token trees are off for a draft with another tokenizer: its guesses ran as chains.")
         if engine is not None and engine.drafts:
             rounds = [(len(e.drafted), e.n) for e in self.events["spec"] if isinstance(e, Round) and e.drafted]

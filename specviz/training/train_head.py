@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    if not args.tokens and not (args.data and (args.features or args.pack_tokens)):
+        ap.error("give --tokens FILE, or --data with --features (cached features) or --pack-tokens FILE")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = True  # a GPU's float32 products in TF32 (no effect on a CPU)
     torch.set_num_threads(args.threads)

@@ -329,3 +329,10 @@ def test_training_on_packed_tokens_with_chained_guesses(loaded_pair, trained_hea
     assert log[-1]["event"] == "checkpoint" and {"val_acc", "val_acc2", "val_greedy_acc2"} <= set(log[-1])
     rows = len(json.loads(Path(vocab).read_text())["target_ids"])
     assert load_head(final, loaded_pair[0]).rows.shape[0] == rows
+
+    from specviz.training.head_unroll import pack_tokens, read_tokens
+
+    with gzip.open(root / "teacher.jsonl.gz", "rt") as f:
+        replies = [json.loads(x) for x in f]
+    counts = pack_tokens(tmp_path / "dup.npz", {"train": replies + replies[:3]}, loaded_pair[0].tokenizer)
+    assert counts == {"train": len(replies)} == {"train": len(read_tokens(tmp_path / "dup.npz")["train"])}

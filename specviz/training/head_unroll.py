@@ -107,10 +107,13 @@ def unrolled_loss(head, b: dict, lookup: torch.Tensor, steps: int, noise: float,
 
 
 def pack_tokens(path: str | Path, splits: dict[str, list[dict]], tokenizer, max_len: int = 512) -> dict[str, int]:
-    """Write {split: rows} (teacher rows: prompt, temperature, ids) as one .npz of prompt + reply ids."""
+    """Write {split: rows} (teacher rows: prompt, temperature, ids) as one .npz of prompt + reply ids, each reply
+    once (by teacher_io.reply_key, as the cached-feature path loads them)."""
     from .common import prompt_ids
+    from .teacher_io import reply_key
 
     prompts: dict[str, list[int]] = {}
+    seen: set[str] = set()
     ids, offsets, plen, greedy, split = [], [0], [], [], []
     counts = {}
     for k, (name, rows) in enumerate(splits.items()):
@@ -118,9 +121,10 @@ def pack_tokens(path: str | Path, splits: dict[str, list[dict]], tokenizer, max_
         for r in rows:
             if r["prompt"] not in prompts:
                 prompts[r["prompt"]] = prompt_ids(tokenizer, r["prompt"])
-            seq = prompts[r["prompt"]] + list(r["ids"])
-            if len(seq) > max_len or not r["ids"]:
+            seq, key = prompts[r["prompt"]] + list(r["ids"]), reply_key(r)
+            if len(seq) > max_len or not r["ids"] or key in seen:
                 continue
+            seen.add(key)
             ids.extend(seq)
             offsets.append(len(ids))
             plen.append(len(prompts[r["prompt"]]))
@@ -146,17 +150,18 @@ def read_tokens(path: str | Path) -> dict[str, list[dict]]:
     """{split: [{ids (T,) long, plen, greedy, feats None}]} from a pack_tokens file."""
     z = np.load(path)
     ids, off = torch.from_numpy(z["ids"].astype(np.int64)), z["offsets"]
-    out: dict[str, list[dict]] = {str(n): [] for n in z["names"]}
     names = [str(n) for n in z["names"]]
+    out: dict[str, list[dict]] = {n: [] for n in names}
     for i in range(len(z["plen"])):
         item = {"ids": ids[off[i] : off[i + 1]], "plen": int(z["plen"][i]), "greedy": bool(z["greedy"][i])}
         out[names[int(z["split"][i])]].append({**item, "feats": None})
     return out
 
 
-def length_batches(n_items: int, lengths: list[int], batch_size: int, rng) -> list[list[int]]:
-    """Shuffled batches of similar length: shuffle, sort windows of 50 batches by length, cut, shuffle batches."""
-    order = list(range(n_items))
+def length_batches(lengths: list[int], batch_size: int, rng) -> list[list[int]]:
+    """Shuffled batches of item indices of similar length: shuffle, sort windows of 50 batches by length, cut,
+    shuffle the batches."""
+    order = list(range(len(lengths)))
     rng.shuffle(order)
     out = []
     w = 50 * batch_size

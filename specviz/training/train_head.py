@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
 
     # 1. data: the replies of the teacher files, held-out prompts dropped, a validation split by prompt
-    train, val, dropped = [], [], 0
+    dropped = 0
     if args.data:
         rows = [r for p in args.data for r in read_jsonl(p)]
         cfg = TrainConfig(heldout_dir=args.heldout_dir, val_frac=args.val_frac, seed=args.seed)
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> Path:
         if progress >= 1.0:
             break
         if not batches:
-            batches = length_batches(len(train), lengths, args.batch_size, rng)
+            batches = length_batches(lengths, args.batch_size, rng)
         b = batch_of([train[k] for k in batches.pop()], device, feats_by)
         lr = lr_at(progress, step, args)
         for g in opt.param_groups:

@@ -329,6 +329,15 @@ def test_training_on_packed_tokens_with_chained_guesses(loaded_pair, trained_hea
     assert log[-1]["event"] == "checkpoint" and {"val_acc", "val_acc2", "val_greedy_acc2"} <= set(log[-1])
     rows = len(json.loads(Path(vocab).read_text())["target_ids"])
     assert load_head(final, loaded_pair[0]).rows.shape[0] == rows
+    assert (tmp_path / "run" / "best" / "head.safetensors").is_file()
+
+    # --init: a warm start from a trained head; at learning rate 0 its weights come back unchanged
+    args = ["--tokens", str(packed), "--vocab", vocab, "--out", str(tmp_path / "warm"), "--init", str(trained_head)]
+    warm = train_head.main(args + ["--minutes", "0", "--steps", "2", "--lr", "0", "--threads", "1", *common])
+    from safetensors.torch import load_file
+
+    before, after = load_file(str(trained_head / "head.safetensors")), load_file(str(warm / "head.safetensors"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
     from specviz.training.head_unroll import pack_tokens, read_tokens
 

@@ -15,7 +15,8 @@ input features (EAGLE's) makes later guesses, which read the head's own predicte
         --out runs/head --minutes 40 --threads 1 &
 
 Re-running resumes from <out>/state.pt; a usable head folder is written to <out>/latest every
---ckpt-minutes and to <out>/final at the end. Validation reports the teacher-forced acceptance of the
+--ckpt-minutes (and to <out>/best when its validated first guess is the best so far) and to <out>/final at
+the end. `--init FOLDER` starts from a trained head's weights with a fresh schedule. Validation reports the teacher-forced acceptance of the
 first guess (argmax == the target's token) on the held-aside greedy replies.
 
 Or a packed token file and the target itself, which computes the features batch by batch (the way to use a
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ..head import DraftHead
+from ..head import HEAD_CONFIG, HEAD_WEIGHTS, DraftHead
 from .common import HELDOUT, ROOT, read_heldout, target_folder
 from .head_unroll import collate, length_batches, pack_tokens, read_tokens, target_features, unrolled_loss
 from .teacher_io import read_jsonl, reply_key
@@ -78,6 +79,16 @@ def evaluate(head, items, lookup, device, batch_size: int, steps: int = 1, targe
     return out
 
 
+def init_from(head: DraftHead, folder: Path) -> None:
+    """Load a saved head's weights into `head` (a warm start); its rows must be the same."""
+    from safetensors.torch import load_file
+
+    cfg = json.loads((folder / HEAD_CONFIG).read_text())
+    if cfg["target_ids"] != head.cfg["target_ids"]:
+        raise SystemExit(f"--init {folder}: that head has other output rows than --vocab gives.")
+    head.load_state_dict({k: v.float() for k, v in load_file(str(folder / HEAD_WEIGHTS)).items()})
+
+
 def batch_of(items: list[dict], device, target=None) -> dict:
     """A padded batch; its features computed by `target` where the items carry none (packed token files)."""
     b = collate(items, device)
@@ -95,6 +106,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--tokens", default="", help="a --pack-tokens file: features computed by the target on the fly")
     ap.add_argument("--pack-tokens", default="", help="write --data's train/val split to this .npz file and stop")
     ap.add_argument("--unroll", type=int, default=1, help="chained guesses trained per position (training-time test)")
+    ap.add_argument("--init", default="", help="start from this head folder's weights (same rows), a fresh schedule")
     ap.add_argument(
         "--vocab",
         default=str(ROOT / "assets" / "draft" / "specviz_vocab.json"),
@@ -161,10 +173,13 @@ def main(argv: list[str] | None = None) -> Path:
     )
 
     # 2. the head (from the target's last block) and its optimiser, or the saved state
-    head = DraftHead.from_target(target, target_ids).to(device)
+    head = DraftHead.from_target(target, target_ids)
+    if args.init:
+        init_from(head, Path(args.init))
+    head = head.to(device)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step, elapsed, rng = 0, 0.0, random.Random(args.seed)
+    step, elapsed, rng, best = 0, 0.0, random.Random(args.seed), -1.0
     state_path = out / "state.pt"
     if state_path.is_file():
         st = torch.load(state_path, weights_only=False)
@@ -172,19 +187,25 @@ def main(argv: list[str] | None = None) -> Path:
         opt.load_state_dict(st["opt"])
         step, elapsed = st["step"], st["elapsed"]
         rng.setstate(st["rng"])
+        best = st.get("best", best)
         print(f"resumed at step {step} after {elapsed / 60:.1f} min", flush=True)
     head.train()
 
     def checkpoint(name: str, metrics: dict) -> None:
+        """Write the head to <out>/latest, and to <out>/best when its first guess is the best validated so far."""
+        nonlocal best
         meta = {"step": step, "minutes": round(elapsed / 60, 2), "args": vars(args), **metrics}
-        stage = out / f"{name}.tmp"
-        if stage.exists():
-            shutil.rmtree(stage)
-        head.save(stage)
-        (stage / "train_meta.json").write_text(json.dumps(meta, indent=1))
-        if (out / name).exists():
-            shutil.rmtree(out / name)
-        stage.rename(out / name)
+        score = metrics.get("val_greedy_acc", metrics.get("val_acc", 0.0))
+        for folder in [name] + (["best"] if score > best else []):
+            stage = out / f"{folder}.tmp"
+            if stage.exists():
+                shutil.rmtree(stage)
+            head.save(stage)
+            (stage / "train_meta.json").write_text(json.dumps(meta, indent=1))
+            if (out / folder).exists():
+                shutil.rmtree(out / folder)
+            stage.rename(out / folder)
+        best = max(best, score)
         torch.save(
             {
                 "head": head.state_dict(),
@@ -192,6 +213,7 @@ def main(argv: list[str] | None = None) -> Path:
                 "step": step,
                 "elapsed": elapsed,
                 "rng": rng.getstate(),
+                "best": best,
             },
             out / "state.tmp",
         )

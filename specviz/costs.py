@@ -101,18 +101,29 @@ def head_calibration(head, reps: int = 5):
         return known, 0.0
     t0 = time.perf_counter()
     dev, H = head.embed.device, head.cfg["hidden"]
-    cache, feats = HeadCache(), torch.zeros(1, 33, H, device=dev, dtype=head.embed.dtype)
+    fast = getattr(head, "native", None)  # its forward by llama.c (head_native.py), where that runs here
+    cache = fast.new_cache() if fast is not None else HeadCache()
+    feats = torch.zeros(1, 33, H, device=dev, dtype=head.embed.dtype)
     toks = head.target_ids[:33].view(1, -1)
-    head(toks[:, :32], feats[:, :32], torch.arange(1, 33, device=dev), cache)
+
+    def step(a: int, b: int) -> torch.Tensor:  # pairs a .. b - 1 -> the last one's logits over the head's rows
+        pos = torch.arange(a + 1, b + 1, device=dev)
+        if fast is not None:
+            return fast.step(cache, toks[0, a:b], feats[0, a:b], pos)[1]
+        return head.logits(head(toks[:, a:b], feats[:, a:b], pos, cache))
+
+    step(0, 32)
     times = []
     for _ in range(reps + 1):
         t = time.perf_counter()
-        f = head(toks[:, 32:], feats[:, 32:], torch.tensor([33], device=dev), cache)
-        head.logits(f).argmax(-1)
+        step(32, 33).argmax(-1)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-        cache.crop(32)
+        if fast is not None:
+            cache.length = 32
+        else:
+            cache.crop(32)
     _MEMO[head] = [statistics.median(times[1:])]
     return _MEMO[head], time.perf_counter() - t0
 

@@ -27,7 +27,8 @@ class HeadDrafter(Drafter):
         from .head import HeadCache
 
         self.head, self.V = head, V
-        self.cache = HeadCache()
+        self.native = getattr(head, "native", None)  # its forward by llama.c where that runs here (head_native.py)
+        self.cache = self.native.new_cache() if self.native is not None else HeadCache()
         self.fed = 0  # pairs in the cache built from true features
         self.pending: torch.Tensor | None = None  # (m, H) true features of positions fed .. fed + m - 1
         self.n_calls = 0
@@ -36,29 +37,38 @@ class HeadDrafter(Drafter):
     def calls(self) -> int:
         return self.n_calls
 
+    def _keep(self, pairs: int) -> None:
+        """Keep the cache's first `pairs` pairs."""
+        if self.native is not None:
+            self.cache.length = pairs
+        else:
+            self.cache.crop(pairs)
+
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
-        self.cache.crop(0)
+        self._keep(0)
         self.fed, self.n_calls = 0, 0
         self.pending = hidden
 
     def update(self, n: int, correction: int, hidden: torch.Tensor | None = None) -> None:
-        self.cache.crop(self.fed)  # the guessed pairs were built on predicted features
+        self._keep(self.fed)  # the guessed pairs were built on predicted features
         if hidden is not None:
             self.pending = hidden if self.pending is None else torch.cat([self.pending, hidden])
 
-    def _step(self, tokens: list[int], feats: torch.Tensor, start: int) -> torch.Tensor:
-        """Feed pairs (tokens[i], feats[i]) at positions start + 1 + i; return the predicted features (L, H)."""
+    def _step(self, tokens: list[int], feats: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed pairs (tokens[i], feats[i]) at positions start + 1 + i; return the last predicted feature (H,) and
+        its logits over the head's rows (N,)."""
         dev = self.head.embed.device
         pos = torch.arange(start + 1, start + 1 + len(tokens), device=dev)
         self.n_calls += 1
-        return self.head(
-            torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos, self.cache
-        )[0]
+        if self.native is not None:
+            f, rows = self.native.step(self.cache, torch.tensor(tokens), feats, pos)
+            return f[-1], rows
+        f = self.head(torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos, self.cache)
+        return f[0, -1], self.head.logits(f[0, -1])
 
-    def _logits(self, f: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
-        """(H,) predicted feature -> (V,) logits in the target's vocabulary (-inf outside the head's rows)."""
-        rows = self.head.logits(f).float().to(ctx.device)
-        return scatter_rows(rows[None], self.head.target_ids.to(ctx.device), self.V)[0]
+    def _logits(self, rows: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        """(N,) logits over the head's rows -> (V,) logits in the target's vocabulary (-inf outside them)."""
+        return scatter_rows(rows.float().to(ctx.device)[None], self.head.target_ids.to(ctx.device), self.V)[0]
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
         k, why = ctx.k_for(self.name)
@@ -67,11 +77,11 @@ class HeadDrafter(Drafter):
             return empty_proposal(ctx, k, why)
         if m == 0 or self.fed + m != len(seq) - 1:  # the engine sends n + 1 features after every verify
             raise RuntimeError(f"head drafter out of step: {self.fed} + {m} features for {len(seq)} tokens")
-        f = self._step(seq[self.fed + 1 :], self.pending, self.fed)[-1]  # (H,) the feature after seq[-1]
+        f, head_rows = self._step(seq[self.fed + 1 :], self.pending, self.fed)  # the feature after seq[-1]
         self.fed, self.pending = self.fed + m, None
         tokens, rows, stop = [], [], why
         for i in range(k):
-            logits = self._logits(f, ctx)
+            logits = self._logits(head_rows, ctx)
             x = draw_guess(logits, ctx)
             if x is None:
                 stop = STOP_CONFIDENCE
@@ -79,7 +89,7 @@ class HeadDrafter(Drafter):
             tokens.append(x.to(ctx.device))
             rows.append(logits)
             if i + 1 < k:  # the next guess reads this one with the head's own predicted feature
-                f = self._step([int(x)], f[None], len(seq) - 1 + i)[-1]
+                f, head_rows = self._step([int(x)], f[None], len(seq) - 1 + i)
         t = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=ctx.device)
         q = to_probs(torch.stack(rows), ctx.sampling) if rows and ctx.need_q else None  # (k, V)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(rows))

@@ -240,5 +240,9 @@ def head_for(target, folder: str | Path = "") -> DraftHead:
     with _LOCK:
         heads = _LOADED.setdefault(target.model, {})
         if key not in heads:
-            heads[key] = load_head(key, target)
+            from .head_native import native_head
+
+            head = load_head(key, target)
+            head.native = native_head(head, target)  # its forward by llama.c where that runs here, else None
+            heads[key] = head
         return heads[key]

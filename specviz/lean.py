@@ -319,11 +319,23 @@ class LeanLlama:
         positions (L,): RoPE positions (default: the cache's row numbers); mask (L, rows + L) additive: which rows
         each token sees (default: causal). The cache grows by L rows.
         """
-        L, base = ids.numel(), cache.length
+        return self.forward_embedded(cache, F.embedding(ids.view(-1), self.embed).float(), positions, mask, last_only)
+
+    @torch.no_grad()
+    def forward_embedded(
+        self,
+        cache: LeanCache,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` from the tokens' input vectors x (L, H) float32 (a draft head's, head_native.py, are not an
+        embedding table's rows); x is overwritten."""
+        L, base = x.shape[0], cache.length
         cache.reserve(base + L)
         pos = torch.arange(base, base + L) if positions is None else positions.view(-1)
         self._rope(int(pos.max()) + 1)
-        x = F.embedding(ids.view(-1), self.embed).float()  # (L, H)
         if self.lib is not None and L <= native.MAX_ROWS:
             logits, h = self._native(cache, x, base, pos, mask, 1 if last_only else L)
         elif self.lib is not None and L <= CHUNKED_PREFILL[self.wtype]:

@@ -168,8 +168,9 @@ def token_ids(evs: Iterable) -> set[int]:
     return out
 
 
-def environment(target=None, draft=None) -> dict:
-    """The models, the machine and the date: what a reader needs to judge the recorded times."""
+def environment(target=None, draft=None, settings: dict | None = None) -> dict:
+    """The models, the machine and the date: what a reader needs to judge the recorded times (and, where
+    `settings` ran a head drafter, how the head computed: head_native.py's choice)."""
     from .machine import machine_info
 
     info = machine_info()
@@ -194,6 +195,11 @@ def environment(target=None, draft=None) -> dict:
         from .models import pair_backend, pair_dtypes
 
         env |= {"dtypes": pair_dtypes(target, draft), "backend": pair_backend(target, draft)}
+    if target is not None and str((settings or {}).get("drafter", "")).endswith("head"):
+        from .head import head_for
+        from .head_native import describe
+
+        env["head_backend"] = describe(head_for(target, settings.get("head") or ""))
     env["recorded_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return env
 
@@ -318,4 +324,5 @@ def run_request(prompt: str, modes: tuple[str, ...], req) -> Recording:
         lanes = {m: [ev for side, ev in merged if side == m] for m in modes}
     else:
         lanes = {modes[0]: list(runs[modes[0]])}
-    return make("race" if len(modes) == 2 else "run", req.settings(prompt), lanes, p.tokenizer, environment(p, q))
+    settings = req.settings(prompt)
+    return make("race" if len(modes) == 2 else "run", settings, lanes, p.tokenizer, environment(p, q, settings))

@@ -76,7 +76,7 @@ def race_recording(ctx: UIContext, view) -> record.Recording | None:
         settings |= {"lane3": view.labels["spec2"]}
     lanes = {k: view.events[k] for k in view.lanes}
     p, q = ctx.pair()
-    return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q))
+    return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q, settings))
 
 
 def sweep_recording(ctx: UIContext, result: dict | None) -> record.Recording | None:
@@ -88,7 +88,7 @@ def sweep_recording(ctx: UIContext, result: dict | None) -> record.Recording | N
     p, q = ctx.pair()
     extra = {k: result[k] for k in ("sweep", "alpha", "c")}
     settings = result["request"].settings(prompt) | {"gamma": None}  # each lane names its own gamma
-    return record.make("sweep", settings, result["lanes"], p.tokenizer, record.environment(p, q), extra)
+    return record.make("sweep", settings, result["lanes"], p.tokenizer, record.environment(p, q, settings), extra)
 
 
 def step_recording(ctx: UIContext, session) -> record.Recording | None:
@@ -99,4 +99,4 @@ def step_recording(ctx: UIContext, session) -> record.Recording | None:
     p, q = ctx.pair()
     lanes = {"spec": [st.start, *st.rounds, st.done]}
     settings = record.settings_of(st.settings.prompt, st.config)
-    return record.make("step", settings, lanes, session.pieces.tok, record.environment(p, q))
+    return record.make("step", settings, lanes, session.pieces.tok, record.environment(p, q, settings))

@@ -145,7 +145,7 @@ A256 static inline float hsum256(__m256 v) {
 TAIL(tail_f32_256, float, f32, A256)
 #define tail tail_f32_256
 #define LOADW(p) _mm256_loadu_ps(p)
-KERNELS(f32_256, float, A256, 4, 4, 3, 3, 2, 2, 2, 1)
+KERNELS(f32_256, float, A256, 4, 4, 4, 3, 3, 2, 2, 1)
 #undef LOADW
 #undef tail
 TAIL(tail_f16_256, uint16_t, h2f_256, A256)

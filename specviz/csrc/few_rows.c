@@ -129,7 +129,10 @@ KERNELS(i8_512, int8_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
 
 // ---- AVX2 + FMA + F16C: 8 lanes, 16 registers ----
 // float32: R x M accumulators + R weights + 1 input <= 16 (3 rows of W for 4 tokens, 2 for 7: measured on a
-// Xeon with the AVX-512 path turned off, a 4-token call 1.18-1.21 steps with 2 rows, 1.07-1.09 with 3).
+// Xeon with the AVX-512 path turned off, a 4-token call 1.18-1.21 steps with 2 rows, 1.07-1.09 with 3), but 4 rows
+// for 3 tokens and 3 for 5 (one register over: the input is reloaded from L1): on the Zen 3 of 26 Nov 2026 a
+// 3-token call went 1.09-1.12 -> 1.05-1.09 steps and 5 tokens 1.20-1.24 -> 1.09-1.20 (scripts/cpu_costs.py
+// --paths kernel, two interleaved rounds). R does not change the numbers: each output is the same chain of FMAs.
 A256 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

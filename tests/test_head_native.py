@@ -47,24 +47,25 @@ def forced(monkeypatch, p, folder, path: str):
 
 
 @needs_kernel
-def test_the_native_head_computes_what_the_head_computes(loaded_pair, tmp_path, monkeypatch):
-    """Fed in two calls (a prompt's pairs, then one), float32: features and the last pair's logits as PyTorch's."""
+@pytest.mark.parametrize("first", [9, 40, 90])  # one llama.c call; several (lean.CHUNKED_PREFILL); PyTorch's ops
+def test_the_native_head_computes_what_the_head_computes(loaded_pair, tmp_path, monkeypatch, first):
+    """Fed in two calls (a prompt's pairs, then three), float32: features and the last pair's logits as PyTorch's."""
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "0")
     p, _ = loaded_pair
     head = a_head(p, tmp_path / "h")
     fast = NativeHead(head, p.lean)
     assert not fast.int8
-    T, H = 12, p.model.config.hidden_size
+    T, H = first + 3, p.model.config.hidden_size
     tokens, feats = torch.randint(0, p.vocab_size, (T,)), torch.randn(T, H)
     with torch.no_grad():
         ref = head(tokens[None], feats[None], torch.arange(1, T + 1), HeadCache())[0]
         cache = fast.new_cache()
-        f1, _ = fast.step(cache, tokens[:9], feats[:9], torch.arange(1, 10))
-        f2, rows = fast.step(cache, tokens[9:], feats[9:], torch.arange(10, T + 1))
+        f1, _ = fast.step(cache, tokens[:first], feats[:first], torch.arange(1, first + 1))
+        f2, rows = fast.step(cache, tokens[first:], feats[first:], torch.arange(first + 1, T + 1))
     assert torch.allclose(torch.cat([f1, f2]), ref, atol=1e-4)
     assert torch.allclose(rows, head.logits(ref[-1]), atol=1e-4)
-    cache.length = 9  # a rollback, then the same pairs again: the same numbers
-    f3, _ = fast.step(cache, tokens[9:], feats[9:], torch.arange(10, T + 1))
+    cache.length = first  # a rollback, then the same pairs again: the same numbers
+    f3, _ = fast.step(cache, tokens[first:], feats[first:], torch.arange(first + 1, T + 1))
     assert torch.equal(f3, f2)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from . import lean, native
 
@@ -32,12 +31,12 @@ class NativeHead:
         self.model = lean.LeanLlama(model, "kernel")
         self.forward = lean.draft_forward(target_lean, self.model)  # int8 weights where they pay here
         self.int8 = self.forward.is_int8
-        fc_w, self.fc_b = head.fc.weight.detach().float(), head.fc.bias.detach().float().contiguous()
-        if self.int8:
-            self.fc_scale = (fc_w.abs().amax(dim=1) / 127).clamp(min=1e-12).contiguous()
-            self.fc_w = torch.round(fc_w / self.fc_scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        fc_w, self.fc_b = head.fc.weight.detach().float().contiguous(), head.fc.bias.detach().float().contiguous()
+        if self.int8:  # the fc in int8 too, its scales where the forward's `linear` finds them
+            self.fc_w, scale = lean.int8_rows(fc_w)
+            self.forward.scales[self.fc_w.data_ptr()] = scale
         else:
-            self.fc_w, self.fc_scale = fc_w.contiguous(), None
+            self.fc_w = fc_w
         self.embed = head.embed
         self.engine = self.forward.engine
 
@@ -49,12 +48,8 @@ class NativeHead:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (L,) x_{t+1}, feats (L, H) f_t, positions (L,) -> (predicted features (L, H), logits (N,) of the
         last pair over the head's rows)."""
-        pairs = torch.cat([self.embed[tokens].float(), feats.float()], dim=-1).contiguous()  # (L, 2H)
-        if pairs.shape[0] <= native.MAX_ROWS:
-            x = native.few_rows(pairs, self.fc_w, self.fc_scale)
-        else:  # a long prompt's first pairs
-            x = F.linear(pairs, self.fc_w.float()) * (self.fc_scale if self.fc_scale is not None else 1.0)
-        x += self.fc_b
+        pairs = torch.cat([self.embed[tokens].float(), feats.float()], dim=-1)  # (L, 2H)
+        x = self.forward.linear(pairs, self.fc_w) + self.fc_b  # the kernel for a few rows, PyTorch for a prompt's
         logits, h = self.forward.forward_embedded(cache, x, positions, last_only=True)
         return h, logits[-1]
 

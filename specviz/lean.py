@@ -71,6 +71,13 @@ def int8_mode() -> str:
     return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
 
 
+def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K) -> (int8 (N, K), float32 scale (N,)): symmetric, one scale per output row, both contiguous."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
+
+
 def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
     """The draft's forward for this pair: its int8 variant where that is forced, or (auto) where a draft step
     right after a target step, the way a round reads them, is clearly faster with it on this machine. A draft's
@@ -246,10 +253,8 @@ class LeanLlama:
             new.scales, new._int8, new.int8_pays = {}, None, {}
 
             def quantize(w: torch.Tensor) -> torch.Tensor:
-                w = w.float()
-                scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # (N,)
-                q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-                new.scales[q.data_ptr()] = scale.contiguous()
+                q, scale = int8_rows(w)
+                new.scales[q.data_ptr()] = scale
                 return q
 
             new.layers = [

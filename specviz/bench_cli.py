@@ -107,10 +107,9 @@ def main(args) -> dict:
         command="python -m specviz " + " ".join(sys.argv[1:]),
     )
     if any(c.drafter.endswith("head") for c in configs):  # the head's own path (head_native.py's choice)
-        from .head import head_for
-        from .head_native import describe
+        from .head import head_backend
 
-        facts["backend"] += f"; head: {describe(head_for(p, request.head))}"
+        facts["backend"] += f"; head: {head_backend(p, request.head)}"
     warnings = [f"GREEDY OUTPUTS DIFFER: {d}" for d in table.loc[table["identical"] == False, "differences"]]  # noqa: E712
     warnings += [f"{m}: {n}" for m, n in runs.attrs.get("notes", {}).items()]
     files = []

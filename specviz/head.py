@@ -246,3 +246,11 @@ def head_for(target, folder: str | Path = "") -> DraftHead:
             head.native = native_head(head, target)  # its forward by llama.c where that runs here, else None
             heads[key] = head
         return heads[key]
+
+
+def head_backend(target, folder: str | Path = "") -> str:
+    """How the head for `target` in `folder` (default: the built-in one) computes on this machine, in words, for
+    the bench's header, recordings and the race's closing sentences (head_native.describe)."""
+    from .head_native import describe
+
+    return describe(head_for(target, folder))

@@ -196,10 +196,9 @@ def environment(target=None, draft=None, settings: dict | None = None) -> dict:
 
         env |= {"dtypes": pair_dtypes(target, draft), "backend": pair_backend(target, draft)}
     if target is not None and str((settings or {}).get("drafter", "")).endswith("head"):
-        from .head import head_for
-        from .head_native import describe
+        from .head import head_backend
 
-        env["head_backend"] = describe(head_for(target, settings.get("head") or ""))
+        env["head_backend"] = head_backend(target, settings.get("head") or "")
     env["recorded_at"] = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
     return env
 

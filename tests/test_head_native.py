@@ -116,3 +116,22 @@ def test_bench_and_recordings_name_the_heads_path(loaded_pair, tmp_path, monkeyp
     env = environment(p, q, {"drafter": "lookup+head", "head": str(tmp_path / "h8")})
     assert env["head_backend"] == "specviz forward (llama.c, int8 weights)"
     assert "head_backend" not in environment(p, q, {"drafter": "lookup+model"})
+
+
+@needs_kernel
+def test_the_race_names_the_heads_path_when_a_head_drafted(loaded_pair, tiny_pair, tmp_path, monkeypatch):
+    from specviz.request import RunRequest
+    from specviz.ui.common import UIContext
+    from specviz.ui.race import race_stream
+
+    p, _ = loaded_pair
+    a_head(p, tmp_path / "h")
+    forced(monkeypatch, p, tmp_path / "h", "llama.c int8")
+    ctx = UIContext(device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
+    assert ctx.pair()[0] is p  # the same loaded target, so the head loaded above is the one that drafts
+    for drafter, named in (("lookup+head", True), ("lookup+model", False)):
+        req = RunRequest(drafter=drafter, head=str(tmp_path / "h"), gamma=3, max_new_tokens=12)
+        *_, last = race_stream(ctx, "the cat sat", {"spec": req})
+        message = last[5]
+        assert "Done." in message and "sv-error" not in message, message
+        assert ("The draft head ran on specviz forward (llama.c, int8 weights)." in message) == named, message

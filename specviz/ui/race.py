@@ -15,6 +15,7 @@ from .. import compute, metrics, plots, render
 from ..config import ASSETS, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
 from ..engine import autoregressive_decode, race, speculative_decode
 from ..events import Done, Round, Start, Step
+from ..head import head_backend
 from ..request import RunRequest
 from ..served import EngineSpec, ServedTarget, engine_spec
 from ..tally import Tally
@@ -139,9 +140,10 @@ class RaceView:
         spec2 = self.pane("spec2", waiting) if "spec2" in self.lanes else ""
         return (prompt, *panes, ar_stats, spec_stats, message, *f[:4], spec2, spec2_stats, *f[4:])
 
-    def summary(self, engine: EngineSpec | None = None) -> str:
+    def summary(self, engine: EngineSpec | None = None, heads: tuple[str, ...] = ()) -> str:
         """The closing sentences; with `engine` (a served target's own speculative decoding, from its /metrics)
-        its acceptance per position and mean accepted length beside this draft's alpha_k."""
+        its acceptance per position and mean accepted length beside this draft's alpha_k; `heads`: how each
+        draft head that ran computed here (head_native.describe)."""
         if not all(self.done[k] for k in self.lanes):
             return ""
         a = self.tally["ar"]
@@ -160,6 +162,8 @@ class RaceView:
             parts.append("Slower means the guesses cost more than they saved here.")
         for how in dict.fromkeys(self.translation.values()):
             parts.append(f"The draft has another tokenizer than the target; its guesses were translated by {how}.")
+        for how in dict.fromkeys(heads):
+            parts.append(f"The draft head ran on {how}.")
         if any(self.labels[k].endswith(", trees off") for k in self.translation):
             parts.append("Token trees are off for a draft with another tokenizer: its guesses ran as chains.")
         if engine is not None and engine.drafts:
@@ -214,7 +218,8 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
                 with_plots = now - last_plots >= PLOTS_EVERY_S
                 last_html, last_plots = now, now if with_plots else last_plots
                 yield view.outputs(note("Racing…"), with_plots=with_plots)
-        yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None))
+        heads = tuple(head_backend(p, r.head) for r in requests.values() if r.drafter.endswith("head"))
+        yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None, heads))
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
     return view  # the finished view, for the downloads (ui/keep.py)

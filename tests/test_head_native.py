@@ -119,16 +119,16 @@ def test_bench_and_recordings_name_the_heads_path(loaded_pair, tmp_path, monkeyp
 
 
 @needs_kernel
-def test_the_race_names_the_heads_path_when_a_head_drafted(loaded_pair, tiny_pair, tmp_path, monkeypatch):
+def test_the_race_names_the_heads_path_when_a_head_drafted(tiny_pair, tmp_path, monkeypatch):
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
     from specviz.ui.race import race_stream
 
-    p, _ = loaded_pair
+    ctx = UIContext(device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
+    p, _ = ctx.pair()
     a_head(p, tmp_path / "h")
     forced(monkeypatch, p, tmp_path / "h", "llama.c int8")
-    ctx = UIContext(device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
-    assert ctx.pair()[0] is p  # the same loaded target, so the head loaded above is the one that drafts
+    assert ctx.pair()[0] is p  # the race's target, so the head loaded above is the one that drafts
     for drafter, named in (("lookup+head", True), ("lookup+model", False)):
         req = RunRequest(drafter=drafter, head=str(tmp_path / "h"), gamma=3, max_new_tokens=12)
         *_, last = race_stream(ctx, "the cat sat", {"spec": req})

@@ -19,7 +19,6 @@ from .models import LoadedModel
 from .served import open_run
 
 
-@torch.inference_mode()
 def forward_times(
     lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
 ) -> list[float]:
@@ -28,6 +27,24 @@ def forward_times(
     This is the verify pass's shape: a cache holding the text so far, and a block of new tokens.
     The sizes are interleaved within each repetition so a busy machine slows all of them alike.
     """
+    return [statistics.median(s) for s in forward_samples(lm, prompt_ids, max_tokens, reps, vocab_size)]
+
+
+def relative_times(samples: list[list[float]]) -> list[float]:
+    """Seconds per size from `forward_samples`, read against the one-token call of the same repetition: the median
+    over repetitions of size / one-token, times the one-token call's median. What the bandwidth a VM gets does
+    from second to second falls on a repetition's sizes alike and cancels; on the 2-core Zen 4 of BENCHMARKS.md
+    this halves the spread of the 2- and 3-token costs between draws (0.015 and 0.010 steps, from 0.032, 0.029)."""
+    one = samples[0]
+    return [statistics.median(t / o for t, o in zip(s, one)) * statistics.median(one) for s in samples]
+
+
+@torch.inference_mode()
+def forward_samples(
+    lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
+) -> list[list[float]]:
+    """`reps` timings of a forward pass over each of 1 .. max_tokens new tokens (the sizes interleaved in each
+    repetition, after one untimed repetition): samples[size - 1][rep]."""
     run = open_run(lm, vocab_size or lm.vocab_size)  # a trimmed-vocabulary draft needs the target's size; a served
     # target times its requests (each one a verify's: the text, the block, prompt logprobs)
     prompt = torch.tensor(prompt_ids, device=lm.device)
@@ -48,10 +65,25 @@ def forward_times(
             run.rollback(base)
             if rep:
                 samples[size - 1].append(dt)
-    return [statistics.median(s) for s in samples]
+    return samples
 
 
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its times; freed with the model
+
+CALIBRATION_REPS = 6  # 6 interleaved calls per size (2 medians until 27 Nov 2026: auto's k followed the noise)
+
+
+def monotone(times: list[float]) -> list[float]:
+    """The closest non-decreasing curve to `times` (least squares: pool adjacent violators). A call over more
+    tokens never costs less than one over fewer; a measured dip is noise, and so is the spike before it."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled neighbours
+    for t in times:
+        blocks.append([t, 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
 
 
 @torch.inference_mode()
@@ -129,7 +161,8 @@ def head_calibration(head, reps: int = 5):
 
 
 def calibration(lm: LoadedModel, prompt_ids: list[int], max_tokens: int, vocab_size: int | None = None):
-    """forward_times for 1 .. max_tokens tokens (2 repetitions), measured once per loaded model and reused.
+    """Seconds of a call over 1 .. max_tokens tokens for the auto policies: CALIBRATION_REPS repetitions read
+    `relative_times` and made `monotone`, measured once per loaded model and reused.
 
     Returns (times, seconds spent measuring now: 0 when they were already known).
     """
@@ -138,6 +171,6 @@ def calibration(lm: LoadedModel, prompt_ids: list[int], max_tokens: int, vocab_s
     if known is not None and len(known) >= max_tokens:
         return known[:max_tokens], 0.0
     t0 = time.perf_counter()
-    times = forward_times(lm, prompt_ids, max_tokens, reps=2, vocab_size=vocab_size)
+    times = monotone(relative_times(forward_samples(lm, prompt_ids, max_tokens, CALIBRATION_REPS, vocab_size)))
     _MEMO[key] = times
     return times, time.perf_counter() - t0

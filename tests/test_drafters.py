@@ -109,6 +109,25 @@ def test_auto_follows_acceptance_and_verify_cost():
     assert lookup.alphas("lookup")[0] < 0.1 and lookup.alphas("model")[0] > 0.9 and lookup.k("model") == 8
 
 
+def test_auto_is_calibrated_with_a_monotone_verify_curve(loaded_pair, monkeypatch):
+    from specviz import costs
+
+    # a dip is noise, pooled with the spike before it (least squares); an honest rise is kept
+    dips = [30.2, 30.5, 30.4, 31.2, 34.6, 32.1, 30.7, 31.5, 41.6]
+    want = [30.2, 30.45, 30.45, 31.2, 32.225, 32.225, 32.225, 32.225, 41.6]
+    assert costs.monotone(dips) == pytest.approx(want)
+    assert costs.monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0] and costs.monotone([3.0, 2.0, 1.0]) == [2.0] * 3
+    p, _ = loaded_pair
+    asked = []
+    monkeypatch.setattr(costs, "_MEMO", type(costs._MEMO)())  # nothing known yet
+    # each size against the one-token call of the same repetition: a repetition twice as slow changes nothing
+    samples = [[t, 2 * t, t] for t in dips]
+    monkeypatch.setattr(costs, "forward_samples", lambda lm, ids, n, reps, vocab: asked.append(reps) or samples[:n])
+    times, _ = costs.calibration(p, [1, 2, 3], 9)
+    assert times == pytest.approx(want) and asked == [costs.CALIBRATION_REPS]
+    assert costs.relative_times([[1.0, 2.0, 1.0], [1.1, 2.0, 1.2]]) == pytest.approx([1.0, 1.1])
+
+
 def test_confidence_stops_drafting_when_the_draft_is_unsure(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat on the mat")["input_ids"]

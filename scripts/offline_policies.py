@@ -7,9 +7,10 @@
 2. What auto's choice of k is worth when its verify-cost curve is off: `policies.Auto` runs on the draft's
    teacher-forced hits (a chain's guesses are right or wrong where they are made from the true text), each round
    paid in target steps at the curve the loop pays (--loop), the k chosen from that curve or from each --believe
-   curve. Prints tokens per step, i.e. the speedup at those costs.
+   curve (and told a draft call costs --believe-c, where given). Prints tokens per step, i.e. the speedup at
+   those costs.
 
-    python scripts/offline_policies.py [--c 0.065] [--loop 1,1.022,1.015,1.135,...] [--believe "1,1.03,...;1,..."]
+    python scripts/offline_policies.py [--c 0.065] [--loop 1,1.022,...] [--believe "1,1.03,...;1,..."] [--believe-c 0.025]
 """
 
 from __future__ import annotations
@@ -37,11 +38,12 @@ def curve(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
 
 
-def speed(hits: list[list[bool]], believed: list[float], loop: list[float], c: float) -> float:
-    """Tokens per target step of auto (deciding by `believed`) over the replies, paid at `loop` and c a guess."""
+def speed(hits: list[list[bool]], believed: list[float], loop: list[float], c: float, told_c: float) -> float:
+    """Tokens per target step of auto (deciding by `believed` and `told_c`) over the replies, paid at `loop` and
+    c a guess."""
     tokens = steps = 0.0
     for hit in hits:
-        policy, i = Auto(8, believed, c), 0
+        policy, i = Auto(8, believed, told_c), 0
         while i < len(hit):
             k = min(policy.k("model"), len(hit) - i - 1)
             n = next((j for j in range(k) if not hit[i + j]), k)
@@ -57,6 +59,7 @@ def main() -> None:
     ap.add_argument("--c", type=float, default=0.065, help="a draft call, in target steps")
     ap.add_argument("--loop", default=LOOP)
     ap.add_argument("--believe", default=BELIEVED, help="curves auto decides by, ';' between them")
+    ap.add_argument("--believe-c", type=float, default=0.0, help="the draft call's cost auto is told (0: --c)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -92,10 +95,15 @@ def main() -> None:
     print(f"{len(prompts)} held-out prompts, {total} reply tokens; the target's next token guessed (teacher-forced): "
           + ", ".join(f"{k} {v / total:.3f}" for k, v in right.items()))  # fmt: skip
     loop = curve(args.loop)
-    print(f"auto with the loop's own curve: {speed(hits, loop, loop, args.c):.3f} tokens a step")
+    print(f"auto with the loop's own curve and c: {speed(hits, loop, loop, args.c, args.c):.3f} tokens a step")
     for text in args.believe.split(";"):
         believed = curve(text)
-        print(f"auto believing {text}: {speed(hits, believed, loop, args.c):.3f} tokens a step")
+        print(f"auto believing {text}: {speed(hits, believed, loop, args.c, args.c):.3f} tokens a step")
+    if args.believe_c:
+        told = speed(hits, loop, loop, args.c, args.believe_c)
+        print(
+            f"auto with the loop's curve, told c {args.believe_c:g} (the loop pays {args.c:g}): {told:.3f} tokens a step"
+        )
 
 
 if __name__ == "__main__":

@@ -87,6 +87,51 @@ def monotone(times: list[float]) -> list[float]:
 
 
 @torch.inference_mode()
+def draft_step_calibration(
+    target, draft: LoadedModel, target_ids: list[int], draft_ids: list[int], vocab_size: int
+) -> tuple[list[float], float]:
+    """([median seconds of one draft step right after a one-token target call], seconds spent now), once per
+    (draft, target): the way a round pays for its first guess, after the verify has streamed the target's weights
+    through the caches (back to back, the built-in draft's int8 step takes 0.6-0.9 ms on the Zen 4 of BENCHMARKS.md;
+    after a target call 1.2-1.6 ms). A served target's calls run elsewhere: its draft's step is timed back to back."""
+    from .served import ServedTarget
+
+    if isinstance(target, ServedTarget):
+        return calibration(draft, draft_ids, 1, vocab_size=vocab_size)
+    memo = _COLD_MEMO.setdefault(draft.model, weakref.WeakKeyDictionary())
+    known = memo.get(target.model)
+    if known is not None:
+        return known, 0.0
+    t0 = time.perf_counter()
+    p_run, q_run = open_run(target, vocab_size), open_run(draft, vocab_size)
+    p_run.prefill(torch.tensor(target_ids, device=target.device))
+    q_run.prefill(torch.tensor(draft_ids, device=draft.device))
+    p_base, q_base = p_run.length, q_run.length
+    p_next, q_next = (
+        torch.tensor(target_ids[-1:], device=target.device),
+        torch.tensor(draft_ids[-1:], device=draft.device),
+    )
+    times = []
+    for rep in range(CALIBRATION_REPS + 1):  # the first one warms up
+        p_run.feed(p_next)
+        p_run.rollback(p_base)
+        if target.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        q_run.feed(q_next, last_only=True)
+        if draft.device.type == "cuda":
+            torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t)
+        q_run.rollback(q_base)
+    memo[target.model] = [statistics.median(times)]
+    return memo[target.model], time.perf_counter() - t0
+
+
+_COLD_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft model -> {target model: [seconds]}
+
+
+@torch.inference_mode()
 def tree_read_calibration(lm: LoadedModel, prompt_ids: list[int], vocab_size: int, reps: int = 5):
     """([median seconds of one node read by a tree's draft], seconds spent now), once per loaded model.
 

@@ -6,7 +6,7 @@ draft head read from disk where the drafter needs one), the gamma policy and the
 from __future__ import annotations
 
 from .config import TREE_AUTO_MAX, SpecConfig, SpecvizError
-from .costs import calibration, head_calibration, tree_read_calibration
+from .costs import calibration, draft_step_calibration, head_calibration, tree_read_calibration
 from .drafters import Drafter, LookupDrafter, TranslatingDrafter, make_drafter
 from .head import head_for
 from .models import LoadedModel
@@ -39,9 +39,9 @@ def make_run(
         if head is not None:  # one head step, for its cost
             (step_s,), spent_q = head_calibration(head)
             spent, paid = spent + spent_q, "head"
-        elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft model's step, for its cost
+        elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft step, as a round pays it
             d_ids = draft_ids(target, draft, prompt_ids)
-            (step_s,), spent_q = calibration(draft, d_ids, 1, vocab_size=V)
+            (step_s,), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V)
             spent += spent_q
             if tree_auto:  # and a tree node's read
                 (read_s,), spent_q = tree_read_calibration(draft, d_ids, V)

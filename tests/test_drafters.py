@@ -128,6 +128,30 @@ def test_auto_is_calibrated_with_a_monotone_verify_curve(loaded_pair, monkeypatc
     assert costs.relative_times([[1.0, 2.0, 1.0], [1.1, 2.0, 1.2]]) == pytest.approx([1.0, 1.1])
 
 
+def test_auto_times_a_draft_step_the_way_a_round_pays_it(loaded_pair, monkeypatch):
+    """Each timed draft step comes right after a one-token target call (a verify has just streamed the target's
+    weights through the caches); measured once per pair, and it is the step cost auto is given."""
+    from specviz import costs, run_setup
+    from specviz.runtime import CachedModel
+
+    p, q = loaded_pair
+    calls, feed = [], CachedModel.feed
+
+    def spy(self, ids, last_only=False, hidden=False):
+        calls.append("p" if self.lm is p else "q")
+        return feed(self, ids, last_only, hidden)
+
+    monkeypatch.setattr(CachedModel, "feed", spy)
+    monkeypatch.setattr(costs, "_COLD_MEMO", type(costs._COLD_MEMO)())
+    (t,), spent = costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size)
+    assert t > 0 and spent > 0 and calls == ["p", "q"] * (costs.CALIBRATION_REPS + 1)
+    assert costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size) == ([t], 0.0)
+    asked = []
+    monkeypatch.setattr(run_setup, "draft_step_calibration", lambda *a: asked.append(a[:2]) or ([0.123], 0.0))
+    _, policy, _, _ = run_setup.make_run(p, q, [1, 2, 3], SpecConfig(gamma="auto", drafter="lookup+model"), None)
+    assert asked == [(p, q)] and policy.step_s == {"model": 0.123}
+
+
 def test_confidence_stops_drafting_when_the_draft_is_unsure(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat on the mat")["input_ids"]

@@ -33,8 +33,9 @@ def forward_times(
 def relative_times(samples: list[list[float]]) -> list[float]:
     """Seconds per size from `forward_samples`, read against the one-token call of the same repetition: the median
     over repetitions of size / one-token, times the one-token call's median. What the bandwidth a VM gets does
-    from second to second falls on a repetition's sizes alike and cancels; on the 2-core Zen 4 of BENCHMARKS.md
-    this halves the spread of the 2- and 3-token costs between draws (0.015 and 0.010 steps, from 0.032, 0.029)."""
+    from second to second falls on a repetition's sizes alike and cancels: on the 2-core Zen 4 of BENCHMARKS.md
+    the 2- to 5-token costs spread 0.011-0.015 steps between draws, made monotone, against 0.011-0.024 for plain
+    medians of the same 6 calls and 0.024-0.037 for medians of 2 (scripts/calibration_noise.py)."""
     one = samples[0]
     return [statistics.median(t / o for t, o in zip(s, one)) * statistics.median(one) for s in samples]
 

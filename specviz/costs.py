@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -42,10 +43,16 @@ def relative_times(samples: list[list[float]]) -> list[float]:
 
 @torch.inference_mode()
 def forward_samples(
-    lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
+    lm: LoadedModel,
+    prompt_ids: list[int],
+    max_tokens: int,
+    reps: int = 5,
+    vocab_size: int | None = None,
+    before: Callable[[], object] | None = None,
 ) -> list[list[float]]:
     """`reps` timings of a forward pass over each of 1 .. max_tokens new tokens (the sizes interleaved in each
-    repetition, after one untimed repetition): samples[size - 1][rep]."""
+    repetition, after one untimed repetition): samples[size - 1][rep]. `before`, if given, runs untimed before
+    each timed call (draft_step_calibration: a target call)."""
     run = open_run(lm, vocab_size or lm.vocab_size)  # a trimmed-vocabulary draft needs the target's size; a served
     # target times its requests (each one a verify's: the text, the block, prompt logprobs)
     prompt = torch.tensor(prompt_ids, device=lm.device)
@@ -56,6 +63,8 @@ def forward_samples(
     samples: list[list[float]] = [[] for _ in range(max_tokens)]
     for rep in range(reps + 1):  # the first repetition warms up
         for size in range(1, max_tokens + 1):
+            if before is not None:
+                before()
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -104,28 +113,18 @@ def draft_step_calibration(
     if known is not None:
         return known, 0.0
     t0 = time.perf_counter()
-    p_run, q_run = open_run(target, vocab_size), open_run(draft, vocab_size)
+    p_run = open_run(target, vocab_size)
     p_run.prefill(torch.tensor(target_ids, device=target.device))
-    q_run.prefill(torch.tensor(draft_ids, device=draft.device))
-    p_base, q_base = p_run.length, q_run.length
-    p_next, q_next = (
-        torch.tensor(target_ids[-1:], device=target.device),
-        torch.tensor(draft_ids[-1:], device=draft.device),
-    )
-    times = []
-    for rep in range(CALIBRATION_REPS + 1):  # the first one warms up
-        p_run.feed(p_next)
-        p_run.rollback(p_base)
+    base, last = p_run.length, torch.tensor(target_ids[-1:], device=target.device)
+
+    def target_call() -> None:  # what a round's verify does to the caches, untimed
+        p_run.feed(last)
+        p_run.rollback(base)
         if target.device.type == "cuda":
             torch.cuda.synchronize()
-        t = time.perf_counter()
-        q_run.feed(q_next, last_only=True)
-        if draft.device.type == "cuda":
-            torch.cuda.synchronize()
-        if rep:
-            times.append(time.perf_counter() - t)
-        q_run.rollback(q_base)
-    memo[target.model] = [statistics.median(times)]
+
+    (steps,) = forward_samples(draft, draft_ids, 1, CALIBRATION_REPS, vocab_size, before=target_call)
+    memo[target.model] = [statistics.median(steps)]
     return memo[target.model], time.perf_counter() - t0
 
 

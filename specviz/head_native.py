@@ -5,7 +5,7 @@ reads its 11,760 output rows in float32 (27 MB): on the 2-core Zen 3 of 26 Nov 2
 against the int8 draft's 0.07 in llama.c. The head's block is a Llama decoder layer and its final norm and rows
 are an output layer, so the head is a one-layer Llama model whose input vectors are fc([e(x); f]) instead of an
 embedding table's rows: LeanLlama runs it (`forward_embedded`) in one call with no Python between its parts, and
-`lean.draft_forward` gives it int8 weights (a quarter of the bytes) where this machine runs them faster, as it
+`lean_draft.draft_forward` gives it int8 weights (a quarter of the bytes) where this machine runs them faster, as it
 does for the draft. A guess only shapes what the target is asked to verify; the output is the target's either way.
 
 The head's KV cache becomes a LeanCache (row j: the pair at position j + 1); rolling back sets its length.
@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from . import lean, native
+from . import lean, lean_draft, native
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class NativeHead:
     def __init__(self, head, target_lean: lean.LeanLlama | None):
         model = _as_llama(head)
         self.model = lean.LeanLlama(model, "kernel")
-        self.forward = lean.draft_forward(target_lean, self.model)  # int8 weights where they pay here
+        self.forward = lean_draft.draft_forward(target_lean, self.model)  # int8 weights where they pay here
         self.int8 = self.forward.is_int8
         fc_w, self.fc_b = head.fc.weight.detach().float().contiguous(), head.fc.bias.detach().float().contiguous()
         if self.int8:  # the fc in int8 too, its scales where the forward's `linear` finds them
@@ -56,7 +56,7 @@ class NativeHead:
 
 def _as_llama(head) -> torch.nn.Module:
     """A transformers LlamaForCausalLM of one layer holding the head's block, final norm and output rows (its
-    input embedding is the rows too: only a timing run reads it, lean.draft_forward's)."""
+    input embedding is the rows too: only a timing run reads it, lean_draft.draft_forward's)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c, rows = head.cfg, head.rows.detach().float()

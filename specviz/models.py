@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import hub, kernels, lean
+from . import hub, kernels, lean, lean_draft
 from .config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
 from .kernels import draft_dtype
 from .lean import LeanCache, LeanLlama
@@ -82,7 +82,7 @@ class LoadedModel:
     @property
     def precision(self) -> str:
         """How its weights are held, in words: "float32", "NF4, bitsandbytes" for a 4-bit target, "int8" for a
-        draft whose lean forward reads int8 weights (lean.draft_forward)."""
+        draft whose lean forward reads int8 weights (lean_draft.draft_forward)."""
         if self.quantize:
             return QUANT_LABELS[self.quantize]
         return "int8" if self.lean is not None and self.lean.is_int8 else str(self.dtype).removeprefix("torch.")
@@ -166,7 +166,7 @@ def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, o
         memory += quant_state_bytes(model)  # scales bitsandbytes keeps outside the parameters
         rows = int(model.get_output_embeddings().weight.shape[0])
         vocab_map, input_map, blocked = hub.load_vocab_map(name, source, dev, rows)
-        fast = lean.build(model, kernels.path_of(model))
+        fast = lean.build(model, kernels.path_of(model), blocked)
         return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked, fast)
 
     return (name, str(dev), str(dt), quantize, trust_remote_code), make, f"The model {name}"
@@ -258,7 +258,7 @@ def load_pair(
     A draft whose vocabulary cannot serve the target is refused here (`vocab_gap`), so every path that runs a
     pair gives the same sentence (the pair check, check_vocab=False, reports it as its verdict instead). timeout_s caps the wait for both loads together (see `load_model`). Without
     an explicit dtype the draft takes float16 on a CPU that runs it faster (`kernels.draft_dtype`), and its lean
-    forward int8 weights where those run faster still (`lean.draft_forward`).
+    forward int8 weights where those run faster still (`lean_draft.draft_forward`).
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     draft = draft or BUILTIN_DRAFT
@@ -284,7 +284,7 @@ def load_pair(
     if gap:
         raise SpecvizError(gap)
     if dtype in (None, "", "auto") and not isinstance(draft, LoadedModel) and q.lean is not None:
-        fast = lean.draft_forward(p.lean, q.lean)  # int8 weights where this machine runs them faster
+        fast = lean_draft.draft_forward(p.lean, q.lean)  # int8 weights where this machine runs them faster
         if fast is not q.lean:
             q = dataclasses.replace(q, lean=fast)
     return p, q

@@ -176,7 +176,7 @@ class CachedModel:
         logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only)
         self.length += ids.numel()
         self.calls += 1
-        if self.lm.blocked_rows is not None:
+        if self.lm.blocked_rows is not None and self.lm.lean.kept is None:  # kept: the lean forward did it
             logits.index_fill_(-1, self.lm.blocked_rows, -torch.inf)
         return logits, h
 

@@ -16,7 +16,7 @@ import torch
 from conftest import PREFILLS, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import generate, lean, native
+from specviz import generate, lean, lean_draft, native
 from specviz.models import CACHE, backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
@@ -273,17 +273,65 @@ def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_clearly_fas
     pair_with, monkeypatch, plain, small, chosen
 ):
     p, q = pair_with("PyTorch ops")  # any loaded pair: the choice below reads fake timings
-    monkeypatch.setattr(lean, "_cold_steps", lambda target, drafts: [plain, small])
-    monkeypatch.setattr(lean, "INT8_MIN_BYTES", 0)  # the tiny draft's weights would stay in cache: never timed
+    monkeypatch.setattr(lean_draft, "_cold_steps", lambda target, drafts: [plain, small])
+    monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)  # the tiny draft's weights would stay in cache: never timed
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
     draft = lean.LeanLlama(q.model, "kernel")
     if draft.lib is None:
         pytest.skip("no C compiler or no AVX2 here")
-    assert lean.draft_forward(p.lean, draft).is_int8 is chosen
-    assert lean.draft_forward(None, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # no target to time with
-    monkeypatch.setattr(lean, "INT8_MIN_BYTES", 4 << 20)
-    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # too small to matter
+    assert lean_draft.draft_forward(p.lean, draft).is_int8 is chosen
+    assert lean_draft.draft_forward(None, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # no target to time with
+    monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 4 << 20)
+    assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # too small to matter
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "0")
-    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False
+    assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "1")
-    assert lean.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True
+    assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True
+
+
+def _blocking(pair: list[str], folder, blocked: list[int]) -> list[str]:
+    """The pair with its draft copied to `folder` and told never to propose `blocked` (specviz_vocab.json)."""
+    import json
+    import shutil
+
+    shutil.copytree(pair[1], folder)
+    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+    (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(rows)), "never_propose": blocked}))
+    return [pair[0], str(folder)]
+
+
+@pytest.mark.parametrize("forward,int8", [("llama.c", "0"), ("llama.c", "1"), ("PyTorch ops", "0")])
+def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_targets(
+    pair_with, tiny_pair, small_vocab_pair, tmp_path, forward, int8
+):
+    """A draft that never proposes most of its rows (the built-in draft: all but 8,000 of 17,663) leaves them out
+    of its output layer: the rows it computes hold its full layer's numbers, the others -inf, in a step and in a
+    call of several tokens; greedy speculative output equals plain, and sampling follows the target's law."""
+    blocked = [r for r in range(64) if r % 4]  # 48 of 64 rows
+    p, q = pair_with(forward, pair=_blocking(tiny_pair, tmp_path / "d64", blocked), int8=int8)
+    assert q.lean.kept.tolist() == list(range(0, 64, 4)) and q.lean.head.shape == (16, q.lean.H)
+    full = lean.LeanLlama(q.model, q.lean.path)  # the same draft computing every row
+    full = full.int8() if q.lean.is_int8 else full
+    ids = torch.tensor([5, 9, 12, 30, 7, 8, 40, 41])
+    mine, ref = q.lean.new_cache(), full.new_cache()
+    for part in (ids[:5], ids[5:6], ids[6:]):  # a prefill, a step, a call of two
+        got, want = q.lean.forward(mine, part)[0], full.forward(ref, part)[0]
+        assert got.shape == want.shape == (len(part), 64)
+        assert torch.equal(got[:, ::4], want[:, ::4]) and bool(got[:, blocked].eq(-torch.inf).all())
+    rejections = 0
+    for gamma, prompt in itertools.product((1, 3), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=32)
+        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=32)
+        assert sp.token_ids == ar.token_ids, (gamma, prompt)
+        rejections += sp.stats["drafted"] - sp.stats["accepted"]
+    assert rejections > 0
+    p, q = pair_with(forward, pair=_blocking(small_vocab_pair, tmp_path / "d8", [1, 4, 6]), int8=int8)
+    assert q.lean.kept.tolist() == [0, 2, 3, 5, 7]  # 5 of 8 rows: under SKIP_ROWS_BELOW
+    ids, N = [1, 5, 6], 3000
+    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
+
+
+def test_a_draft_that_blocks_few_rows_keeps_its_output_layer(tiny_pair, tmp_path, pair_with):
+    _, q = pair_with("PyTorch ops", pair=_blocking(tiny_pair, tmp_path / "few", [0, 1, 2]))
+    assert q.lean.kept is None and q.lean.head.shape[0] == 64  # 61 of 64 rows: a copy would save little

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.training import make_teacher_data, teacher_io, train_draft
+from specviz.training import draft_rows, make_teacher_data, teacher_io, train_draft
 
 WORDS = [f"w{i}" for i in range(40)] + ["hello", "world", "tell", "me", "about", "cats", "dogs", "write", "a", "poem"]
 TEMPLATE = (
@@ -118,6 +118,8 @@ def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
         "3e-3",
         "--warmup-steps",
         "2",
+        "--propose-rows",
+        "5",
         "--val-frac",
         "0.4",
         "--min-count",
@@ -141,6 +143,10 @@ def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
     seen = {t for r in train_rows for t in r["ids"]}
     assert seen <= set(target_ids)
     assert not (set(rows[-1]["ids"]) - seen) & set(target_ids[3:])
+    # it may propose the rows of the 5 reply tokens most frequent in its training split, no others
+    blocked = json.loads((final / "specviz_vocab.json").read_text())["never_propose"]
+    assert blocked == draft_rows.never_propose((r["ids"] for r in train_rows), target_ids, 5)
+    assert len(target_ids) - len(blocked) == 5 and 0 in blocked
 
     # the embedding rows started from the target's (hidden sizes match), and training lowered the loss
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -155,6 +161,19 @@ def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
     assert meta["step"] == 45
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "loss" in r].count(1) == 1  # step 1 was logged once: no restart
+
+
+def test_a_draft_proposes_the_rows_of_its_most_frequent_reply_tokens(tmp_path):
+    ids = [0, 1, 2, 10, 11, 12, 13]  # row r reads target id ids[r]
+    replies = [[12, 12, 2], [13, 12, 2, 10]]  # 12 three times, 2 twice, 13 and 10 once
+    assert draft_rows.never_propose(replies, ids, 3) == [0, 1, 4, 6]  # kept: 12, 2, then 10 (the lower row of a tie)
+    assert draft_rows.never_propose(replies, ids, 0) == draft_rows.never_propose(replies, ids, 6) == [0]
+    (tmp_path / "specviz_vocab.json").write_text(json.dumps({"target_ids": ids, "never_propose": [0]}))
+    data = tmp_path / "replies.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "p", "ids": r}) + "\n" for r in replies))
+    draft_rows.main(["--draft", str(tmp_path), "--teacher", str(data), "--keep", "2"])
+    spec = json.loads((tmp_path / "specviz_vocab.json").read_text())
+    assert spec == {"target_ids": ids, "never_propose": [0, 1, 3, 4, 6]}
 
 
 def test_pca_init_when_the_draft_is_narrower(tmp_path, target_dir):

@@ -94,8 +94,10 @@ def start_from(draft, target_ids: list[int], folder: Path) -> None:
     draft.tie_weights()
 
 
-def save_draft(draft, target_ids: list[int], target_dir: Path, out: Path, cfg, meta: dict) -> None:
-    """Write the draft folder the engine loads; atomically (staged beside it, then renamed)."""
+def save_draft(draft, target_ids: list[int], blocked: list[int], target_dir: Path, out: Path, cfg, meta: dict) -> None:
+    """Write the draft folder the engine loads; atomically (staged beside it, then renamed). blocked: the rows it
+    never proposes (draft_rows.never_propose; row 0 doubles as the label of every target token outside the
+    vocabulary, so it is always one)."""
     import copy
 
     stage = out.with_name(out.name + ".tmp")
@@ -106,8 +108,7 @@ def save_draft(draft, target_ids: list[int], target_dir: Path, out: Path, cfg, m
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():
             shutil.copy2(target_dir / name, stage / name)
-    # row 0 doubles as the label of every target token outside the vocabulary: never propose it
-    (stage / "specviz_vocab.json").write_text(json.dumps({"target_ids": target_ids, "never_propose": [0]}))
+    (stage / "specviz_vocab.json").write_text(json.dumps({"target_ids": target_ids, "never_propose": blocked}))
     (stage / "train_meta.json").write_text(json.dumps(meta, indent=1))
     if out.exists():
         shutil.rmtree(out)

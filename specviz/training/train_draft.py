@@ -42,6 +42,7 @@ import torch
 
 from .common import HELDOUT, HeldOut, norm_prompt, prompt_ids, read_heldout, target_folder
 from .draft_model import TOKENIZER_FILES, build_draft, save_draft, start_from  # noqa: F401 (TOKENIZER_FILES)
+from .draft_rows import KEEP, never_propose
 from .teacher_io import decode_topk, read_jsonl, reply_key
 
 SPECIAL_IDS = (0, 1, 2)  # <|endoftext|> (also the row for unknown tokens), <|im_start|>, <|im_end|> (= eos)
@@ -67,6 +68,7 @@ class TrainConfig:
     # --- vocabulary: the output layer is the largest single cost, so keep only tokens seen often enough ---
     min_count: int = 3  # a reply token must occur this often in the teacher data to get a row
     max_vocab: int = 0  # >0: also cap the number of rows (most frequent kept)
+    propose_rows: int = KEEP  # rows it may guess: the most frequent reply tokens (draft_rows.py); 0: all
     # --- optimisation ---
     batch_size: int = 16  # sequences per step (a sequence is prompt + reply, ~200 tokens)
     max_len: int = 256  # longer sequences are cut (the teacher replies stop at 160 tokens)
@@ -255,6 +257,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
         target_ids = state["target_ids"]  # the vocabulary is fixed once training has started
     else:
         target_ids = build_vocab(train_rows, prompts, cfg)
+    blocked = never_propose((r["ids"] for r in train_rows), target_ids, cfg.propose_rows)
     lookup = torch.zeros(max(len(tokenizer), max(target_ids) + 1), dtype=torch.long)  # target id -> row
     lookup[torch.tensor(target_ids)] = torch.arange(len(target_ids))
     soft = read_soft(cfg.topk) if cfg.topk else None
@@ -295,7 +298,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
 
     def checkpoint(name: str, metrics: dict) -> None:
         meta = {"step": step, "minutes": round(elapsed / 60, 2), "config": asdict(cfg), **metrics}
-        save_draft(draft, target_ids, target_dir, out / name, cfg, meta)
+        save_draft(draft, target_ids, blocked, target_dir, out / name, cfg, meta)
         state = {"model": draft.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed}
         state.update(rng=rng.getstate(), target_ids=target_ids, config=asdict(cfg))
         torch.save(state, out / "state.tmp")
@@ -344,7 +347,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
     metrics = evaluate(draft, val_items, device, cfg.batch_size)
     log(f"final at step {step}: {metrics}")
     checkpoint("latest", {"train_loss_ema": ema, **metrics})
-    save_draft(draft, target_ids, target_dir, out / "final", cfg, {"step": step, "train_loss_ema": ema, **metrics})
+    save_draft(
+        draft, target_ids, blocked, target_dir, out / "final", cfg, {"step": step, "train_loss_ema": ema, **metrics}
+    )
     return out / "final"
 
 

@@ -1,0 +1,61 @@
+"""The draft's forward for a pair on the lean forward: int8 weights where this machine runs a round's draft step
+faster with them (lean.LeanLlama.int8; the rows a draft never proposes are already left out of its output layer,
+LeanLlama.skip_rows)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .lean import LeanLlama
+
+INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU's caches between rounds anyway
+
+
+def int8_mode() -> str:
+    """SPECVIZ_DRAFT_INT8: "auto" (default: int8 weights for the draft where timing says they pay), "1", "0"."""
+    v = os.environ.get("SPECVIZ_DRAFT_INT8", "auto").strip().lower()
+    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+
+
+def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
+    """The draft's forward for this pair: its int8 variant where that is forced, or (auto) where a draft step
+    right after a target step, the way a round reads them, is clearly faster with it on this machine. A draft's
+    weights only shape the guesses; the output stays the target's."""
+    how = int8_mode()
+    if how == "0" or draft.lib is None:
+        return draft
+    if how == "1":
+        return draft.int8()
+    key = id(target)
+    if key not in draft.int8_pays:
+        pays = False
+        if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
+            plain, small = _cold_steps(target, [draft, draft.int8()])
+            pays = small < 0.85 * plain
+        draft.int8_pays[key] = pays
+    return draft.int8() if draft.int8_pays[key] else draft
+
+
+def _cold_steps(target: LeanLlama, drafts: list[LeanLlama], reps: int = 7) -> list[float]:
+    """Seconds of a one-token step of each draft right after a one-token target step (best of reps, the drafts
+    interleaved within each repetition, after one warm-up round)."""
+    ids = torch.arange(16) % min(m.embed.shape[0] for m in (target, *drafts))  # any tokens both can read
+    tc, caches = target.new_cache(), [d.new_cache() for d in drafts]
+    target.forward(tc, ids)
+    for d, c in zip(drafts, caches):
+        d.forward(c, ids)
+    best = [float("inf")] * len(drafts)
+    for rep in range(reps + 1):
+        for i, (d, c) in enumerate(zip(drafts, caches)):
+            tc.length, c.length = 16, 16
+            target.forward(tc, ids[:1])
+            t0 = time.perf_counter()
+            d.forward(c, ids[:1], last_only=True)
+            if rep:  # the first round warms up
+                best[i] = min(best[i], time.perf_counter() - t0)
+    return best

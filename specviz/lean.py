@@ -325,7 +325,9 @@ class LeanLlama:
             logits = self.linear(h[-1:] if last_only else h, self.head)
         cache.length = base + L
         if self.kept is not None:  # (n, kept) -> (n, rows), -inf where a row is never proposed
-            logits = logits.new_full((logits.shape[0], self.rows), -torch.inf).index_copy_(1, self.kept, logits)
+            logits = logits.new_full((logits.shape[0], self.rows), -torch.inf).scatter_(
+                1, self.kept.view(1, -1).expand_as(logits), logits
+            )
         return logits, h
 
     def _chunks(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask, last_only: bool):

@@ -61,7 +61,7 @@ from .drafters_lookup import (  # noqa: F401 (importable from here, as before dr
 from .drafters_translating import TranslatingDrafter, translation_of  # noqa: F401 (translation_of: as before)
 from .models import LoadedModel
 from .runtime import CachedModel
-from .sampling import to_probs
+from .sampling import sample, to_probs
 
 TREE_CHILDREN = 4  # the most children a tree node gets (its draft's top 4: 2nd-4th are right 22% of the time)
 
@@ -243,7 +243,7 @@ class _Growth:
         else:
             q_u = self.view[u].clone()
             q_u[[self.tokens[c] for c, par in enumerate(self.parents) if par == u]] = 0.0
-            t = int(torch.multinomial(q_u, 1, generator=self.ctx.generator))
+            t = sample(q_u, self.ctx.generator)
         i = len(self.tokens)
         self.tokens.append(t)
         self.parents.append(u)

@@ -15,7 +15,7 @@ import torch
 
 from .config import SamplingConfig
 from .policies import GammaPolicy, TreePolicy
-from .sampling import greedy, to_probs
+from .sampling import greedy, sample, to_probs
 
 # Why a round proposed fewer tokens than it could (shown in the race's gamma timeline)
 STOP_GAMMA = "gamma"  # it proposed as many as the policy allowed
@@ -109,7 +109,7 @@ def draw_guess(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor | None:
             return None
     if s.greedy:
         return greedy(logits).view(1)
-    return torch.multinomial(to_probs(logits, s), 1, generator=ctx.generator)
+    return torch.tensor([sample(to_probs(logits, s), ctx.generator)], device=logits.device)
 
 
 class Drafter:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specviz.config import TOP_P_MIN, SamplingConfig, SpecvizError
-from specviz.sampling import clean_logits, greedy, residual, to_probs, verify_greedy, verify_sampled
+from specviz.sampling import clean_logits, greedy, residual, sample, to_probs, verify_greedy, verify_sampled
 
 T1 = SamplingConfig(temperature=1.0)
 
@@ -120,6 +120,23 @@ def test_top_k_and_top_p_filter_the_same_way_for_any_input():
 def test_greedy_probs_are_one_hot():
     x = torch.tensor([[0.1, 3.0, 2.9]])
     assert to_probs(x, SamplingConfig(0.0)).tolist() == [[0.0, 1.0, 0.0]]
+
+
+def test_a_sample_follows_its_weights_and_never_draws_a_zero(monkeypatch):
+    """sample() by inverse CDF: 30,000 draws from unnormalised weights with zeros among them (chi-square), a
+    V of 49,152 with one id of weight, and u * total rounded up to the total (the last id of positive weight)."""
+    w = torch.tensor([0.0, 3.0, 0.0, 1.0, 0.5, 0.0, 2.5, 1e-3, 0.0])
+    g, n = gen(5), 30_000
+    counts = torch.bincount(torch.tensor([sample(w, g) for _ in range(n)]), minlength=len(w)).float()
+    assert counts[w == 0].sum() == 0
+    law, keep = w / w.sum(), w > 0
+    chi2 = float(((counts[keep] - n * law[keep]) ** 2 / (n * law[keep])).sum())
+    assert chi2 < 30.0  # 4 degrees of freedom (5 ids of weight, the 1e-3 one expected 4 times): p < 1e-5
+    one = torch.zeros(49_152)
+    one[40_000] = 0.25
+    assert {sample(one, g) for _ in range(50)} == {40_000}
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))
+    assert sample(torch.tensor([0.2, 0.8, 0.0, 0.0]), g) == 1
 
 
 def test_one_block_output_follows_p_not_q():

@@ -108,6 +108,8 @@ def load_vocab_map(name: str, source: str, device: torch.device, rows: int) -> t
             f"The draft {name}'s specviz_vocab.json must list one target id (0 or more) for each of its {rows} "
             f"output rows; it lists {ids.numel()}."
         )
+    if ids.unique().numel() != ids.numel():
+        raise SpecvizError(f"The draft {name}'s specviz_vocab.json lists a target id twice; each row needs its own.")
     if blocked.numel() and not (0 <= int(blocked.min()) and int(blocked.max()) < rows):
         raise SpecvizError(f"The draft {name}'s specviz_vocab.json blocks rows it does not have.")
     inp = torch.zeros(int(ids.max()) + 2 if ids.numel() else 1, dtype=torch.long)  # target id -> draft row

@@ -258,6 +258,7 @@ def test_a_draft_that_cannot_serve_the_target_is_one_sentence_from_load_pair(tin
         (json.dumps({"target_ids": list(range(50))}), "one target id .* for each of its 40 output rows; it lists 50"),
         (json.dumps({"target_ids": [-1, *range(1, 40)]}), "one target id"),
         (json.dumps({"target_ids": list(range(40)), "never_propose": [40]}), "blocks rows it does not have"),
+        (json.dumps({"target_ids": [*range(39), 5]}), "lists a target id twice"),
     ],
 )
 def test_a_malformed_vocabulary_file_is_one_sentence(tmp_path, fresh_cache, vocab, match):

@@ -22,7 +22,7 @@ from .engine import autoregressive_decode, run_over, speculative_decode
 from .events import Done, Round
 from .models import LoadedModel
 from .runtime import CachedModel
-from .sampling import greedy, relaxed, residual, to_probs, verify_sampled
+from .sampling import greedy, relaxed, residual, sample, to_probs, verify_sampled
 from .served_target import eos_ids
 from .theory import cost_ratio
 
@@ -285,7 +285,7 @@ def first_tokens(p: torch.Tensor, q: torch.Tensor, seeds: Iterable[int], relaxed
     out = []
     for seed in seeds:
         gen = torch.Generator(device=p.device).manual_seed(seed)
-        x = torch.multinomial(q, 1, generator=gen)  # 1. draft one token from q
+        x = torch.tensor([sample(q, gen)], device=p.device)  # 1. draft one token from q, as the drafter draws it
         v = verify_sampled(x, q_rows, p_rows, gen)  # 2-3. verify: accept x, or resample from max(0, p - q)
         out.append(int(x) if v.n == 1 else v.correction)
     return out

@@ -7,8 +7,7 @@ from __future__ import annotations
 import torch
 
 from .drafters_base import STOP_CONFIDENCE, DraftContext, Drafter, Proposal, draw_guess, empty_proposal
-from .models import scatter_rows
-from .sampling import to_probs
+from .sampling import scatter_rows, to_probs
 
 
 class HeadDrafter(Drafter):

@@ -21,9 +21,9 @@ from .drafters_base import (
     draw_guess,
     empty_proposal,
 )
-from .models import LoadedModel, scatter_rows
+from .models import LoadedModel
 from .runtime import CachedModel
-from .sampling import to_probs
+from .sampling import scatter_rows, to_probs
 from .served_target import eos_ids
 
 

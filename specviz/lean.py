@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from . import native, quant
 from .lean_cache import LeanCache
 from .lean_torch import decoder_layers
+from .sampling import scatter_rows
 
 log = logging.getLogger(__name__)
 
@@ -325,9 +326,7 @@ class LeanLlama:
             logits = self.linear(h[-1:] if last_only else h, self.head)
         cache.length = base + L
         if self.kept is not None:  # (n, kept) -> (n, rows), -inf where a row is never proposed
-            logits = logits.new_full((logits.shape[0], self.rows), -torch.inf).scatter_(
-                1, self.kept.view(1, -1).expand_as(logits), logits
-            )
+            logits = scatter_rows(logits, self.kept, self.rows)
         return logits, h
 
     def _chunks(self, cache: LeanCache, x: torch.Tensor, base: int, pos: torch.Tensor, mask, last_only: bool):

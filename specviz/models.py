@@ -23,14 +23,9 @@ from .limits import env_int
 from .model_cache import ModelCache
 from .quant import QUANT_LABELS, QUANTIZE, exact_cpu_layers, quant_state_bytes, weights_held  # noqa: F401 (QUANTIZE)
 from .quant import quant_config as _quant_config
+from .sampling import scatter_rows
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def scatter_rows(logits: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
-    """(L, N) logits over a subset of the target's tokens (row i is target token ids[i]) -> (L, V), -inf elsewhere.
-    (scatter_: 9 us for the built-in draft's 17,663 rows where index_copy_ took 21, every draft step.)"""
-    return logits.new_full((logits.shape[0], V), -torch.inf).scatter_(1, ids.view(1, -1).expand_as(logits), logits)
 
 
 @dataclass

@@ -17,6 +17,13 @@ from .config import SamplingConfig, SpecvizError
 _BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
 
 
+def scatter_rows(logits: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
+    """(L, N) logits over a subset of V ids (column i is id ids[i]: a trimmed draft's target token, or an output
+    row the lean forward computed) -> (L, V), -inf elsewhere. (scatter_: 9 us for the built-in draft's 17,663
+    rows where index_copy_ took 21, every draft step.)"""
+    return logits.new_full((logits.shape[0], V), -torch.inf).scatter_(1, ids.view(1, -1).expand_as(logits), logits)
+
+
 def clean_logits(logits: torch.Tensor) -> torch.Tensor:
     """float32 logits with NaN as -inf; where a row has +inf entries, those share the row's mass equally. Where every
     row's maximum is finite (amax propagates a NaN), there is nothing to clean: x as it is (a draft's 49,152 scores,

@@ -1,5 +1,7 @@
-"""Sampled races with the old draw (torch.multinomial) against sampling.sample's inverse CDF, interleaved in one
-process (the measurement behind `specviz.sampling.sample`; BENCHMARKS.md).
+"""Sampled races two ways, interleaved in one process: `--compare draw`, the old draw (torch.multinomial) against
+sampling.sample's inverse CDF (the measurement behind `specviz.sampling.sample`); `--compare rows`, a trimmed
+draft's guesses drawn over all of the target's ids against over the ids it can propose (`drafters_base.draw`,
+`LoadedModel.proposable`). BENCHMARKS.md has both.
 
 For each prompt of each set, at the given temperature and a seed per prompt: plain decoding and the configuration
 with one way of drawing, then both with the other (the order alternating from prompt to prompt), every run timed
@@ -7,7 +9,7 @@ by the wall clock around it after an untimed warm-up of each way. Prints per set
 speedup, plain decoding's tokens per second, and c (draft seconds per draft call over the plain run's seconds per
 token).
 
-    python scripts/sampling_ab.py [--sets everyday,stories,code] [--limit 8] [--temperature 0.8]
+    python scripts/sampling_ab.py [--compare draw|rows] [--sets everyday,stories,code] [--limit 8] [--temperature 0.8]
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ def multinomial(probs: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-WAYS = {"multinomial": multinomial, "inverse CDF": sampling.sample}
+DRAWS = {"multinomial": multinomial, "inverse CDF": sampling.sample}
+ROWS = ("all ids", "its own ids")
+WAYS: tuple[str, ...] = tuple(DRAWS)
 
 
-def use(way: str) -> None:
-    for m in MODULES:
-        m.sample = WAYS[way]
+def use(way: str, draft=None) -> None:
+    """Draw one way (a DRAWS key), or have the draft's guesses drawn over all ids or its own (a ROWS entry)."""
+    if way in DRAWS:
+        for m in MODULES:
+            m.sample = DRAWS[way]
+        return
+    draft.__dict__.pop("proposable", None)  # its own ids again (a cached property)
+    if way == "all ids":
+        draft.__dict__["proposable"] = None
 
 
 def timed(decode, *args) -> tuple[list[int], float, dict]:
@@ -55,6 +65,7 @@ def timed(decode, *args) -> tuple[list[int], float, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--compare", choices=["draw", "rows"], default="draw")
     ap.add_argument("--sets", default="everyday,stories,code")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--config", default="lookup+model:auto")
@@ -62,6 +73,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json-out", default="")
     args = ap.parse_args()
+    global WAYS
+    WAYS = tuple(DRAWS) if args.compare == "draw" else ROWS
     (config,) = parse_configs(args.config)
     base = RunRequest(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     req = config.request(base)
@@ -70,7 +83,7 @@ def main() -> None:
     print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
     warm = encode_prompt(p, "Tell me something about the sea.")
     for way in WAYS:
-        use(way)
+        use(way, q)
         timed(engine.autoregressive_decode, p, warm, base.replace(mode="ar").spec)
         timed(engine.speculative_decode, p, q, warm, req.spec)
     results = []
@@ -78,13 +91,13 @@ def main() -> None:
         for i, prompt in enumerate(load_prompts(name)[: args.limit]):
             ids = encode_prompt(p, prompt)
             for way in list(WAYS) if i % 2 == 0 else list(WAYS)[::-1]:
-                use(way)
+                use(way, q)
                 seeded = base.replace(seed=1000 + i)
                 plain, ar_s, _ = timed(engine.autoregressive_decode, p, ids, seeded.replace(mode="ar").spec)
                 out, s, st = timed(engine.speculative_decode, p, q, ids, config.request(seeded).spec)
                 results.append(dict(set=name, prompt=i, way=way, speedup=ar_s / s, plain_tps=len(plain) / ar_s,
                                     c=(st["draft_s"] / max(st["draft_calls"], 1)) / (ar_s / len(plain))))  # fmt: skip
-    use("inverse CDF")
+    use(WAYS[-1], q)
     for name in args.sets.split(","):
         line = [f"{name}, T={args.temperature:g}"]
         for way in WAYS:

@@ -47,6 +47,7 @@ from .drafters_base import (  # noqa: F401 (the seam's names: importable from he
     DraftContext,
     Drafter,
     Proposal,
+    draw,
     draw_guess,
     empty_proposal,
 )
@@ -78,6 +79,7 @@ class ModelDrafter(Drafter):
 
     def __init__(self, draft: LoadedModel, V: int):
         self.lm, self.run = draft, CachedModel(draft, V)
+        self.ids = draft.proposable  # the target ids it can propose (a trimmed draft), or None: all V
         self.confirmed = 0  # tokens of the text its cache holds
         self.spec: list[int] = []  # proposals it fed after those, in order
         # after a tree: node -> its children as (token, cache row or -1 if never fed, child node); -1 the root
@@ -124,23 +126,27 @@ class ModelDrafter(Drafter):
         x = self._sync(seq)  # (L,) at least one token: the last one of the text is never cached yet
         self.confirmed = len(seq)
         s, fast = ctx.sampling, ctx.sampling.greedy and not ctx.need_q and ctx.threshold <= 0
-        tokens, logits_rows, stop = [], [], why
+        tokens, logits_rows, q_rows, stop = [], [], [], why
+        ids = None if self.ids is None else self.ids.to(ctx.device)
         for _ in range(k):
             if fast:  # greedy, nothing else needed: argmax in the draft's own vocabulary
                 x = self.run.next_greedy(x)
             else:
                 logits = self.run.feed(x, last_only=True)[-1].to(ctx.device)  # (V,)
-                x = draw_guess(logits, ctx)
+                x, q_row = draw(logits, ctx, ids)
                 if x is None:
                     self.spec = [int(t) for t in tokens]  # every proposal so far was fed
                     stop = STOP_CONFIDENCE
                     break
                 logits_rows.append(logits)
+                q_rows.append(q_row)
             tokens.append(x.to(ctx.device))
         else:
             self.spec = [int(t) for t in tokens[:-1]]  # the last proposal was never fed
         t = torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long, device=ctx.device)
-        q = to_probs(torch.stack(logits_rows), s) if logits_rows and ctx.need_q else None  # (k, V)
+        q = None  # (k, V): at T > 0 the rows drawn from; greedy, the argmax's point masses
+        if logits_rows and ctx.need_q:
+            q = to_probs(torch.stack(logits_rows), s) if s.greedy else torch.stack(q_rows)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(logits_rows))
 
     def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal:
@@ -159,7 +165,7 @@ class ModelDrafter(Drafter):
             return empty_proposal(ctx, 0, STOP_BUDGET)
         x = self._sync(seq)
         self.confirmed = len(seq)
-        g = _Growth(ctx, budget, depth_max, self.confirmed - 1)
+        g = _Growth(ctx, budget, depth_max, self.confirmed - 1, None if self.ids is None else self.ids.to(ctx.device))
         g.read(-1, self.run.feed(x, last_only=True)[-1].to(ctx.device))
         g.push_child(-1)
         while g.heap and len(g.curve) < g.horizon:
@@ -197,8 +203,8 @@ class ModelDrafter(Drafter):
 class _Growth:
     """The state of one tree being grown best-first (ModelDrafter._propose_tree): nodes, candidates, the curve."""
 
-    def __init__(self, ctx: DraftContext, budget: int, depth_max: int, root_row: int):
-        self.ctx, self.budget, self.depth_max = ctx, budget, depth_max
+    def __init__(self, ctx: DraftContext, budget: int, depth_max: int, root_row: int, ids: torch.Tensor | None = None):
+        self.ctx, self.budget, self.depth_max, self.ids = ctx, budget, depth_max, ids  # ids: as in drafters_base.draw
         self.horizon = budget if ctx.tree.fixed is not None else ctx.tree.max_nodes
         s = ctx.sampling
         self.s_view = s if not s.greedy else SamplingConfig(1.0)  # confidence is read at T = 1 when greedy
@@ -223,9 +229,13 @@ class _Growth:
         return self.order
 
     def read(self, u: int, logits: torch.Tensor) -> None:
-        self.view[u] = to_probs(logits, self.s_view)
-        top = torch.topk(self.view[u], min(TREE_CHILDREN, self.ctx.V))
-        self.ranked[u] = (top.values.tolist(), top.indices.tolist())
+        """A read node's row: its probabilities (over the ids the draft can propose, where it says: the same law)
+        and its top candidates."""
+        ids = self.ids
+        view = to_probs(logits if ids is None else logits[ids], self.s_view)
+        top = torch.topk(view, min(TREE_CHILDREN, view.shape[-1]))
+        self.ranked[u] = (top.values.tolist(), (top.indices if ids is None else ids[top.indices]).tolist())
+        self.view[u] = view if ids is None else view.new_zeros(logits.shape[-1]).scatter_(0, ids, view)
 
     def push_child(self, u: int) -> None:
         """u's next child as a candidate: score = u's score * the draft's j-th largest probability * cal[j]."""

@@ -99,17 +99,30 @@ def empty_proposal(ctx: DraftContext, planned: int, stop: str) -> Proposal:
     return Proposal(torch.empty(0, dtype=torch.long, device=ctx.device), None, (), planned, stop)
 
 
-def draw_guess(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor | None:
-    """The next guess (1,) from a draft's (V,) logits row, or None when the draft's top probability is under the
-    confidence threshold (read at T = 1 when decoding greedily)."""
+def draw(
+    logits: torch.Tensor, ctx: DraftContext, ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The next guess (1,) from a draft's (V,) logits row and, at T > 0, the (V,) distribution q it was drawn from;
+    (None, None) when the draft's top probability is under the confidence threshold (read at T = 1 when decoding
+    greedily). ids: the ascending target ids the draft can propose (LoadedModel.proposable; every other logit is
+    -inf): the probabilities and the draw then run over those alone, the same law in a sixth of the work (the
+    built-in draft's 8,000 of 49,152: a guess's softmax, draw and q row 0.23 -> 0.09 ms on the 2-core Zen 4)."""
     s = ctx.sampling
-    if ctx.threshold > 0:
-        top = float(to_probs(logits, s if not s.greedy else SamplingConfig(1.0)).max())
-        if top < ctx.threshold:
-            return None
+    rows = logits if ids is None else logits[ids]
+    probs = to_probs(rows, s if not s.greedy else SamplingConfig(1.0)) if ctx.threshold > 0 or not s.greedy else None
+    if ctx.threshold > 0 and float(probs.max()) < ctx.threshold:
+        return None, None
     if s.greedy:
-        return greedy(logits).view(1)
-    return torch.tensor([sample(to_probs(logits, s), ctx.generator)], device=logits.device)
+        return greedy(logits).view(1), None
+    i = sample(probs, ctx.generator)
+    if ids is None:
+        return torch.tensor([i], device=logits.device), probs
+    return ids[i].view(1), probs.new_zeros(logits.shape[-1]).scatter_(0, ids, probs)
+
+
+def draw_guess(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor | None:
+    """The next guess (1,) from a draft's (V,) logits row, or None under the confidence threshold (`draw`)."""
+    return draw(logits, ctx)[0]
 
 
 class Drafter:

@@ -10,6 +10,7 @@ q the draft.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -48,6 +49,18 @@ class LoadedModel:
     input_map: torch.Tensor | None = field(default=None, repr=False)  # (max id + 2,) target token id -> draft row
     blocked_rows: torch.Tensor | None = field(default=None, repr=False)  # draft rows it must never propose
     lean: LeanLlama | None = field(default=None, repr=False)  # its lean forward (lean.py), where the model fits
+
+    @functools.cached_property
+    def proposable(self) -> torch.Tensor | None:
+        """The target ids a trimmed draft can ever propose, ascending: its map's rows less the blocked ones. Every
+        other column of its V-wide logits (to_target_logits) is -inf, so probabilities over these columns alone
+        are the same law (drafters_base.draw). None without a map."""
+        if self.vocab_map is None:
+            return None
+        keep = torch.ones(self.vocab_map.numel(), dtype=torch.bool, device=self.vocab_map.device)
+        if self.blocked_rows is not None:
+            keep[self.blocked_rows] = False
+        return self.vocab_map[keep].sort().values
 
     @property
     def vocab_size(self) -> int:

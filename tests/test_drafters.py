@@ -375,3 +375,25 @@ def test_auto_learns_lookup_matches_by_their_length():
         got = d.propose(seq, ctx)
         used.append("model" if got is None else got.key)
     assert used == ["model", "lookup:3"] * 3
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(0.7), SamplingConfig(1.0, top_k=3), SamplingConfig(1.3, top_p=0.8)])
+def test_a_guess_drawn_over_the_ids_a_draft_can_propose_has_the_full_rows_law(cfg):
+    """drafters_base.draw with a trimmed draft's ids (LoadedModel.proposable): q is the V-wide row to_probs gives,
+    zero off the ids, and the draws follow it."""
+    from specviz.drafters_base import DraftContext, draw
+    from specviz.sampling import scatter_rows, to_probs
+
+    V, ids = 12, torch.tensor([1, 4, 5, 9, 11])
+    logits = scatter_rows(torch.tensor([[0.3, -1.2, 1.5, 0.8, 0.1]]), ids, V)[0]
+    ctx = DraftContext(cfg, torch.Generator().manual_seed(3), V, torch.device("cpu"), Heuristic(2), budget=9)
+    want = to_probs(logits, cfg)
+    counts, N = torch.zeros(V), 4000
+    for _ in range(N):
+        x, q = draw(logits, ctx, ids)
+        counts[int(x)] += 1
+    assert torch.allclose(q, want, atol=1e-6) and q.sum() == pytest.approx(1.0, abs=1e-6)
+    assert bool((q[[i for i in range(V) if i not in ids.tolist()]] == 0).all())
+    assert chi2_z(counts, want, N) < 4.0
+    x, q = draw(logits, dataclasses.replace(ctx, sampling=SamplingConfig(0.0)), ids)
+    assert x.tolist() == [5] and q is None  # greedy: the argmax, its point mass built by the caller

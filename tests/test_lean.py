@@ -332,6 +332,27 @@ def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_
     assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
 
 
+def test_a_draft_that_blocks_rows_grows_trees_over_the_rest(pair_with, tiny_pair, small_vocab_pair, tmp_path):
+    """Token trees from such a draft: a read node's probabilities and top candidates come from the rows it may
+    propose alone (drafters._Growth.read); greedy trees give plain decoding's tokens and sampled ones the target's
+    law."""
+    p, q = pair_with("llama.c", pair=_blocking(tiny_pair, tmp_path / "d64", [r for r in range(64) if r % 4]))
+    assert q.proposable.tolist() == list(range(0, 64, 4))
+    every = dataclasses.replace(q)  # the same draft reading all 64 columns (its blocked ones -inf)
+    every.__dict__["proposable"] = None
+    for prompt in PROMPTS:
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=24)
+        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=3, tree=5, max_new_tokens=24)
+        ref = generate(prompt, target=p, draft=every, mode="spec", gamma=3, tree=5, max_new_tokens=24)
+        assert sp.token_ids == ar.token_ids, prompt
+        keys = ("drafted", "accepted", "target_calls")  # the same trees grown: the same candidates in each read
+        assert [sp.stats[k] for k in keys] == [ref.stats[k] for k in keys] and sp.stats["accepted"] > 0, prompt
+    p, q = pair_with("llama.c", pair=_blocking(small_vocab_pair, tmp_path / "d8", [1, 4, 6]))
+    ids, N = [1, 5, 6], 3000
+    counts, _ = two_token_counts(p, q, ids, N, gamma=2, tree=3)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
+
+
 def test_a_draft_that_blocks_few_rows_keeps_its_output_layer(tiny_pair, tmp_path, pair_with):
     _, q = pair_with("PyTorch ops", pair=_blocking(tiny_pair, tmp_path / "few", [0, 1, 2]))
     assert q.lean.kept is None and q.lean.head.shape[0] == 64  # 61 of 64 rows: a copy would save little

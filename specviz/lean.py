@@ -169,6 +169,7 @@ class LeanLlama:
         self.rows = self.head.shape[0]  # output rows: logits always have this many
         self.kept: torch.Tensor | None = None  # the rows the output layer computes, where not all (skip_rows)
         self._int8: LeanLlama | None = None
+        self.copied_bytes = 0  # bytes held beyond the model's parameters: the kept output rows, an int8 variant
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
@@ -214,6 +215,7 @@ class LeanLlama:
             return  # a copy of most rows: not worth the memory
         self.kept = keep.nonzero().view(-1)
         self.head = self.head[self.kept].contiguous()  # a copy (the input embedding keeps every row)
+        self.copied_bytes = self.head.numel() * self.head.element_size()
         self._pointers()
 
     def int8(self) -> LeanLlama:
@@ -239,6 +241,7 @@ class LeanLlama:
             new.head = quantize(self.head)
             new._pointers()
             new.engine = f"{self.engine}, int8 weights"
+            new.copied_bytes = new.weight_bytes + sum(t.numel() * t.element_size() for t in new.scales.values())
             self._int8 = new
         return self._int8
 

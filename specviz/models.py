@@ -176,6 +176,7 @@ def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, o
         rows = int(model.get_output_embeddings().weight.shape[0])
         vocab_map, input_map, blocked = hub.load_vocab_map(name, source, dev, rows)
         fast = lean.build(model, kernels.path_of(model), blocked)
+        memory += fast.copied_bytes if fast is not None else 0  # a draft's kept output rows
         return LoadedModel(model, tokenizer, name, dev, dt, quantize, memory, vocab_map, input_map, blocked, fast)
 
     return (name, str(dev), str(dt), quantize, trust_remote_code), make, f"The model {name}"
@@ -295,5 +296,5 @@ def load_pair(
     if dtype in (None, "", "auto") and not isinstance(draft, LoadedModel) and q.lean is not None:
         fast = lean_draft.draft_forward(p.lean, q.lean)  # int8 weights where this machine runs them faster
         if fast is not q.lean:
-            q = dataclasses.replace(q, lean=fast)
+            q = dataclasses.replace(q, lean=fast, memory_bytes=q.memory_bytes + fast.copied_bytes)  # its int8 copy too
     return p, q

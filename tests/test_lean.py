@@ -310,6 +310,10 @@ def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_
     blocked = [r for r in range(64) if r % 4]  # 48 of 64 rows
     p, q = pair_with(forward, pair=_blocking(tiny_pair, tmp_path / "d64", blocked), int8=int8)
     assert q.lean.kept.tolist() == list(range(0, 64, 4)) and q.lean.head.shape == (16, q.lean.H)
+    params = sum(t.numel() * t.element_size() for t in [*q.model.parameters(), *q.model.buffers()])
+    copies = 16 * q.lean.H * 4  # the kept rows in float32; the int8 forward's weights and scales on top
+    copies += q.lean.weight_bytes + sum(t.numel() * 4 for t in q.lean.scales.values()) if q.lean.is_int8 else 0
+    assert q.memory_bytes == params + copies
     full = lean.LeanLlama(q.model, q.lean.path)  # the same draft computing every row
     full = full.int8() if q.lean.is_int8 else full
     ids = torch.tensor([5, 9, 12, 30, 7, 8, 40, 41])

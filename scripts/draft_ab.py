@@ -8,6 +8,7 @@ median per-prompt speedup, tokens per target call, alpha and c (draft seconds pe
 run's seconds per token) each way; greedy output must equal plain decoding's in every run.
 
     python scripts/draft_ab.py --a assets/draft --b out/other-draft [--sets everyday,stories,code] [--limit 12]
+    python scripts/draft_ab.py --heads --a out/head-before --b assets/head --config lookup+head:auto   # two heads
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from specviz.api import encode_prompt, load_for  # noqa: E402
 from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
 from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
 from specviz.events import Done  # noqa: E402
+from specviz.head import head_backend, head_for  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
@@ -39,8 +41,9 @@ def timed(decode, *args) -> tuple[list[int], float, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--a", required=True, help="a draft folder")
-    ap.add_argument("--b", required=True, help="another draft folder")
+    ap.add_argument("--a", required=True, help="a draft folder (a head's with --heads)")
+    ap.add_argument("--b", required=True, help="another draft folder (a head's with --heads)")
+    ap.add_argument("--heads", action="store_true", help="--a and --b are draft heads (for the head drafters)")
     ap.add_argument("--sets", default="everyday,stories,code")
     ap.add_argument("--limit", type=int, default=12)
     ap.add_argument("--config", default="lookup+model:auto")
@@ -49,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     (config,) = parse_configs(args.config)
     reqs = {
-        w: config.request(RunRequest(max_new_tokens=args.max_new_tokens, draft=d))
+        w: config.request(RunRequest(max_new_tokens=args.max_new_tokens, **{"head" if args.heads else "draft": d}))
         for w, d in [("a", args.a), ("b", args.b)]
     }
     pairs = {w: load_for(r) for w, r in reqs.items()}
@@ -57,6 +60,10 @@ def main() -> None:
     m = machine_info()
     print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
     for w, (_, q) in pairs.items():
+        if args.heads:
+            h = head_for(p, reqs[w].head)
+            print(f"{w}: {reqs[w].head}: {head_backend(p, reqs[w].head)}, {h.target_ids.numel():,} output rows")
+            continue
         print(f"{w}: {reqs[w].draft}: {q.lean.engine if q.lean else 'transformers'}, "
               f"{q.lean.head.shape[0] if q.lean else q.vocab_size:,} output rows computed", flush=True)  # fmt: skip
     ar_cfg = reqs["a"].replace(mode="ar").spec

@@ -176,6 +176,20 @@ def test_a_draft_proposes_the_rows_of_its_most_frequent_reply_tokens(tmp_path):
     assert spec == {"target_ids": ids, "never_propose": [0, 1, 3, 4, 6]}
 
 
+def test_a_head_keeps_the_rows_of_its_most_frequent_reply_tokens(tmp_path):
+    """A head has no catch-all row and computes only its target_ids rows: the rows it drops leave that list."""
+    ids = [0, 1, 2, 10, 11, 12, 13]
+    replies = [[12, 12, 0], [13, 12, 0, 10]]  # 12 three times, 0 twice, 13 and 10 once
+    assert draft_rows.never_propose(replies, ids, 3, catch_all=False) == [1, 2, 4, 6]  # kept: 12, 0, 10
+    assert draft_rows.never_propose(replies, ids, 7, catch_all=False) == []
+    cfg = {"hidden": 8, "target_ids": ids}
+    (tmp_path / "specviz_head.json").write_text(json.dumps(cfg))
+    data = tmp_path / "replies.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "p", "ids": r}) + "\n" for r in replies))
+    draft_rows.main(["--head", str(tmp_path), "--teacher", str(data), "--keep", "2"])
+    assert json.loads((tmp_path / "specviz_head.json").read_text()) == {"hidden": 8, "target_ids": [0, 12]}
+
+
 def test_pca_init_when_the_draft_is_narrower(tmp_path, target_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -11,6 +11,12 @@ specviz_vocab.json's "never_propose"; lean.LeanLlama.skip_rows leaves them out o
 renormalised over the rows it keeps, so the output is still the target's exactly.
 
     python scripts/draft_rows.py --draft assets/draft --teacher data/teacher.jsonl.gz --keep 8000
+
+A feature-level head (head.py) reads the target's own embedding and computes only its `target_ids` output rows, so
+for a head the rows it never proposes are simply dropped from that list (`--head FOLDER`): the same law as -inf
+logits, with no list beside it.
+
+    python scripts/draft_rows.py --head assets/head --teacher data/teacher.jsonl.gz --keep 8000
 """
 
 from __future__ import annotations
@@ -26,30 +32,40 @@ from .teacher_io import read_jsonl
 KEEP = 8000  # rows a draft proposes by default (train_draft's --propose-rows)
 
 
-def never_propose(replies: Iterable[list[int]], target_ids: list[int], keep: int = KEEP) -> list[int]:
+def never_propose(
+    replies: Iterable[list[int]], target_ids: list[int], keep: int = KEEP, catch_all: bool = True
+) -> list[int]:
     """Rows to leave out of a draft's guesses: every row but those of the `keep` target tokens most frequent in
-    `replies` (ties: the lower row), and always row 0 (the catch-all for target tokens outside the vocabulary).
-    keep 0, or at least the rows there are: row 0 only."""
-    rows = len(target_ids)
-    if not keep or keep >= rows - 1:
-        return [0]
+    `replies` (ties: the lower row), and with `catch_all` always row 0 (a trimmed draft's row for target tokens
+    outside its vocabulary; a head has none). keep 0, or at least the rows there are: row 0 only (none without
+    `catch_all`)."""
+    rows, first = len(target_ids), 1 if catch_all else 0
+    if not keep or keep >= rows - first:
+        return [0] if catch_all else []
     counts = collections.Counter(t for ids in replies for t in ids)
-    kept = set(sorted(range(1, rows), key=lambda r: (-counts[target_ids[r]], r))[:keep])
+    kept = set(sorted(range(first, rows), key=lambda r: (-counts[target_ids[r]], r))[:keep])
     return [r for r in range(rows) if r not in kept]
 
 
 def main(argv: list[str] | None = None) -> list[int]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--draft", required=True, help="a trimmed draft's folder (it has a specviz_vocab.json)")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--draft", help="a trimmed draft's folder (it has a specviz_vocab.json)")
+    which.add_argument("--head", help="a draft head's folder (it has a specviz_head.json): its rows are cut")
     ap.add_argument("--teacher", nargs="+", required=True, help="the target's replies (teacher JSONL(.gz) files)")
-    ap.add_argument("--keep", type=int, default=KEEP, help="rows it may propose (0: all but row 0)")
+    ap.add_argument("--keep", type=int, default=KEEP, help="rows it may propose (0: all but a draft's row 0)")
     args = ap.parse_args(argv)
-    f = Path(args.draft) / "specviz_vocab.json"
+    f = Path(args.draft) / "specviz_vocab.json" if args.draft else Path(args.head) / "specviz_head.json"
     spec = json.loads(f.read_text())
-    blocked = never_propose((r["ids"] for p in args.teacher for r in read_jsonl(p)), spec["target_ids"], args.keep)
-    spec["never_propose"] = blocked
+    ids = spec["target_ids"]
+    blocked = never_propose((r["ids"] for p in args.teacher for r in read_jsonl(p)), ids, args.keep, bool(args.draft))
+    if args.draft:
+        spec["never_propose"] = blocked
+    else:  # a head computes only its target_ids rows: keep the others, in their order
+        drop = set(blocked)
+        spec["target_ids"] = [t for r, t in enumerate(ids) if r not in drop]
     f.write_text(json.dumps(spec))
-    print(f"{f}: proposes {len(spec['target_ids']) - len(blocked):,} of its {len(spec['target_ids']):,} rows")
+    print(f"{f}: proposes {len(ids) - len(blocked):,} of its {len(ids):,} rows")
     return blocked
 
 

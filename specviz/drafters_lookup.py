@@ -37,10 +37,13 @@ class LookupDrafter(Drafter):
         self,
         prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS,
         max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE,
+        never: frozenset[int] = frozenset(),
     ):
+        """never: ids it does not copy (a continuation ends before the first of them): the target's control tokens
+        but its end of turn (`never_copied`), which a chat template puts in the prompt and a reply never holds."""
         if prompt_lookup_num_tokens < 1 or max_matching_ngram_size < 1:
             raise SpecvizError("prompt_lookup_num_tokens and max_matching_ngram_size must be at least 1.")
-        self.num_tokens, self.max_ngram = prompt_lookup_num_tokens, max_matching_ngram_size
+        self.num_tokens, self.max_ngram, self.never = prompt_lookup_num_tokens, max_matching_ngram_size, never
         self.index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_matching_ngram_size + 1)]
         self.indexed = 0  # n-grams ending before this position are in the index
         # for token trees only: every earlier occurrence, oldest first (built on the first tree proposal)
@@ -60,9 +63,16 @@ class LookupDrafter(Drafter):
         self._extend(seq)
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             start = self.index[n].get(tuple(seq[-n:]))
-            if start is not None:
-                return n, seq[start : start + k]
+            found = self._copy(seq, start, k) if start is not None else []
+            if found:
+                return n, found
         return 0, []
+
+    def _copy(self, seq: list[int], start: int, k: int) -> list[int]:
+        """What follows position `start`: at most k tokens, ending before the first id it never copies."""
+        out = seq[start : start + k]
+        cut = next((i for i, t in enumerate(out) if t in self.never), len(out))
+        return out[:cut]
 
     def find_branches(self, seq: list[int], k: int, most: int) -> tuple[int, list[list[int]]]:
         """(n, continuations) for a token tree: the longest suffix found earlier, and what followed up to `most` of
@@ -77,7 +87,7 @@ class LookupDrafter(Drafter):
             if ends:
                 found: list[list[int]] = []
                 for start in reversed(ends):
-                    c = seq[start : start + k]
+                    c = self._copy(seq, start, k)
                     if c and c not in found:
                         found.append(c)
                         if len(found) == most:
@@ -153,6 +163,16 @@ class LookupDrafter(Drafter):
             parents=tuple(parents),
             ranks=tuple(ranks),
         )
+
+
+def never_copied(target) -> frozenset[int]:
+    """The target's control tokens but its end of turn (a chat template's <|im_start|> and the like): prompt lookup
+    copies none of them, since the prompt holds them and a reply does not (the built-in target's first round used
+    to guess `<|im_start|>`, copied from the template, and lose it)."""
+    from .served_target import eos_ids
+
+    tok = getattr(target, "tokenizer", None)
+    return frozenset(int(i) for i in getattr(tok, "all_special_ids", None) or ()) - eos_ids(target)
 
 
 class LookupModelDrafter(Drafter):

@@ -143,6 +143,7 @@ def _acceptance_runs(
     from .drafters import make_drafter
     from .engine import speculative_decode
     from .events import Round
+    from .run_setup import lookup_options
     from .translate import needs_translation
 
     cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
@@ -151,11 +152,7 @@ def _acceptance_runs(
     for ids in prompt_ids:
         made = None
         if translated:  # built here, so its re-tokenising time can be read after the run
-            lookup = dict(
-                prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
-                max_matching_ngram_size=cfg.max_matching_ngram_size,
-            )
-            made = make_drafter(drafter, draft, target.vocab_size, target=target, **lookup)
+            made = make_drafter(drafter, draft, target.vocab_size, target=target, **lookup_options(cfg, target))
         for ev in _within(speculative_decode(target, draft, ids, cfg, drafter=made), deadline):
             t.add(ev)
             if isinstance(ev, Round):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from .config import TREE_AUTO_MAX, SpecConfig, SpecvizError
 from .costs import calibration, draft_step_calibration, head_calibration, tree_read_calibration
 from .drafters import Drafter, LookupDrafter, TranslatingDrafter, make_drafter
+from .drafters_lookup import never_copied
 from .head import head_for
 from .models import LoadedModel
 from .policies import TreePolicy, make_policy
@@ -25,9 +26,7 @@ def make_run(
     V = target.vocab_size
     if isinstance(target, ServedTarget):
         check_served(cfg)
-    lookup = dict(
-        prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens, max_matching_ngram_size=cfg.max_matching_ngram_size
-    )
+    lookup = lookup_options(cfg, target)
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, read_s, spent, paid = [], 0.0, 0.0, 0.0, "model"
@@ -51,6 +50,15 @@ def make_run(
     if cfg.tree != "off" and not chains_only:
         tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, read_s)
     return drafter, policy, tree, spent
+
+
+def lookup_options(cfg: SpecConfig, target) -> dict:
+    """The keywords prompt lookup is built with for a run of `cfg` on `target` (make_drafter's **lookup)."""
+    return dict(
+        prompt_lookup_num_tokens=cfg.prompt_lookup_num_tokens,
+        max_matching_ngram_size=cfg.max_matching_ngram_size,
+        never=never_copied(target),
+    )
 
 
 def check_served(cfg: SpecConfig) -> None:

@@ -54,6 +54,35 @@ def test_lookup_on_hand_built_sequences(seq, k, want):
     assert LookupDrafter(prompt_lookup_num_tokens=10, max_matching_ngram_size=3).match(seq, k) == want
 
 
+@pytest.mark.parametrize(
+    "seq, want",
+    [
+        ([5, 1, 7, 8, 5], []),  # the only earlier 5 is followed by a control token: nothing to copy
+        ([5, 6, 1, 9, 5], [6]),  # a continuation ends before its first control token
+        ([3, 5, 1, 9, 6, 5, 7, 3, 5], [7, 3, 5]),  # (3, 5) would copy a control token at once: the 1-gram (5) instead
+    ],
+)
+def test_lookup_copies_no_control_token(seq, want):
+    assert LookupDrafter(max_matching_ngram_size=2, never=frozenset({1})).match(seq, 3) == want
+
+
+def test_lookup_never_proposes_the_chat_template_s_tokens(loaded_pair):
+    """A race's lookup copied the template's tokens from the prompt (the built-in target's first round proposed
+    `<|im_start|>`); it copies none of the target's control tokens but its end of turn, and the output is plain's."""
+    from specviz.drafters_lookup import never_copied
+
+    p, _ = loaded_pair
+    never = never_copied(p)
+    assert never == {0, 1, 3, 4}  # <unk>, <s>, <|user|>, <|assistant|>; not </s>, its end of turn
+    ids = p.tokenizer("<|user|>ab<|assistant|>ab<|user|>ab")["input_ids"]
+    cfg = SpecConfig(gamma=4, max_new_tokens=16, drafter="lookup")
+    events = list(speculative_decode(p, None, ids, cfg))
+    assert not {t for e in events if isinstance(e, Round) for t in e.drafted} & never
+    assert events[-1].token_ids == list(autoregressive_decode(p, ids, cfg))[-1].token_ids
+    unguarded = [e for e in speculative_decode(p, None, ids, cfg, drafter=LookupDrafter()) if isinstance(e, Round)]
+    assert unguarded[0].drafted[0] == 4  # without the rule: <|assistant|>, what followed "<|user|>ab" before
+
+
 def test_lookup_index_grows_with_the_text():
     d = LookupDrafter(max_matching_ngram_size=2)
     assert d.match([5, 6, 7], 3) == []

@@ -265,7 +265,7 @@ class LlamaCppRun(ServedRun):
 
 def scorable(tok, ids: list[int], x: list[int]) -> int:
     """How many of the guesses x, after ids, the server can score: none is the beginning-of-text token (its echo
-    leaves every copy of that token out, e.g. SmolLM2's <|im_start|>, which lookup copies from the prompt), and
+    leaves every copy of that token out, e.g. SmolLM2's <|im_start|>, which a draft may guess), and
     they read back as themselves when their text is tokenized again (a draft may split a text as the tokenizer
     would not)."""
     bos = getattr(tok, "bos_token_id", None)

@@ -18,17 +18,17 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from draft_ab import timed  # noqa: E402 (scripts/ is on the path: this script's own folder)
-
 from specviz import drafters, drafters_base, engine, sampling, served_run  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
 from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
+from specviz.events import Done  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
@@ -53,6 +53,14 @@ def use(way: str, draft=None) -> None:
     draft.__dict__.pop("proposable", None)  # its own ids again (a cached property)
     if way == "all ids":
         draft.__dict__["proposable"] = None
+
+
+def timed(decode, *args) -> tuple[list[int], float, dict]:
+    t0 = time.perf_counter()
+    events = list(decode(*args))
+    seconds = time.perf_counter() - t0
+    assert isinstance(events[-1], Done)
+    return list(events[-1].token_ids), seconds, events[-1].stats
 
 
 def main() -> None:

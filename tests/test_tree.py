@@ -251,7 +251,8 @@ def test_greedy_lookup_trees_equal_plain_decoding(loaded_pair, drafter):
 
 def test_sampled_lookup_trees_follow_the_target(small_vocab_pair):
     p, q = load_pair(*small_vocab_pair, device="cpu")
-    ids = [5, 6, 7, 5, 6, 3, 5, 6]  # "5 6" went on with 7 and with 3: a lookup tree of point masses
+    ids = [5, 6, 7, 5, 6, 5, 5, 6]  # "5 6" went on with 7 and with 5: a lookup tree of point masses (not with 3:
+    # ids 0, 1, 3 and 4 are this tokenizer's control tokens, which lookup does not copy; 2 is its end of turn)
     V, n = p.vocab_size, 1000
     counts = torch.zeros(V * V + V)
     trees = 0

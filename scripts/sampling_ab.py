@@ -41,7 +41,6 @@ def multinomial(probs: torch.Tensor, generator: torch.Generator) -> int:
 
 DRAWS = {"multinomial": multinomial, "inverse CDF": sampling.sample}
 ROWS = ("all ids", "its own ids")
-WAYS: tuple[str, ...] = tuple(DRAWS)
 
 
 def use(way: str, draft=None) -> None:
@@ -73,8 +72,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--json-out", default="")
     args = ap.parse_args()
-    global WAYS
-    WAYS = tuple(DRAWS) if args.compare == "draw" else ROWS
+    ways = tuple(DRAWS) if args.compare == "draw" else ROWS
     (config,) = parse_configs(args.config)
     base = RunRequest(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     req = config.request(base)
@@ -82,7 +80,7 @@ def main() -> None:
     m = machine_info()
     print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
     warm = encode_prompt(p, "Tell me something about the sea.")
-    for way in WAYS:
+    for way in ways:
         use(way, q)
         timed(engine.autoregressive_decode, p, warm, base.replace(mode="ar").spec)
         timed(engine.speculative_decode, p, q, warm, req.spec)
@@ -90,17 +88,17 @@ def main() -> None:
     for name in args.sets.split(","):
         for i, prompt in enumerate(load_prompts(name)[: args.limit]):
             ids = encode_prompt(p, prompt)
-            for way in list(WAYS) if i % 2 == 0 else list(WAYS)[::-1]:
+            for way in ways if i % 2 == 0 else ways[::-1]:
                 use(way, q)
                 seeded = base.replace(seed=1000 + i)
                 plain, ar_s, _ = timed(engine.autoregressive_decode, p, ids, seeded.replace(mode="ar").spec)
                 out, s, st = timed(engine.speculative_decode, p, q, ids, config.request(seeded).spec)
                 results.append(dict(set=name, prompt=i, way=way, speedup=ar_s / s, plain_tps=len(plain) / ar_s,
                                     c=(st["draft_s"] / max(st["draft_calls"], 1)) / (ar_s / len(plain))))  # fmt: skip
-    use(WAYS[-1], q)
+    use(ways[-1], q)
     for name in args.sets.split(","):
         line = [f"{name}, T={args.temperature:g}"]
-        for way in WAYS:
+        for way in ways:
             rows = [r for r in results if r["set"] == name and r["way"] == way]
             line.append(
                 f"{way}: {statistics.median(r['speedup'] for r in rows):.2f}x, plain "

@@ -50,6 +50,7 @@ from .drafters_base import (  # noqa: F401 (the seam's names: importable from he
     draw,
     draw_guess,
     empty_proposal,
+    widen,
 )
 from .drafters_head import HeadDrafter
 from .drafters_lookup import (  # noqa: F401 (importable from here, as before drafters_lookup.py)
@@ -127,7 +128,7 @@ class ModelDrafter(Drafter):
         self.confirmed = len(seq)
         s, fast = ctx.sampling, ctx.sampling.greedy and not ctx.need_q and ctx.threshold <= 0
         tokens, logits_rows, q_rows, stop = [], [], [], why
-        ids = None if self.ids is None else self.ids.to(ctx.device)
+        ids = self._ids(ctx)
         for _ in range(k):
             if fast:  # greedy, nothing else needed: argmax in the draft's own vocabulary
                 x = self.run.next_greedy(x)
@@ -149,6 +150,10 @@ class ModelDrafter(Drafter):
             q = to_probs(torch.stack(logits_rows), s) if s.greedy else torch.stack(q_rows)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(logits_rows))
 
+    def _ids(self, ctx: DraftContext) -> torch.Tensor | None:
+        """The target ids it can propose, on the round's device (None: all V)."""
+        return None if self.ids is None else self.ids.to(ctx.device)
+
     def _propose_tree(self, seq: list[int], ctx: DraftContext) -> Proposal:
         """A token tree grown best-first (in the spirit of EAGLE-2's dynamic trees; TreePolicy defines the score).
 
@@ -165,7 +170,7 @@ class ModelDrafter(Drafter):
             return empty_proposal(ctx, 0, STOP_BUDGET)
         x = self._sync(seq)
         self.confirmed = len(seq)
-        g = _Growth(ctx, budget, depth_max, self.confirmed - 1, None if self.ids is None else self.ids.to(ctx.device))
+        g = _Growth(ctx, budget, depth_max, self.confirmed - 1, self._ids(ctx))
         g.read(-1, self.run.feed(x, last_only=True)[-1].to(ctx.device))
         g.push_child(-1)
         while g.heap and len(g.curve) < g.horizon:
@@ -235,7 +240,7 @@ class _Growth:
         view = to_probs(logits if ids is None else logits[ids], self.s_view)
         top = torch.topk(view, min(TREE_CHILDREN, view.shape[-1]))
         self.ranked[u] = (top.values.tolist(), (top.indices if ids is None else ids[top.indices]).tolist())
-        self.view[u] = view if ids is None else view.new_zeros(logits.shape[-1]).scatter_(0, ids, view)
+        self.view[u] = widen(view, ids, logits.shape[-1])
 
     def push_child(self, u: int) -> None:
         """u's next child as a candidate: score = u's score * the draft's j-th largest probability * cal[j]."""

@@ -115,9 +115,13 @@ def draw(
     if s.greedy:
         return greedy(logits).view(1), None
     i = sample(probs, ctx.generator)
-    if ids is None:
-        return torch.tensor([i], device=logits.device), probs
-    return ids[i].view(1), probs.new_zeros(logits.shape[-1]).scatter_(0, ids, probs)
+    token = torch.tensor([i], device=logits.device) if ids is None else ids[i].view(1)
+    return token, widen(probs, ids, logits.shape[-1])
+
+
+def widen(probs: torch.Tensor, ids: torch.Tensor | None, V: int) -> torch.Tensor:
+    """(n,) probabilities over `ids` (as `draw` computes them) -> (V,), 0 on every other id; ids None: as it is."""
+    return probs if ids is None else probs.new_zeros(V).scatter_(0, ids, probs)
 
 
 def draw_guess(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor | None:

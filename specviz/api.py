@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .config import BUILTIN_TARGET, MODEL_DRAFTERS, SpecvizError
 from .engine import autoregressive_decode, speculative_decode
 from .events import Done, Event
-from .models import LoadedModel, load_model, load_pair
+from .models import LoadedModel, chat_ids, load_model, load_pair
 from .request import RunRequest
 from .served import ServedTarget, is_url, load_served_pair
 
@@ -43,10 +43,7 @@ def encode_prompt(lm: LoadedModel, prompt: str, raw: bool = False) -> list[int]:
     prompt = check_text(prompt)
     tok = lm.tokenizer
     if not raw and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return tok(text, add_special_tokens=False)["input_ids"]
+        return chat_ids(tok, prompt)
     ids = tok(prompt)["input_ids"]
     if not ids:
         raise SpecvizError("The prompt has no tokens; type something for the model to continue.")

@@ -9,7 +9,9 @@ prompt, every method once, back to back:
   hf_assist  transformers' assisted generation at its own defaults (20 tokens, confidence 0.4): what a user gets
   hf_lookup  transformers' prompt lookup (prompt_lookup_num_tokens=10, its default n-gram size 2)
   hf_ar      transformers' plain p.model.generate, the reference for our `ar`
-Every method is timed the same way: wall clock around one call, prompt already tokenised, prefill included.
+Every method is timed the same way: wall clock around one call, prompt already tokenised, prefill included
+(ours copies the chat template's opening, encoded once per process: runtime.keep_opening; transformers' generate
+encodes every prompt token).
 Each speedup is a ratio of runs made seconds apart on the same prompt, under the same load.
 
 Per cell it reports tokens/s (median over prompts and repeats), speedups (median of the paired per-prompt

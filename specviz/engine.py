@@ -26,7 +26,7 @@ from .events import Done, Event, Round, Start, Step, TreeRound
 from .models import LoadedModel
 from .policies import GammaPolicy, TreePolicy
 from .run_setup import make_run
-from .runtime import CachedModel
+from .runtime import CachedModel, keep_opening
 from .sampling import (
     greedy,
     relaxed,
@@ -90,6 +90,7 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
     _check_prompt(prompt_ids)
     s, eos, dev = cfg.sampling, eos_ids(target), target.device
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
+    setup_s = keep_opening(target, target.vocab_size)  # once per process, off the clock (as the spec run's)
     clock = _Clock(dev)
     p_run = open_run(target, target.vocab_size)
     prompt = torch.tensor(prompt_ids, device=dev)
@@ -100,6 +101,7 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         gamma=0,
         temperature=s.temperature,
         prefill_s=clock.lap(),
+        calibration_s=setup_s,
         verify=_served_note(target, s, plain=True),
     )
     tally = Tally().add(start)
@@ -183,6 +185,7 @@ def _open_spec(
     with the prompt in it, the drafter begun; and its Start event (prefill_s read off the run's clock)."""
     s, eos, dev, V = cfg.sampling, eos_ids(target), target.device, target.vocab_size
     drafter, policy, tree, calibration_s = make_run(target, draft, prompt_ids, cfg, drafter)
+    calibration_s += keep_opening(target, V) + (keep_opening(draft, V) if draft is not None else 0.0)
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     clock = _Clock(dev)
     p_run = open_run(target, V)

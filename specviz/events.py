@@ -22,7 +22,8 @@ class Start:
     prefill_s: float  # time to encode the prompt (both models for spec)
     drafter: str = ""  # spec: model | lookup | lookup+model
     gamma_policy: str = ""  # spec: constant | heuristic | confidence | auto
-    calibration_s: float = 0.0  # auto: seconds spent measuring verify costs before the run (once per model)
+    calibration_s: float = 0.0  # setup before the run, off its clock, once per model: auto's cost measurements, the
+    # chat template's opening encoded (runtime.keep_opening)
     translation: str = ""  # a draft with another tokenizer: how its guesses become the target's tokens
     tree: str = ""  # spec: "" (chains), or the token trees' node budget: "auto" or a number
     # a served target (served.py): "served greedy" | "served exact" | "served approximate: top-20" | "served

@@ -116,6 +116,12 @@ class LoadedModel:
         return self.kv_bytes_per_token * (LeanCache.rows_for(tokens) if self.lean is not None else tokens)
 
 
+def chat_ids(tok, message: str) -> list[int]:
+    """`message` as a user turn through the tokenizer's chat template, the assistant's turn opened: its ids."""
+    text = tok.apply_chat_template([{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda")

@@ -60,7 +60,7 @@ class Tally:
     round_tokens: tuple[int, ...] = ()  # how many rounds emitted 0, 1, 2 ... tokens
     draft_calls: int = 0  # forward calls of a draft model (Round.draft_calls)
     prefill_s: float = 0.0
-    calibration_s: float = 0.0  # gamma_policy auto: measuring verify costs before the run (not in elapsed_s)
+    calibration_s: float = 0.0  # setup before the run, not in elapsed_s: auto's cost measurements, the opening kept
     draft_s: float = 0.0
     verify_s: float = 0.0  # the target's calls: rounds' verify and accept/resample, steps' forward and sampling
     elapsed_s: float = 0.0  # every run's own compute, prefill included

@@ -29,7 +29,8 @@ PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
 TIMING_NOTE = (
     "**How the race is timed.** All runs share one worker and take turns: the run that is behind on its own "
-    "clock computes next. Each clock counts only that run's own model calls (prompt encoding included), so the "
+    "clock computes next. Each clock counts only that run's own model calls (prompt encoding included; the chat "
+    "template's opening every prompt shares is encoded once, before any clock starts, for every lane), so the "
     "times, tokens/s and speedup are what identical machines starting together would show, even though "
     "the page may replay them a little slower. Same target, prompt, seed and sampling settings in every lane."
 )

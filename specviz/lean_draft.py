@@ -36,6 +36,9 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
         pays = False
         if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
             plain, small = _cold_steps(target, [draft, draft.int8()])
+            if 0.75 <= small / plain <= 0.95:  # too close to call: a busy moment (an app starting) may have blurred
+                again = _cold_steps(target, [draft, draft.int8()])  # it; the best of both draws of each
+                plain, small = min(plain, again[0]), min(small, again[1])
             pays = small < 0.85 * plain
         draft.int8_pays[key] = pays
     return draft.int8() if draft.int8_pays[key] else draft

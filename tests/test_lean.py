@@ -268,18 +268,32 @@ def test_an_int8_draft_guesses_like_its_float_self_and_the_target_keeps_its_weig
     torch.testing.assert_close(torch.softmax(got, -1), torch.softmax(ref, -1), atol=0.05, rtol=0)
 
 
-@pytest.mark.parametrize("plain,small,chosen", [(2.2e-3, 1.6e-3, True), (1.0e-3, 0.95e-3, False)])
+@pytest.mark.parametrize(
+    "draws,chosen,timed",
+    [
+        ([(2.2e-3, 1.6e-3)], True, 1),  # clearly faster: one draw
+        ([(1.0e-3, 0.97e-3)], False, 1),  # clearly not
+        ([(1.0e-3, 0.90e-3), (1.0e-3, 0.60e-3)], True, 2),  # too close to call: a second draw, the best of both
+        ([(1.0e-3, 0.90e-3), (0.8e-3, 0.85e-3)], False, 2),
+    ],
+)
 def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_clearly_faster(
-    pair_with, monkeypatch, plain, small, chosen
+    pair_with, monkeypatch, draws, chosen, timed
 ):
     p, q = pair_with("PyTorch ops")  # any loaded pair: the choice below reads fake timings
-    monkeypatch.setattr(lean_draft, "_cold_steps", lambda target, drafts: [plain, small])
+    calls = []
+
+    def fake(target, drafts):
+        calls.append(len(drafts))
+        return list(draws[min(len(calls), len(draws)) - 1])
+
+    monkeypatch.setattr(lean_draft, "_cold_steps", fake)
     monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)  # the tiny draft's weights would stay in cache: never timed
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
     draft = lean.LeanLlama(q.model, "kernel")
     if draft.lib is None:
         pytest.skip("no C compiler or no AVX2 here")
-    assert lean_draft.draft_forward(p.lean, draft).is_int8 is chosen
+    assert lean_draft.draft_forward(p.lean, draft).is_int8 is chosen and len(calls) == timed
     assert lean_draft.draft_forward(None, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # no target to time with
     monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 4 << 20)
     assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is False  # too small to matter

@@ -63,11 +63,15 @@ def serve_locally(demo: gr.Blocks) -> str:
 
 
 class Preloader:
-    """Loads the default pair once in the background and says how far it got."""
+    """Loads the default pair once in the background and says how far it got. `start` once the page is built: the
+    load times its choices (a draft's dtype, int8 weights), which a thread building the page beside it would skew
+    (it holds the GIL between the timed calls)."""
 
     def __init__(self, ctx: UIContext):
         self.ctx, self.state, self.text = ctx, "loading", "Loading the default models in the background…"
         self.thread = threading.Thread(target=self._run, name="specviz-preload", daemon=True)
+
+    def start(self) -> None:
         self.thread.start()
 
     def _run(self) -> None:
@@ -135,4 +139,5 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
         timer.tick(poll, None, [status, timer], api_name="status", show_progress="hidden", queue=False)
         demo.load(poll, None, [status, timer], api_visibility="private", show_progress="hidden", queue=False)
     demo.queue(default_concurrency_limit=ctx.limits.concurrency, max_size=ctx.limits.max_queue)
+    loader.start()
     return demo

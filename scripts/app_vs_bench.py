@@ -31,6 +31,8 @@ from gradio_client import Client
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from specviz.request import RunRequest  # noqa: E402
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -60,11 +62,14 @@ def app_speedups(prompts: list[str], max_new_tokens: int, log_path: Path) -> tup
         while "Ready" not in (status := client.predict(api_name="/status")[0]):
             time.sleep(1)
         status = re.sub(r"<[^>]+>", "", status)
-        client.predict(prompts[0], 4, 0.0, 0, 1.0, 16, 0, api_name="/race")  # warm-up: first-use costs untimed
+        page = RunRequest()  # the page's controls start at these: gamma "auto" (the auto policy, at most 8 a round)
+        settings = [page.gamma, page.temperature, page.top_k, page.top_p]
+        client.predict(prompts[0], *settings, 16, page.seed, api_name="/race")  # warm-up: first-use costs untimed
         out = []
         for prompt in prompts:
-            # the page's defaults: gamma slider 4 under the auto policy, lookup+model, greedy, seed 0
-            job = client.submit(prompt, 4, 0.0, 0, 1.0, max_new_tokens, 0, "lookup+model", "auto", api_name="/race")
+            job = client.submit(
+                prompt, *settings, max_new_tokens, page.seed, page.drafter, page.gamma_policy, api_name="/race"
+            )
             final = job.result()  # every streamed update reaches the client on the way, as in a browser
             message = re.sub(r"<[^>]+>", "", final[5])
             found = re.search(r"([0-9.]+)×", message)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
@@ -55,15 +54,11 @@ def main() -> None:
     m = machine_info()
     print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
     ar_cfg, spec_cfg = base.replace(mode="ar").spec, config.request(base).spec
-    models = [lm for lm in (p, q) if lm is not None]
-    for lm in models:
-        runtime.keep_opening(lm, p.vocab_size)
-    kept = [(runtime._forward_key(lm), runtime._OPENINGS[runtime._forward_key(lm)]) for lm in models]
-    print("openings:", [f"{lm.name}: {len(o.ids)} tokens" for lm, (_, o) in zip(models, kept)], flush=True)
+    print("openings:", [f"{lm.name}: {len(runtime.template_opening(lm))} tokens" for lm in (p, q) if lm], flush=True)
 
-    def use(way: str) -> None:
-        for key, opening in kept:
-            runtime._OPENINGS[key] = opening if way == "kept" else runtime._Opening([], None, torch.empty(0))
+    def use(way: str) -> None:  # the next prefill of each model keeps its opening (anew), or keeps none
+        os.environ["SPECVIZ_KEEP_OPENING"] = "1" if way == "kept" else "0"
+        runtime.forget_openings()
 
     warm = encode_prompt(p, "Tell me something about the sea.")
     for way in ("whole", "kept"):  # warm-up, untimed

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -242,10 +243,22 @@ def _forward_key(lm: LoadedModel):
     return lm.lean if lm.lean is not None else lm.model
 
 
+def opening_kept() -> bool:
+    """SPECVIZ_KEEP_OPENING: "1" (default: the chat template's opening encoded once per process), "0" (every prefill
+    encodes every token, as transformers' `generate` does; for comparing against it)."""
+    return os.environ.get("SPECVIZ_KEEP_OPENING", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def forget_openings() -> None:
+    """Drop every kept opening: the next prefill of each model decides (SPECVIZ_KEEP_OPENING) and encodes anew."""
+    _OPENINGS.clear()
+
+
 def template_opening(lm: LoadedModel) -> list[int]:
     """The tokens every chat prompt of `lm` starts with (its chat template's system turn and the user turn's
-    header: the ids different messages share), or [] where it has no template or the template refuses."""
-    if not getattr(lm.tokenizer, "chat_template", None):
+    header: the ids different messages share), or [] where it has no template, the template refuses or
+    SPECVIZ_KEEP_OPENING is 0."""
+    if not opening_kept() or not getattr(lm.tokenizer, "chat_template", None):
         return []
     try:  # messages that start differently (a tokenizer may read two capitals alike, as <unk>)
         a, *others = [chat_ids(lm.tokenizer, m) for m in ("Hello", "world", "42")]

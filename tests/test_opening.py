@@ -11,25 +11,26 @@ import torch
 from specviz import SamplingConfig, SpecConfig, generate, load_pair
 from specviz.api import encode_prompt
 from specviz.engine import eos_ids, speculative_decode
-from specviz.runtime import _OPENINGS, CachedModel, _forward_key, _Opening, keep_opening, template_opening
+from specviz.runtime import _OPENINGS, CachedModel, _forward_key, forget_openings, keep_opening, template_opening
 
 
-def fresh_prefill(lm, ids: list[int], hidden: bool = False):
-    """A prefill of ids encoding every token (lm's opening kept as empty meanwhile): (the run, its hidden states)."""
-    key = _forward_key(lm)
-    kept = _OPENINGS.pop(key, None)
-    _OPENINGS[key] = _Opening([], None, torch.empty(0))
+def fresh_prefill(lm, ids: list[int], monkeypatch, hidden: bool = False):
+    """A prefill of ids encoding every token (SPECVIZ_KEEP_OPENING=0 meanwhile): (the run, its hidden states)."""
+    monkeypatch.setenv("SPECVIZ_KEEP_OPENING", "0")
+    forget_openings()
     try:
+        assert template_opening(lm) == []
         run = CachedModel(lm, lm.vocab_size)
         return run, run.prefill(torch.tensor(ids), hidden=hidden)
     finally:
-        del _OPENINGS[key]
-        if kept is not None:
-            _OPENINGS[key] = kept
+        monkeypatch.setenv("SPECVIZ_KEEP_OPENING", "1")
+        forget_openings()
 
 
 @pytest.mark.parametrize("forward", ["lean", "transformers"])
-def test_a_prefill_that_starts_with_the_opening_copies_its_rows_and_computes_the_same(loaded_pair, forward):
+def test_a_prefill_that_starts_with_the_opening_copies_its_rows_and_computes_the_same(
+    loaded_pair, forward, monkeypatch
+):
     p, q = loaded_pair
     for lm in (p, q):
         lm = dataclasses.replace(lm, lean=None) if forward == "transformers" else lm
@@ -38,10 +39,14 @@ def test_a_prefill_that_starts_with_the_opening_copies_its_rows_and_computes_the
         assert 0 < len(opening) < len(ids) - 1 and ids[: len(opening)] == opening
         keep_opening(lm, lm.vocab_size)
         assert keep_opening(lm, lm.vocab_size) == 0.0  # once per process and forward
-        reused = CachedModel(lm, lm.vocab_size)
+        reused, fed = CachedModel(lm, lm.vocab_size), []
+        forward = reused._forward
+        reused._forward = lambda x, *a, **k: fed.append(x.numel()) or forward(x, *a, **k)
         h = reused.prefill(torch.tensor(ids), hidden=True)
+        assert fed == [len(ids) - 1 - len(opening)]  # only what follows the opening was encoded
+        del reused._forward
         assert reused.length == reused.cache.get_seq_length() == len(ids) - 1 and reused.calls == 0
-        fresh, h_ref = fresh_prefill(lm, ids, hidden=True)
+        fresh, h_ref = fresh_prefill(lm, ids, monkeypatch, hidden=True)
         assert h.shape == h_ref.shape == (len(ids) - 1, lm.model.config.hidden_size)
         a = reused.feed(torch.tensor(ids[-1:] + [5, 6, 7]))
         b = fresh.feed(torch.tensor(ids[-1:] + [5, 6, 7]))
@@ -49,7 +54,7 @@ def test_a_prefill_that_starts_with_the_opening_copies_its_rows_and_computes_the
         torch.testing.assert_close(h, h_ref, rtol=0, atol=1e-5)  # of the prompt into calls
 
 
-def test_a_prompt_without_the_opening_is_encoded_whole(loaded_pair):
+def test_a_prompt_without_the_opening_is_encoded_whole(loaded_pair, monkeypatch):
     p, _ = loaded_pair
     keep_opening(p, p.vocab_size)
     opening = _OPENINGS[_forward_key(p)].ids
@@ -57,7 +62,7 @@ def test_a_prompt_without_the_opening_is_encoded_whole(loaded_pair):
     assert raw[: len(opening)] != opening
     run, _ = CachedModel(p, p.vocab_size), None
     run.prefill(torch.tensor(raw))
-    fresh, _ = fresh_prefill(p, raw)
+    fresh, _ = fresh_prefill(p, raw, monkeypatch)
     assert torch.equal(run.feed(torch.tensor(raw[-1:])), fresh.feed(torch.tensor(raw[-1:])))
     short = CachedModel(p, p.vocab_size)  # the opening and one token: nothing after it to encode, nothing copied
     short.prefill(torch.tensor(opening + [5]))

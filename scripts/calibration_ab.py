@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
@@ -27,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 import specviz.run_setup as run_setup  # noqa: E402
 from specviz import costs  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
+from specviz.bench import timed_events  # noqa: E402
 from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
 from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
-from specviz.events import Done, Round  # noqa: E402
+from specviz.events import Round  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
@@ -37,10 +37,7 @@ SIZES = 9  # auto's gamma at most 8: a verify of 1 .. 9 tokens
 
 
 def timed(decode, *args) -> tuple[list[int], float, list]:
-    t0 = time.perf_counter()
-    events = list(decode(*args))
-    seconds = time.perf_counter() - t0
-    assert isinstance(events[-1], Done)
+    events, seconds = timed_events(decode, *args)
     return list(events[-1].token_ids), seconds, [e for e in events if isinstance(e, Round)]
 
 

@@ -17,26 +17,24 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
 from specviz import runtime  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
+from specviz.bench import timed_events  # noqa: E402
 from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
 from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
-from specviz.events import Done, Start  # noqa: E402
+from specviz.events import Start  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
 
 def timed(decode, *args) -> tuple[list[int], float, float]:
     """(the tokens, wall seconds of the whole run, its prefill seconds)."""
-    t0 = time.perf_counter()
-    events = list(decode(*args))
-    seconds = time.perf_counter() - t0
-    assert isinstance(events[0], Start) and isinstance(events[-1], Done)
+    events, seconds = timed_events(decode, *args)
+    assert isinstance(events[0], Start)
     return list(events[-1].token_ids), seconds, events[0].prefill_s
 
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specviz import drafters, drafters_base, engine, sampling, served_run  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
+from specviz.bench import timed_events  # noqa: E402
 from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
-from specviz.events import Done  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
@@ -55,10 +54,7 @@ def use(way: str, draft=None) -> None:
 
 
 def timed(decode, *args) -> tuple[list[int], float, dict]:
-    t0 = time.perf_counter()
-    events = list(decode(*args))
-    seconds = time.perf_counter() - t0
-    assert isinstance(events[-1], Done)
+    events, seconds = timed_events(decode, *args)
     return list(events[-1].token_ids), seconds, events[-1].stats
 
 

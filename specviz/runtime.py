@@ -215,7 +215,8 @@ class _Opening:
     """A model's chat-template opening and the cache rows (and last hidden states) its prefill wrote."""
 
     ids: list[int]
-    rows: object  # the lean forward's (keys, values), (layers, kv heads, len(ids), head dim) each; or a DynamicCache
+    rows: object  # the lean forward's (keys, values), (layers, kv heads, len(ids), head dim) each; a DynamicCache
+    # (transformers' forward); None where there is no opening
     hidden: torch.Tensor  # (len(ids), H)
 
     def reused_by(self, prompt: torch.Tensor) -> int:
@@ -279,11 +280,11 @@ def keep_opening(lm, V: int) -> float:
         return 0.0
     t0 = time.perf_counter()
     ids = template_opening(lm)
-    run = CachedModel(lm, V)
-    hidden = torch.empty(0)
+    rows, hidden = None, torch.empty(0)
     if ids:
+        run = CachedModel(lm, V)
         _, hidden = run._forward(torch.tensor(ids, device=lm.device), last_only=True, hidden=True)
-    lean = lm.lean is not None
-    rows = (run.cache.k[:, :, : len(ids)].clone(), run.cache.v[:, :, : len(ids)].clone()) if lean else run.cache
-    _OPENINGS[_forward_key(lm)] = _Opening(ids, rows, hidden)  # the built-in target's 24 rows: 1.1 MB
+        c, n = run.cache, len(ids)  # the built-in target's 24 rows: 1.1 MB
+        rows = (c.k[:, :, :n].clone(), c.v[:, :, :n].clone()) if lm.lean is not None else c
+    _OPENINGS[_forward_key(lm)] = _Opening(ids, rows, hidden)
     return time.perf_counter() - t0

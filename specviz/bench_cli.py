@@ -21,6 +21,7 @@ from .bench_summary import summarise_runs
 from .machine import machine_info
 from .models import LoadedModel
 from .request import RunRequest
+from .runtime import opening_note
 from .translate import needs_translation
 
 SHOW = {
@@ -101,6 +102,7 @@ def main(args) -> dict:
         draft=q.name,
         dtypes=pair_dtypes(p, q),
         backend=pair_backend(p, q),
+        opening=opening_note(p),
         prompts=args.prompts,
         n_prompts=len(prompts),
         max_new_tokens=request.max_new_tokens,
@@ -137,6 +139,7 @@ def main(args) -> dict:
             f"({facts['torch_threads']} threads) · transformers {facts['transformers']}"
         )
         print(f"On this CPU: {facts['backend']}")
+        print(f"Prompts: {facts['opening']} (transformers' peers encode every token)")
         print(format_table(table))
         peers = table.groupby("temperature")[["hf_assist_vs_ar", "hf_lookup_vs_ar"]].median()
         for t, r in peers.dropna(how="all").iterrows():  # none with --no-hf

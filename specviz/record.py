@@ -195,6 +195,10 @@ def environment(target=None, draft=None, settings: dict | None = None) -> dict:
         from .models import pair_backend, pair_dtypes
 
         env |= {"dtypes": pair_dtypes(target, draft), "backend": pair_backend(target, draft)}
+    if target is not None:  # how the prompt was encoded (runtime.keep_opening): it sets the recorded prefill
+        from .runtime import opening_note
+
+        env["prompt_encoding"] = opening_note(target)
     if target is not None and str((settings or {}).get("drafter", "")).endswith("head"):
         from .head import head_backend
 

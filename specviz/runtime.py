@@ -250,6 +250,16 @@ def opening_kept() -> bool:
     return os.environ.get("SPECVIZ_KEEP_OPENING", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def opening_note(lm) -> str:
+    """What a bench header and a recording say of `lm`'s prompt encoding."""
+    if not isinstance(lm, LoadedModel):
+        return "prompts encoded by the server"
+    n = len(template_opening(lm))
+    if n:
+        return f"the chat template's first {n} tokens encoded once per process, then copied into each prefill"
+    return "every prompt token encoded" + ("" if opening_kept() else " (SPECVIZ_KEEP_OPENING=0)")
+
+
 def forget_openings() -> None:
     """Drop every kept opening: the next prefill of each model decides (SPECVIZ_KEEP_OPENING) and encodes anew."""
     _OPENINGS.clear()

@@ -41,7 +41,7 @@ def test_a_prefill_that_starts_with_the_opening_copies_its_rows_and_computes_the
         assert keep_opening(lm, lm.vocab_size) == 0.0  # once per process and forward
         reused, fed = CachedModel(lm, lm.vocab_size), []
         forward = reused._forward
-        reused._forward = lambda x, *a, **k: fed.append(x.numel()) or forward(x, *a, **k)
+        reused._forward = lambda x, *a, fed=fed, forward=forward, **k: fed.append(x.numel()) or forward(x, *a, **k)
         h = reused.prefill(torch.tensor(ids), hidden=True)
         assert fed == [len(ids) - 1 - len(opening)]  # only what follows the opening was encoded
         del reused._forward
@@ -105,3 +105,17 @@ def test_sampled_output_over_a_kept_opening_follows_the_target(small_vocab_pair,
     chi2 = float((((counts[keep] - N * law[keep]) ** 2) / (N * law[keep])).sum())
     dof = int(keep.sum()) - 1
     assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
+
+
+def test_a_recording_and_the_bench_say_how_the_prompt_was_encoded(loaded_pair, monkeypatch):
+    from specviz import record_run
+    from specviz.runtime import opening_note
+
+    p, q = loaded_pair
+    rec = record_run("hello world", target=p, draft=q, gamma=2, max_new_tokens=4)
+    n = len(template_opening(p))
+    assert rec.env["prompt_encoding"] == opening_note(
+        p
+    ) and f"first {n} tokens encoded once per process" in opening_note(p)
+    monkeypatch.setenv("SPECVIZ_KEEP_OPENING", "0")
+    assert opening_note(p) == "every prompt token encoded (SPECVIZ_KEEP_OPENING=0)"

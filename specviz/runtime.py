@@ -69,7 +69,8 @@ class CachedModel:
             self.calls -= 1
         if not hidden or not n:
             return h
-        return kept.hidden if h is None else torch.cat([kept.hidden, h])
+        opening_h = kept.hidden_of(self)
+        return opening_h if h is None else torch.cat([opening_h, h])
 
     def feed(self, ids: torch.Tensor, last_only: bool = False, hidden: bool = False):
         """ids (L,) -> logits (L or 1, V); the cache grows by L. With `hidden`, also the last hidden states (L, H)."""
@@ -217,13 +218,20 @@ class _Opening:
     ids: list[int]
     rows: object  # the lean forward's (keys, values), (layers, kv heads, len(ids), head dim) each; a DynamicCache
     # (transformers' forward); None where there is no opening
-    hidden: torch.Tensor  # (len(ids), H)
+    hidden: torch.Tensor | None  # (len(ids), H); None until a run asks for them (transformers' forward pays for them)
 
     def reused_by(self, prompt: torch.Tensor) -> int:
         """How many of the prompt's tokens these rows stand for: all of the opening where the prompt starts with it
         and has more to encode after it, else 0."""
         n = len(self.ids)
         return n if prompt.numel() - 1 >= n and prompt[:n].tolist() == self.ids else 0
+
+    def hidden_of(self, run: CachedModel) -> torch.Tensor:
+        """The opening's last hidden states (a drafter that reads the target's features asks), computed once."""
+        if self.hidden is None:
+            again = CachedModel(run.lm, run.V)
+            self.hidden = again._forward(torch.tensor(self.ids, device=run.lm.device), True, hidden=True)[1]
+        return self.hidden
 
     def copy_into(self, run: CachedModel) -> None:
         n = len(self.ids)
@@ -290,11 +298,12 @@ def keep_opening(lm, V: int) -> float:
         return 0.0
     t0 = time.perf_counter()
     ids = template_opening(lm)
-    rows, hidden = None, torch.empty(0)
+    rows, hidden = None, None
     if ids:
         run = CachedModel(lm, V)
-        _, hidden = run._forward(torch.tensor(ids, device=lm.device), last_only=True, hidden=True)
+        lean = lm.lean is not None  # the lean forward's hidden states come free; transformers' cost extra: on demand
+        _, hidden = run._forward(torch.tensor(ids, device=lm.device), last_only=True, hidden=lean)
         c, n = run.cache, len(ids)  # the built-in target's 24 rows: 1.1 MB
-        rows = (c.k[:, :, :n].clone(), c.v[:, :, :n].clone()) if lm.lean is not None else c
+        rows = (c.k[:, :, :n].clone(), c.v[:, :, :n].clone()) if lean else c
     _OPENINGS[_forward_key(lm)] = _Opening(ids, rows, hidden)
     return time.perf_counter() - t0

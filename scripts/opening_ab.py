@@ -2,8 +2,9 @@
 process (the measurement behind the opening's rows being copied; BENCHMARKS.md).
 
 For each prompt of each set, each way (their order alternating from prompt to prompt) runs plain decoding and the
-configuration, every run timed by the wall clock around it after an untimed warm-up; "whole" keeps an empty opening
-for both models meanwhile, so every prefill encodes every token. Prints per set and way the median per-prompt
+configuration, every run timed by the wall clock around it after an untimed warm-up; "whole" runs with
+SPECVIZ_KEEP_OPENING=0, so every prefill encodes every token (switching ways drops the kept openings, and each way's
+runs encode the opening again off their clocks, as a process's first run does). Prints per set and way the median per-prompt
 speedup, the median prefill of each lane and the tokens per second of each; greedy output must equal plain
 decoding's in every run, and the two ways' outputs each other's.
 

@@ -40,8 +40,8 @@ def test_a_prefill_that_starts_with_the_opening_copies_its_rows_and_computes_the
         keep_opening(lm, lm.vocab_size)
         assert keep_opening(lm, lm.vocab_size) == 0.0  # once per process and forward
         reused, fed = CachedModel(lm, lm.vocab_size), []
-        forward = reused._forward
-        reused._forward = lambda x, *a, fed=fed, forward=forward, **k: fed.append(x.numel()) or forward(x, *a, **k)
+        encode = reused._forward  # (not named `forward`: that is the parameter the next model's loop reads)
+        reused._forward = lambda x, *a, fed=fed, encode=encode, **k: fed.append(x.numel()) or encode(x, *a, **k)
         h = reused.prefill(torch.tensor(ids), hidden=True)
         assert fed == [len(ids) - 1 - len(opening)]  # only what follows the opening was encoded
         del reused._forward
@@ -60,11 +60,11 @@ def test_a_prompt_without_the_opening_is_encoded_whole(loaded_pair, monkeypatch)
     opening = _OPENINGS[_forward_key(p)].ids
     raw = p.tokenizer("once upon a time")["input_ids"]  # no chat template: does not start with the opening
     assert raw[: len(opening)] != opening
-    run, _ = CachedModel(p, p.vocab_size), None
+    run = CachedModel(p, p.vocab_size)
     run.prefill(torch.tensor(raw))
     fresh, _ = fresh_prefill(p, raw, monkeypatch)
     assert torch.equal(run.feed(torch.tensor(raw[-1:])), fresh.feed(torch.tensor(raw[-1:])))
-    short = CachedModel(p, p.vocab_size)  # the opening and one token: nothing after it to encode, nothing copied
+    short = CachedModel(p, p.vocab_size)  # the opening and one token: its rows copied, nothing left to encode
     short.prefill(torch.tensor(opening + [5]))
     assert short.length == len(opening)
 

@@ -18,7 +18,9 @@ model's own layers, one row and four rows (a plain step and a typical verify), a
   Where it is chosen a plain step uses it too, so a token's logits are the same bit for bit whether it was
   computed alone or inside a verify.
 SPECVIZ_CPU_GEMM=torch / transposed / kernel forces one (0 and 1, the older spellings, mean torch and
-transposed). The result is the same product up to float32 rounding; quantised layers, GPUs and other dtypes are
+transposed). Under llama.c the kernel reads a model's weights in one of two layouts (`panels_pay`): as they are
+stored, row by row, or packed in panels of 16 output columns (no horizontal sums, one stream per panel), timed once
+per model on its own weights. The result is the same product up to float32 rounding; quantised layers, GPUs and other dtypes are
 left alone. The same loaded model serves every lane, so comparisons stay fair.
 
 2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound by
@@ -223,3 +225,45 @@ def draft_dtype(device: torch.device) -> torch.dtype | None:
     if device.type != "cpu" or how == "0":
         return None
     return torch.float16 if how == "1" or half_is_faster() else None
+
+
+# Panels take a copy of the weights (the model keeps its own for PyTorch's paths), so they are kept only where a
+# pass over the model's products is this much faster than by rows.
+PANELS_MARGIN = 0.97
+
+
+def layout_mode() -> str:
+    """SPECVIZ_KERNEL_LAYOUT: "auto" (default: time both layouts once per model), "panels" or "rows" (forced)."""
+    v = os.environ.get("SPECVIZ_KERNEL_LAYOUT", "auto").strip().lower()
+    return v if v in ("panels", "rows") else "auto"
+
+
+@torch.inference_mode()
+def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[float, float]:
+    """Seconds of a pass over a model's products by rows and in panels, summed over `rows` tokens (a plain step and
+    a typical verify); mats: (weight as stored, the same packed, its scale or None) in the order a forward reads
+    them. The layouts alternate within each of 3 repetitions, so a busy machine slows both alike; the best of each."""
+    inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _, _ in mats} for m in rows}
+    best = [float("inf"), float("inf")]
+    for _ in range(3):
+        for i in (0, 1):
+            t = 0.0
+            for m in rows:
+                t += _seconds(
+                    lambda i=i, m=m: [
+                        native.few_rows(inputs[m][w.shape[1]], (w, p)[i], sc, w.shape[0]) for w, p, sc in mats
+                    ],
+                    2,
+                )
+            best[i] = min(best[i], t)
+    return best[0], best[1]
+
+
+def panels_pay(mats: list[tuple]) -> bool:
+    """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
+    its own weights (`time_layouts`; about half a second for the built-in target) and kept when clearly faster."""
+    how = layout_mode()
+    if how != "auto":
+        return how == "panels"
+    by_rows, in_panels = time_layouts(mats)
+    return in_panels < PANELS_MARGIN * by_rows

@@ -38,7 +38,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import native, quant
+from . import lean_panels, native, quant
 from .lean_cache import LeanCache
 from .lean_torch import decoder_layers
 from .sampling import scatter_rows
@@ -161,7 +161,6 @@ class LeanLlama:
         self.inter = inner.layers[0].mlp.gate_proj.out_features
         lib = native.library() if path == "kernel" else None
         self.lib = lib if lib is not None and self.head.is_contiguous() else None
-        self._pointers()
         self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
         kind = {torch.int8: "int8", torch.uint8: "NF4"}.get(self.layers[0][1].dtype)
         if kind is not None:  # bitsandbytes quantised this target (a draft's int8 weights come later: int8())
@@ -170,6 +169,8 @@ class LeanLlama:
         self.kept: torch.Tensor | None = None  # the rows the output layer computes, where not all (skip_rows)
         self._int8: LeanLlama | None = None
         self.copied_bytes = 0  # bytes held beyond the model's parameters: the kept output rows, an int8 variant
+        self.packed: dict[int, torch.Tensor] = {}  # a weight's address -> its copy in panels (lean_panels)
+        lean_panels.choose(self)
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
@@ -186,23 +187,32 @@ class LeanLlama:
             self.scales[w.data_ptr()] = torch.cat([code, *[quant.nf4_absmax(m) for m in linears]]).contiguous()
         return w
 
-    def _pointers(self) -> None:
+    def weights(self) -> list[torch.Tensor]:
+        """Every weight a forward reads, in order: 4 per layer (q/k/v, o, gate/up, down), then the output layer."""
+        return [w for (_, qkv, o, _, gu, down) in self.layers for w in (qkv, o, gu, down)] + [self.head]
+
+    def point(self) -> None:
         """For llama.c: the arguments of every call that depend on the model alone (the tensors held by self.layers,
         self.scales, self.norm and self.head keep the addresses alive): the weights', scales' and norms' addresses,
         4, 4 and 2 per layer, the weights' type and the shapes (`_layer_args`); the final norm and the output
         layer (`_head_args`)."""
-        weights = [w for (_, qkv, o, _, gu, down) in self.layers for w in (qkv, o, gu, down)]
+        *weights, head = self.weights()
         self.wtype = native.WTYPES[weights[0].dtype]
+        scales = [self.scales.get(w.data_ptr()) for w in [*weights, head]]  # None for float weights
+        weights, head = (
+            [self.packed.get(w.data_ptr(), w) for w in (*weights, head)],
+            self.packed.get(head.data_ptr(), head),
+        )
         weight_ptrs = (ctypes.c_void_p * len(weights))(*[w.data_ptr() for w in weights])
-        scales = [self.scales.get(w.data_ptr()) for w in [*weights, self.head]]  # None for float weights
         scale_ptrs = (ctypes.c_void_p * len(weights))(*[None if sc is None else sc.data_ptr() for sc in scales[:-1]])
         norms = [t for (ln1, _, _, ln2, _, _) in self.layers for t in (ln1, ln2)]
         norm_ptrs = (ctypes.c_void_p * len(norms))(*[t.data_ptr() for t in norms])
-        shape = (len(self.layers), self.wtype, self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps)
+        stored = native.wtype_of(weights[0])  # the element type, plus native.PANELS where packed
+        shape = (len(self.layers), stored, self.H, self.heads, self.kv_heads, self.d, self.inter, self.eps)
         self._layer_args = (weight_ptrs, scale_ptrs, norm_ptrs, *shape)
         head_scale = None if scales[-1] is None else scales[-1].data_ptr()
-        head_type = native.WTYPES[self.head.dtype]  # a target quantised by bitsandbytes keeps a float output layer
-        self._head_args = (self.norm.data_ptr(), self.head.data_ptr(), head_scale, head_type, self.head.shape[0])
+        head_type = native.wtype_of(head)  # a target quantised by bitsandbytes keeps a float output layer
+        self._head_args = (self.norm.data_ptr(), head.data_ptr(), head_scale, head_type, self.head.shape[0])
 
     def skip_rows(self, blocked: torch.Tensor) -> None:
         """Leave out of the output layer the rows a draft never proposes (their logits come back -inf, as the
@@ -214,9 +224,13 @@ class LeanLlama:
         if int(keep.sum()) > SKIP_ROWS_BELOW * self.rows:
             return  # a copy of most rows: not worth the memory
         self.kept = keep.nonzero().view(-1)
+        panels = self.packed.pop(self.head.data_ptr(), None)
         self.head = self.head[self.kept].contiguous()  # a copy (the input embedding keeps every row)
-        self.copied_bytes = self.head.numel() * self.head.element_size()
-        self._pointers()
+        self.copied_bytes += self.head.numel() * self.head.element_size()
+        if panels is not None:  # the kept rows in panels too
+            self.packed[self.head.data_ptr()] = native.pack(self.head)
+            self.copied_bytes += (self.head.numel() - panels.numel()) * self.head.element_size()
+        self.point()
 
     def int8(self) -> LeanLlama:
         """This model's forward with int8 weights in the decoder layers and the output layer (symmetric, one float32
@@ -227,7 +241,7 @@ class LeanLlama:
             return self
         if self._int8 is None:
             new = copy.copy(self)
-            new.scales, new._int8, new.int8_pays = {}, None, {}
+            new.scales, new._int8, new.int8_pays, new.packed = {}, None, {}, {}
 
             def quantize(w: torch.Tensor) -> torch.Tensor:
                 q, scale = int8_rows(w)
@@ -239,19 +253,16 @@ class LeanLlama:
                 for (a, qkv, o, b, gu, down) in self.layers
             ]
             new.head = quantize(self.head)
-            new._pointers()
             new.engine = f"{self.engine}, int8 weights"
             new.copied_bytes = new.weight_bytes + sum(t.numel() * t.element_size() for t in new.scales.values())
+            lean_panels.choose(new)  # its own choice, timed on its own weights
             self._int8 = new
         return self._int8
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights one forward reads: the decoder layers' and the output layer's."""
-        return (
-            sum(w.numel() * w.element_size() for (_, *ws) in self.layers for w in ws)
-            + self.head.numel() * self.head.element_size()
-        )
+        """Bytes of weights one forward reads: the decoder layers' products and the output layer (norms aside)."""
+        return sum(w.numel() * w.element_size() for w in self.weights())
 
     @property
     def is_int8(self) -> bool:

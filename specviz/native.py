@@ -141,15 +141,37 @@ WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2, torch.uint8: 3}  # 
 # bitsandbytes' NF4, two weights a byte)
 
 
-def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+PANELS = 4  # added to a weight type: the weight is packed in panels (`pack`)
+
+
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether the kernel can read this (N, K) weight packed in panels: float32, float16 or int8."""
+    return weight.dim() == 2 and weight.dtype in (torch.float32, torch.float16, torch.int8)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) -> (ceil(N / 16), K, 16), contiguous: panel p holds output columns 16p .. 16p + 15, one row of 16 per k
+    (zeros past N), so the kernel streams each panel front to back and keeps every output in a vector lane of its
+    own (few_rows.c)."""
+    n, k = weight.shape
+    padded = torch.cat([weight, weight.new_zeros(-n % 16, k)]) if n % 16 else weight
+    return padded.view(-1, 16, k).transpose(1, 2).contiguous()
+
+
+def wtype_of(weight: torch.Tensor) -> int:
+    """The kernel's weight type for a weight as stored: row-major (N, K), or packed (N / 16, K, 16)."""
+    return WTYPES[weight.dtype] + (PANELS if weight.dim() == 3 else 0)
+
+
+def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, n: int = 0) -> torch.Tensor:
     """x (M, K) float32 contiguous, weight (N, K) float32, float16, or int8 with scale (N,) float32 (row n of the
     product times scale[n]), or (N, K / 2) uint8 NF4 with scale (16 code values, then N K / 64 absmax) float32,
-    contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
+    or one of the first three packed in panels (`pack`; n: its N), contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
     rows, k = x.shape
-    n = weight.shape[0]
+    n = n or weight.shape[0] * (16 if weight.dim() == 3 else 1)
     y = torch.empty(rows, n, dtype=torch.float32)
     sc = scale.data_ptr() if scale is not None else None
-    wtype = WTYPES[weight.dtype]
+    wtype = wtype_of(weight)
     if library().few_rows(
         weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()
     ):

@@ -20,8 +20,9 @@ needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native k
 # how the head runs -> the environment that forces it
 PATHS = {
     "pytorch": {"SPECVIZ_FORWARD": "transformers"},
-    "llama.c": {"SPECVIZ_DRAFT_INT8": "0"},
-    "llama.c int8": {"SPECVIZ_DRAFT_INT8": "1"},
+    "llama.c": {"SPECVIZ_DRAFT_INT8": "0", "SPECVIZ_KERNEL_LAYOUT": "rows"},
+    "llama.c int8": {"SPECVIZ_DRAFT_INT8": "1", "SPECVIZ_KERNEL_LAYOUT": "rows"},
+    "llama.c int8 panels": {"SPECVIZ_DRAFT_INT8": "1", "SPECVIZ_KERNEL_LAYOUT": "panels"},
 }
 
 
@@ -41,7 +42,12 @@ def forced(monkeypatch, p, folder, path: str):
     for k, v in PATHS[path].items():
         monkeypatch.setenv(k, v)
     head = head_for(p, folder)
-    want = {"pytorch": "PyTorch ops", "llama.c": "(llama.c)", "llama.c int8": "(llama.c, int8 weights)"}[path]
+    want = {
+        "pytorch": "PyTorch ops",
+        "llama.c": "(llama.c)",
+        "llama.c int8": "(llama.c, int8 weights)",
+        "llama.c int8 panels": "(llama.c, weights in panels, int8 weights)",
+    }[path]
     assert describe(head).endswith(want), describe(head)
     return head
 

@@ -41,14 +41,18 @@ def test_the_kernel_builds_and_loads_on_this_machine():
 @pytest.mark.parametrize("isa", isas(), indirect=True)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("k, n", [(32, 64), (37, 101), (48, 96), (576, 1536), (1536, 5)])
-def test_the_kernel_computes_the_product_and_a_row_gets_the_same_bits_in_any_call(isa, dtype, k, n):
+@pytest.mark.parametrize("layout", ["rows", "panels"])
+def test_the_kernel_computes_the_product_and_a_row_gets_the_same_bits_in_any_call(isa, dtype, k, n, layout):
+    """By rows, and packed in panels of 16 output columns (n not a multiple of 16: the last panel is partial)."""
     torch.manual_seed(0)
     w = torch.randn(n, k).to(dtype)
     x = torch.randn(native.MAX_ROWS, k)
     want = F.linear(x.double(), w.double()).float()
-    alone = [native.few_rows(x[i : i + 1].contiguous(), w) for i in range(native.MAX_ROWS)]
+    stored = native.pack(w) if layout == "panels" else w
+    assert stored.shape == ((-(-n // 16), k, 16) if layout == "panels" else (n, k))
+    alone = [native.few_rows(x[i : i + 1].contiguous(), stored, n=n) for i in range(native.MAX_ROWS)]
     for m in range(1, native.MAX_ROWS + 1):
-        got = native.few_rows(x[:m].contiguous(), w)
+        got = native.few_rows(x[:m].contiguous(), stored, n=n)
         torch.testing.assert_close(got, want[:m], rtol=1e-4, atol=1e-4 * math.sqrt(k))
         for i in range(m):  # a verify's row i is bit for bit what a one-token step computes
             assert torch.equal(got[i], alone[i][0]), (m, i)

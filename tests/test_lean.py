@@ -16,12 +16,12 @@ import torch
 from conftest import PREFILLS, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import generate, lean, lean_draft, native
+from specviz import generate, lean, lean_draft, lean_panels, native
 from specviz.models import CACHE, backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
-FORWARDS = ["llama.c", "PyTorch ops", "transformers"]
+FORWARDS = ["llama.c", "llama.c, weights in panels", "PyTorch ops", "transformers"]
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler or no AVX2 here")
 
 
@@ -31,16 +31,17 @@ def pair_with(tiny_pair, monkeypatch):
     from specviz import load_pair
 
     def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0"):
-        if forward == "llama.c" and native.library() is None:
+        if forward.startswith("llama.c") and native.library() is None:
             pytest.skip("no C compiler or no AVX2 here")
         monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
         monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
-        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward == "llama.c" else "torch")
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward.startswith("llama.c") else "torch")
+        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels" if "panels" in forward else "rows")
         monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
         CACHE.clear()
         p, q = load_pair(*pair, device="cpu")
         assert p.lean is None or not p.lean.is_int8  # a target keeps its own weights
-        assert (q.precision == "int8") is (int8 == "1" and forward == "llama.c")
+        assert (q.precision == "int8") is (int8 == "1" and forward.startswith("llama.c"))
         for lm in (p, q):
             assert (lm.lean.engine if lm.lean is not None else "transformers").removesuffix(", int8 weights") == forward
             assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
@@ -56,7 +57,7 @@ def _reference(lm, ids):
         return lm.model(torch.tensor([ids])).logits[0].float()
 
 
-@pytest.mark.parametrize("forward, prefill", PREFILLS)
+@pytest.mark.parametrize("forward, prefill", PREFILLS + [("llama.c, weights in panels", "llama.c calls")])
 def test_the_lean_forward_computes_the_models_logits_through_prefill_steps_and_verifies(
     pair_with, monkeypatch, forward, prefill
 ):
@@ -98,8 +99,9 @@ def test_a_prefill_in_llama_c_calls_reads_a_given_mask_row_by_row(pair_with, mon
 
 
 @needs_kernel
-def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(pair_with):
-    p, _ = pair_with("llama.c")
+@pytest.mark.parametrize("forward", FORWARDS[:2])
+def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(pair_with, forward):
+    p, _ = pair_with(forward)
     ids = [5, 9, 12, 30, 7, 8] + list(range(40, 56))
     alone, block = CachedModel(p, p.vocab_size), CachedModel(p, p.vocab_size)
     alone.prefill(torch.tensor(ids[:6]))
@@ -162,7 +164,7 @@ def test_on_llama_c_a_tree_nodes_logits_are_the_same_bits_as_its_line_fed_as_a_c
         assert torch.equal(tree[i], chain[-1]), (i, line)
 
 
-@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
+@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [(f, "1") for f in FORWARDS[:2]])
 def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8):
     p, q = pair_with(forward, half="1", int8=int8)
     rejections = 0
@@ -190,14 +192,14 @@ def test_every_forward_writes_the_same_greedy_text(pair_with):
     """Whichever forward runs, a visitor sees the same tokens (they differ by float32 rounding only)."""
     outs = {}
     for forward in FORWARDS:
-        if forward == "llama.c" and native.library() is None:
+        if forward.startswith("llama.c") and native.library() is None:
             continue
         p, q = pair_with(forward)
         outs[forward] = [generate(pr, target=p, draft=q, max_new_tokens=40).token_ids for pr in PROMPTS]
     assert len(set(map(str, outs.values()))) == 1, outs
 
 
-@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [("llama.c", "1")])
+@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [(f, "1") for f in FORWARDS[:2]])
 def test_sampled_spec_follows_the_target_distribution_on_every_forward(pair_with, small_vocab_pair, forward, int8):
     """The chi-square test of tests/test_engine.py (first two tokens, vocabulary 8, gamma 1), per forward, and
     with a draft on int8 weights (its q is what it drew from, so the law is the target's still)."""
@@ -239,7 +241,8 @@ def test_a_model_on_the_lean_forward_still_runs_through_transformers(pair_with):
 
 @needs_kernel
 @pytest.mark.parametrize("isa", ["AVX-512", "AVX2"])
-def test_int8_weights_compute_the_scaled_product_and_a_row_gets_the_same_bits_in_any_call(isa):
+@pytest.mark.parametrize("layout", ["rows", "panels"])
+def test_int8_weights_compute_the_scaled_product_and_a_row_gets_the_same_bits_in_any_call(isa, layout):
     if native.use_isa(isa) != isa:
         native.use_isa(None)
         pytest.skip(f"this CPU has no {isa}")
@@ -248,9 +251,10 @@ def test_int8_weights_compute_the_scaled_product_and_a_row_gets_the_same_bits_in
         w = torch.randint(-127, 128, (67, 131), generator=g, dtype=torch.int8)  # K not a multiple of a vector
         scale = torch.rand(67, generator=g) / 100
         x = torch.randn(8, 131, generator=g)
-        rows = [native.few_rows(x[m : m + 1].contiguous(), w, scale) for m in range(8)]
+        stored = native.pack(w) if layout == "panels" else w  # 67 columns: the last panel partial
+        rows = [native.few_rows(x[m : m + 1].contiguous(), stored, scale, 67) for m in range(8)]
         for M in range(1, 9):
-            y = native.few_rows(x[:M].contiguous(), w, scale)
+            y = native.few_rows(x[:M].contiguous(), stored, scale, 67)
             torch.testing.assert_close(y, (x[:M] @ w.float().t()) * scale, atol=1e-4, rtol=1e-4)
             assert torch.equal(y, torch.cat(rows[:M]))
     finally:
@@ -303,6 +307,61 @@ def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_clearly_fas
     assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True
 
 
+@pytest.mark.parametrize(
+    "rows_s,panels_s,chosen",
+    [(1.0, 0.80, True), (1.0, 0.98, False), (1.0, 1.20, False)],  # clearly faster; inside the margin; slower
+)
+def test_auto_reads_a_models_weights_in_panels_only_where_they_were_timed_clearly_faster(
+    pair_with, monkeypatch, rows_s, panels_s, chosen
+):
+    import specviz.kernels as kernels
+
+    p, q = pair_with("llama.c")
+    timed = []
+
+    def fake(mats, rows=(1, 4)):
+        timed.append(mats)
+        return rows_s, panels_s
+
+    monkeypatch.setattr(kernels, "time_layouts", fake)
+    monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
+    fwd = lean.LeanLlama(p.model, "kernel")
+    assert bool(fwd.packed) is chosen and ("weights in panels" in fwd.engine) is chosen
+    (mats,) = timed  # timed once, on this model's own weights: every product, the output layer last
+    assert [w.data_ptr() for w, _, _ in mats] == [w.data_ptr() for w in fwd.weights()]
+    assert all(torch.equal(packed, native.pack(w)) for w, packed, _ in mats)
+    assert fwd.copied_bytes == (fwd.weight_bytes if chosen else 0)  # the panels are a copy, counted
+    for forced in ("panels", "rows"):  # forced: never timed
+        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", forced)
+        assert bool(lean.LeanLlama(p.model, "kernel").packed) is (forced == "panels") and len(timed) == 1
+
+
+@pytest.mark.parametrize("cold,panels", [((1.0e-3, 0.80e-3), True), ((1.0e-3, 0.99e-3), False)])
+def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(pair_with, monkeypatch, cold, panels):
+    """Timed warm its weights stay in the caches; a round reads them after the target's verify: the int8 draft's
+    layout is timed again that way (lean_draft._cold_steps), both layouts in one call, before anyone runs it."""
+    import specviz.kernels as kernels
+
+    p, q = pair_with("llama.c")
+    calls = []
+
+    def fake(target, drafts):
+        calls.append([bool(d.packed) for d in drafts])
+        return [2.2e-3, 1.6e-3] if len(calls) == 1 else list(cold)  # the int8 choice (it pays), then the layout
+
+    monkeypatch.setattr(lean_draft, "_cold_steps", fake)
+    monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)
+    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): (1.0, 2.0))  # warm: rows, always
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
+    monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
+    fwd = lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel"))
+    assert fwd.is_int8 and calls == [[False, False], [False, True]]  # float and int8; then rows and panels
+    assert bool(fwd.packed) is panels and ("weights in panels" in fwd.engine) is panels
+    ids = torch.tensor([5, 9, 12, 30, 7])
+    both = [lean_panels.copy_with(fwd, on).forward(fwd.new_cache(), ids)[0] for on in (False, True)]
+    torch.testing.assert_close(both[0], both[1], atol=1e-5, rtol=1e-5)  # the same draft either way
+
+
 def _blocking(pair: list[str], folder, blocked: list[int]) -> list[str]:
     """The pair with its draft copied to `folder` and told never to propose `blocked` (specviz_vocab.json)."""
     import json
@@ -314,7 +373,7 @@ def _blocking(pair: list[str], folder, blocked: list[int]) -> list[str]:
     return [pair[0], str(folder)]
 
 
-@pytest.mark.parametrize("forward,int8", [("llama.c", "0"), ("llama.c", "1"), ("PyTorch ops", "0")])
+@pytest.mark.parametrize("forward,int8", [*itertools.product(FORWARDS[:2], "01"), ("PyTorch ops", "0")])
 def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_targets(
     pair_with, tiny_pair, small_vocab_pair, tmp_path, forward, int8
 ):
@@ -327,6 +386,11 @@ def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_
     params = sum(t.numel() * t.element_size() for t in [*q.model.parameters(), *q.model.buffers()])
     copies = 16 * q.lean.H * 4  # the kept rows in float32; the int8 forward's weights and scales on top
     copies += q.lean.weight_bytes + sum(t.numel() * 4 for t in q.lean.scales.values()) if q.lean.is_int8 else 0
+    if "panels" in forward:  # a copy of every weight in panels: the float forward's, and the int8 one's
+        assert (
+            q.lean.packed and sum(t.numel() * t.element_size() for t in q.lean.packed.values()) == q.lean.weight_bytes
+        )
+        copies += q.lean.weight_bytes * (5 if q.lean.is_int8 else 1)
     assert q.memory_bytes == params + copies
     full = lean.LeanLlama(q.model, q.lean.path)  # the same draft computing every row
     full = full.int8() if q.lean.is_int8 else full

@@ -25,6 +25,7 @@ PROMPTS = ["hello world", "the cat sat on the mat", "abc", "what is 2+2?", "once
 LAYERS = {"4bit": "Linear4bit", "8bit": "Linear8bitLt"}
 # (quantisation, forward): every forward that can run each kind of quantised target
 RUNS = [(quantize, forward) for quantize in ("4bit", "8bit") for forward in ("llama.c", "PyTorch ops", "transformers")]
+RUNS.append(("8bit", "llama.c, weights in panels"))  # int8 rows and scales packed in panels (NF4 stays by rows)
 KINDS = {"4bit": "NF4", "8bit": "int8"}
 
 
@@ -33,10 +34,11 @@ def quantised(monkeypatch):
     """load_pair(..., quantize=...) with one forward forced, loaded afresh (the model cache does not key on it)."""
 
     def load(pair, quantize: str, forward: str):
-        if forward == "llama.c" and native.library() is None:
+        if forward.startswith("llama.c") and native.library() is None:
             pytest.skip("no C compiler or no AVX2 here")
         monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
-        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward == "llama.c" else "torch")
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward.startswith("llama.c") else "torch")
+        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels" if "panels" in forward else "rows")
         monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "0")
         CACHE.clear()
         p, q = load_pair(*pair, device="cpu", quantize=quantize)
@@ -131,7 +133,11 @@ def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair,
     assert r.verdict in ("compatible", "not worth it")  # it measured the pair: a quantised target is a target
 
 
-@pytest.mark.parametrize("quantize,forward,prefill", [(q, f, how) for q in ("4bit", "8bit") for f, how in PREFILLS])
+@pytest.mark.parametrize(
+    "quantize,forward,prefill",
+    [(q, f, how) for q in ("4bit", "8bit") for f, how in PREFILLS]
+    + [("8bit", "llama.c, weights in panels", "llama.c calls")],
+)
 def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(
     wide_pair, quantised, monkeypatch, quantize, forward, prefill
 ):
@@ -156,11 +162,13 @@ def test_a_quantised_target_on_the_lean_forward_computes_its_layers_numbers(
     torch.testing.assert_close(got, ref[39:at], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("quantize", ["4bit", "8bit"])
+@pytest.mark.parametrize(
+    "quantize,forward", [("4bit", "llama.c"), ("8bit", "llama.c"), ("8bit", "llama.c, weights in panels")]
+)
 def test_on_llama_c_a_quantised_targets_token_has_the_same_bits_alone_or_inside_a_verify(
-    wide_pair, quantised, quantize
+    wide_pair, quantised, quantize, forward
 ):
-    p, _ = quantised(wide_pair, quantize, "llama.c")
+    p, _ = quantised(wide_pair, quantize, forward)
     ids = [3, 17, 40, 8, 22, 9, 51, 30]
     run = CachedModel(p, p.vocab_size)
     run.prefill(torch.tensor(ids[:3]))  # caches all but the last token, which the next call feeds

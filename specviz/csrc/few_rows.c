@@ -240,6 +240,144 @@ A256 static void rows_nf4_256(const uint8_t* restrict w, const float* restrict s
     }
 }
 
+static int isa = -1;  // the level in use (few_rows_use_isa)
+
+// ---- Panels: W packed as (N / 16, K, 16), panel p holding output columns 16p .. 16p + 15 row after row of K ----
+// (wtype 4, 5, 6: float32, float16, int8 with a scale per output column.) Each output is one multiply-add chain
+// over k in order, in a lane of its own: no horizontal sums, and a thread reads its panels front to back, one
+// stream per panel. Why: on the 2-core Zen 4 of 27 Nov 2026 the 30 layers and output layer of the built-in target
+// took 12.5-18.9 ms a token this way against 19.5-24.1 ms by rows (a standalone C harness, both interleaved), and
+// 4 tokens 1.0-1.1 of that. Up to 6 rows of x go through a group of panels at a time; more take another pass over
+// the same panels, from the core's cache. Same numbers whatever M (each output is the same chain).
+#define PANEL_512(MM, G)                                                                                   \
+    {                                                                                                      \
+        __m512 acc[MM][G];                                                                                 \
+        PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++)                                                  \
+            PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) acc[m][g] = _mm512_setzero_ps();              \
+        for (long k = 0; k < K; k++) {                                                                     \
+            __m512 wv[G];                                                                                  \
+            PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) wv[g] = LOADW(w + ((p + g) * K + k) * 16);    \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
+                __m512 b = _mm512_set1_ps(x[m * K + k]);                                                   \
+                PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) acc[m][g] = _mm512_fmadd_ps(wv[g], b, acc[m][g]); \
+            }                                                                                              \
+        }                                                                                                  \
+        PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++)                                                  \
+            PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) _mm512_storeu_ps(y + m * N + (p + g) * 16, acc[m][g]); \
+    }
+#define PANEL_512_M(G)                                                                                     \
+    switch (mm) {                                                                                          \
+        case 1: PANEL_512(1, G) break;                                                                     \
+        case 2: PANEL_512(2, G) break;                                                                     \
+        case 3: PANEL_512(3, G) break;                                                                     \
+        case 4: PANEL_512(4, G) break;                                                                     \
+        case 5: PANEL_512(5, G) break;                                                                     \
+        default: PANEL_512(6, G) break;                                                                    \
+    }
+// AVX2: one panel at a time, as two 8-lane halves (2 weight registers, 2 x 6 accumulators, a broadcast <= 16).
+#define PANEL_256(MM)                                                                                      \
+    {                                                                                                      \
+        __m256 acc[MM][2];                                                                                 \
+        PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();     \
+        for (long k = 0; k < K; k++) {                                                                     \
+            __m256 w0 = LOADW(w + (p * K + k) * 16), w1 = LOADW(w + (p * K + k) * 16 + 8);                 \
+            PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
+                __m256 b = _mm256_broadcast_ss(x + m * K + k);                                             \
+                acc[m][0] = _mm256_fmadd_ps(w0, b, acc[m][0]);                                             \
+                acc[m][1] = _mm256_fmadd_ps(w1, b, acc[m][1]);                                             \
+            }                                                                                              \
+        }                                                                                                  \
+        PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                                \
+            _mm256_storeu_ps(y + m * N + p * 16, acc[m][0]);                                               \
+            _mm256_storeu_ps(y + m * N + p * 16 + 8, acc[m][1]);                                           \
+        }                                                                                                  \
+    }
+#define PANELS(SUF, WT, ATTR)                                                                              \
+    ATTR static void panels_##SUF##_512(const WT* restrict w, const float* restrict x0, long M, long K, long N, \
+                                        float* restrict y0, long p0, long p1) {                            \
+        for (long p = p0; p < p1;) {                                                                       \
+            long g = p1 - p < 4 ? p1 - p : 4;                                                              \
+            for (long m0 = 0; m0 < M; m0 += 6) {                                                           \
+                long mm = M - m0 < 6 ? M - m0 : 6;                                                         \
+                const float* x = x0 + m0 * K;                                                              \
+                float* y = y0 + m0 * N;                                                                    \
+                if (g == 4) PANEL_512_M(4) else if (g == 3) PANEL_512_M(3) else if (g == 2) PANEL_512_M(2) \
+                else PANEL_512_M(1)                                                                        \
+            }                                                                                              \
+            p += g;                                                                                        \
+        }                                                                                                  \
+    }                                                                                                      \
+    PANEL_TAIL(SUF##_512, WT, ATTR)
+// The last panel where N is not a multiple of 16 (packed with zero columns past N): computed by the same kernel into
+// 16 columns of its own, then its first N % 16 copied out (the same chain of operations for every output).
+#define PANEL_TAIL(SUF, WT, ATTR)                                                                          \
+    ATTR static void panel_tail_##SUF(const WT* restrict w, const float* restrict x, long M, long K, long N, \
+                                      float* restrict y) {                                                 \
+        long p = N / 16, n0 = p * 16;                                                                      \
+        float part[16 * MAX_CALL];                                                                         \
+        panels_##SUF(w, x, M, K, 16, part - n0, p, p + 1); /* y + m * 16 + p * 16 lands in part + m * 16 */ \
+        for (long m = 0; m < M; m++)                                                                       \
+            for (long n = n0; n < N; n++) y[m * N + n] = part[m * 16 + n - n0];                            \
+    }
+#define LOADW(p) _mm512_loadu_ps(p)
+PANELS(f32, float, A512)
+#undef LOADW
+#define LOADW(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p)))
+PANELS(f16, uint16_t, A512)
+#undef LOADW
+#define LOADW(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p))))
+PANELS(i8, int8_t, A512)
+#undef LOADW
+#define PANELS2(SUF, WT)                                                                                   \
+    A256 static void panels_##SUF##_256(const WT* restrict w, const float* restrict x0, long M, long K, long N, \
+                                        float* restrict y0, long p0, long p1) {                            \
+        for (long p = p0; p < p1; p++)                                                                     \
+            for (long m0 = 0; m0 < M; m0 += 6) {                                                           \
+                long mm = M - m0 < 6 ? M - m0 : 6;                                                         \
+                const float* x = x0 + m0 * K;                                                              \
+                float* y = y0 + m0 * N;                                                                    \
+                switch (mm) {                                                                              \
+                    case 1: PANEL_256(1) break;                                                            \
+                    case 2: PANEL_256(2) break;                                                            \
+                    case 3: PANEL_256(3) break;                                                            \
+                    case 4: PANEL_256(4) break;                                                            \
+                    case 5: PANEL_256(5) break;                                                            \
+                    default: PANEL_256(6) break;                                                           \
+                }                                                                                          \
+            }                                                                                              \
+    }                                                                                                      \
+    PANEL_TAIL(SUF##_256, WT, A256)
+#define LOADW(p) _mm256_loadu_ps(p)
+PANELS2(f32, float)
+#undef LOADW
+#define LOADW(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p)))
+PANELS2(f16, uint16_t)
+#undef LOADW
+#define LOADW(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p))))
+PANELS2(i8, int8_t)
+#undef LOADW
+
+// Thread t of T: its share of the panels (ceil(N / 16); the last one may be partial, done by PANEL_TAIL).
+static void panels_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                        int t, int T) {
+    long np = (N + 15) / 16, full = N / 16, share = (np + T - 1) / T;
+    long p0 = t * share, p1 = p0 + share < np ? p0 + share : np;
+    if (p0 >= p1) return;
+    long q1 = p1 < full ? p1 : full;  // the share's whole panels end here; a partial one follows if p1 > full
+#define RUN(F, WT) { if (p0 < q1) panels_##F((const WT*)w, x, M, K, N, y, p0, q1); \
+                     if (p1 > full) panel_tail_##F((const WT*)w, x, M, K, N, y); }
+    if (isa == 2) {
+        if (wtype == 6) RUN(i8_512, int8_t) else if (wtype == 5) RUN(f16_512, uint16_t) else RUN(f32_512, float)
+    } else {
+        if (wtype == 6) RUN(i8_256, int8_t) else if (wtype == 5) RUN(f16_256, uint16_t) else RUN(f32_256, float)
+    }
+#undef RUN
+    long n1 = p1 * 16 < N ? p1 * 16 : N;
+    if (wtype == 6)
+        for (long m = 0; m < M; m++)
+            for (long n = p0 * 16; n < n1; n++) y[m * N + n] *= scale[n];
+}
+
 // 2 = AVX-512F, 1 = AVX2 + FMA + F16C, 0 = neither (the caller keeps PyTorch's path).
 int few_rows_isa(void) {
     __builtin_cpu_init();
@@ -248,8 +386,6 @@ int few_rows_isa(void) {
     return 0;
 }
 
-// y (M, N) = x (M, K) . W (N, K)^T. Returns 0, or -1 when it cannot run here.
-static int isa = -1;
 
 // The level in use; with level >= 0 first set it (for tests: the AVX2 path on a CPU that also has AVX-512). A level
 // above what the CPU has gives the CPU's best.
@@ -267,6 +403,10 @@ int few_rows_use_isa(int level) {
 void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                    int t, int T) {
     if (isa < 0) isa = few_rows_isa();
+    if (wtype >= 4) {
+        panels_part(w, wtype, scale, x, M, K, N, y, t, T);
+        return;
+    }
     long share = ((N + T - 1) / T + 15) & ~15L;
     long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
     if (n0 >= n1) return;
@@ -299,7 +439,8 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
 int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
              int threads) {
     if (isa < 0) isa = few_rows_isa();
-    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 3 || (wtype >= 2 && !scale)) return -1;
+    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 6) return -1;
+    if ((wtype == 2 || wtype == 3 || wtype == 6) && !scale) return -1;
     if (wtype == 3 && K % 64) return -1;
 #pragma omp parallel num_threads(threads)
     few_rows_part(w, wtype, scale, x, M, K, N, y, omp_get_thread_num(), omp_get_num_threads());

@@ -1,0 +1,57 @@
+"""How llama.c reads a model's weights: as they are stored, row by row, or packed in panels of 16 output columns
+(native.pack; few_rows.c's panel kernels: no horizontal sums, one stream per panel), whichever runs this model's
+products faster here (kernels.panels_pay). A draft's choice is made again by its step right after a target step
+(lean_draft). The same numbers for a token whatever the call's length, in either layout; the two layouts' numbers
+differ by float32 rounding, so a target's layout is fixed when its forward is built (plain and speculative decoding
+then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from . import kernels, native
+
+# fwd below is a lean.LeanLlama (not imported: lean imports this module)
+
+
+def can(fwd) -> bool:
+    """Whether llama.c can read every weight of this forward in panels."""
+    return fwd.lib is not None and all(native.can_pack(w) for w in fwd.weights())
+
+
+def choose(fwd) -> None:
+    """Panels where they run this forward's products faster here (timed on its own weights), else rows."""
+    if not can(fwd):
+        return fwd.point()
+    weights = fwd.weights()
+    packed = {w.data_ptr(): native.pack(w) for w in weights}
+    use(fwd, kernels.panels_pay([(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in weights]), packed)
+
+
+def _bytes(packed: dict[int, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in packed.values())
+
+
+def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
+    """Read the weights in panels (on; `packed` where already made) or as stored; then llama.c's call arguments.
+    The panels are a copy, counted in copied_bytes: PyTorch's paths (a long prefill) and the transformers model
+    keep reading the originals."""
+    fwd.copied_bytes -= _bytes(fwd.packed)
+    if not on:
+        fwd.packed = {}
+    elif not fwd.packed:
+        fwd.packed = packed or {w.data_ptr(): native.pack(w) for w in fwd.weights()}
+    fwd.copied_bytes += _bytes(fwd.packed)
+    fwd.engine = fwd.engine.replace(", weights in panels", "")
+    if fwd.packed:
+        fwd.engine = fwd.engine.replace("llama.c", "llama.c, weights in panels", 1)
+    fwd.point()
+
+
+def copy_with(fwd, on: bool):
+    """A shallow copy of fwd reading its weights the given way (for timing both; the weights and panels shared)."""
+    new = copy.copy(fwd)
+    use(new, on, fwd.packed or None)
+    return new

@@ -37,24 +37,26 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
     if key not in draft.int8_pays:
         pays = False
         if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
-            plain, small = _cold_steps(target, [draft, draft.int8()])
-            if 0.75 <= small / plain <= 0.95:  # too close to call: a busy moment (an app starting) may have blurred
-                again = _cold_steps(target, [draft, draft.int8()])  # it; the best of both draws of each
-                plain, small = min(plain, again[0]), min(small, again[1])
-            pays = small < 0.85 * plain
-            if pays and kernels.layout_mode() == "auto" and lean_panels.can(draft.int8()):
-                _layout_cold(target, draft.int8())  # before anyone runs it
+            small = _variants(draft.int8())
+            times = _cold_steps(target, [draft, *small])
+            if 0.75 <= min(times[1:]) / times[0] <= 0.95:  # too close to call: a busy moment (an app starting) may
+                again = _cold_steps(target, [draft, *small])  # have blurred it; the best of both draws of each
+                times = [min(a, b) for a, b in zip(times, again)]
+            pays = min(times[1:]) < 0.85 * times[0]
+            if pays and len(small) == 2:  # the int8 weights' layout by the same steps, before anyone runs them
+                lean_panels.use(draft.int8(), times[2] < kernels.PANELS_MARGIN * times[1])
         draft.int8_pays[key] = pays
     return draft.int8() if draft.int8_pays[key] else draft
 
 
-def _layout_cold(target: LeanLlama, draft: LeanLlama) -> None:
-    """An int8 draft's weight layout (kernels.panels_pay) by its step right after a target step: its few MB stay in
-    the caches when timed back to back, which favours reading by rows, while a round reads them after the target's
-    verify has streamed through the caches (on the Zen 4 of 27 Nov 2026 the int8 draft's step took 0.89-0.99 ms in
-    panels against 1.05-1.17 by rows that way, while timed warm it chose rows)."""
-    rows, panels = _cold_steps(target, [lean_panels.copy_with(draft, False), lean_panels.copy_with(draft, True)])
-    lean_panels.use(draft, panels < kernels.PANELS_MARGIN * rows)
+def _variants(small: LeanLlama) -> list[LeanLlama]:
+    """The int8 draft read by rows and in panels, to be timed the way a round runs it (where the layout is timed:
+    kernels.layout_mode): its few MB stay in the caches when timed back to back, which favours rows, while a round
+    reads them after the target's verify has streamed through the caches (on the Zen 4 of 27 Nov 2026 its step took
+    0.89-0.99 ms in panels against 1.05-1.17 by rows that way, while timed warm it chose rows)."""
+    if kernels.layout_mode() != "auto" or not lean_panels.can(small):
+        return [small]
+    return [lean_panels.copy_with(small, False), lean_panels.copy_with(small, True)]
 
 
 def _cold_steps(target: LeanLlama, drafts: list[LeanLlama], reps: int = 7) -> list[float]:

@@ -336,18 +336,29 @@ def test_auto_reads_a_models_weights_in_panels_only_where_they_were_timed_clearl
         assert bool(lean.LeanLlama(p.model, "kernel").packed) is (forced == "panels") and len(timed) == 1
 
 
-@pytest.mark.parametrize("cold,panels", [((1.0e-3, 0.80e-3), True), ((1.0e-3, 0.99e-3), False)])
-def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(pair_with, monkeypatch, cold, panels):
-    """Timed warm its weights stay in the caches; a round reads them after the target's verify: the int8 draft's
-    layout is timed again that way (lean_draft._cold_steps), both layouts in one call, before anyone runs it."""
+@pytest.mark.parametrize(
+    "draws,int8,panels",
+    [
+        ([(2.2e-3, 1.0e-3, 0.80e-3)], True, True),  # int8 pays; in panels clearly faster
+        ([(2.2e-3, 1.0e-3, 0.99e-3)], True, False),  # int8 pays; panels inside the margin: rows
+        ([(2.2e-3, 2.1e-3, 1.6e-3)], True, True),  # int8 pays only in panels
+        ([(1.0e-3, 0.97e-3, 0.99e-3)], False, False),  # int8 pays in neither layout
+    ],
+)
+def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(
+    pair_with, monkeypatch, draws, int8, panels
+):
+    """Timed warm a draft's weights stay in the caches; a round reads them after the target's verify: the int8
+    draft is timed by rows and in panels against the float draft that way (lean_draft._cold_steps, one call), and
+    takes the faster layout, before anyone runs it."""
     import specviz.kernels as kernels
 
     p, q = pair_with("llama.c")
     calls = []
 
     def fake(target, drafts):
-        calls.append([bool(d.packed) for d in drafts])
-        return [2.2e-3, 1.6e-3] if len(calls) == 1 else list(cold)  # the int8 choice (it pays), then the layout
+        calls.append([(d.is_int8, bool(d.packed)) for d in drafts])
+        return list(draws[len(calls) - 1])
 
     monkeypatch.setattr(lean_draft, "_cold_steps", fake)
     monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)
@@ -355,8 +366,8 @@ def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(p
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
     fwd = lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel"))
-    assert fwd.is_int8 and calls == [[False, False], [False, True]]  # float and int8; then rows and panels
-    assert bool(fwd.packed) is panels and ("weights in panels" in fwd.engine) is panels
+    assert calls == [[(False, False), (True, False), (True, True)]]  # the float draft; int8 by rows, in panels
+    assert fwd.is_int8 is int8 and bool(fwd.packed) is panels and ("weights in panels" in fwd.engine) is panels
     ids = torch.tensor([5, 9, 12, 30, 7])
     both = [lean_panels.copy_with(fwd, on).forward(fwd.new_cache(), ids)[0] for on in (False, True)]
     torch.testing.assert_close(both[0], both[1], atol=1e-5, rtol=1e-5)  # the same draft either way

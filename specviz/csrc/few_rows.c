@@ -14,8 +14,10 @@
 //
 // W is float32, float16 (a draft kept in half precision: half the bytes, converted in registers), int8 with a
 // scale per row (a draft's weights in a quarter of the bytes, or a target's from bitsandbytes) or NF4 (a target's
-// from bitsandbytes, two weights a byte); x and y are float32. Dispatch at run time: AVX-512F, or AVX2 with FMA and F16C; without either the caller keeps PyTorch's
-// path (few_rows_isa() returns 0). Threads: OpenMP, the team PyTorch's own libgomp already runs.
+// from bitsandbytes, two weights a byte); x and y are float32. The first three can also come packed in panels of
+// 16 output columns (wtype + 4; the panel kernels below). Dispatch at run time: AVX-512F, or AVX2 with FMA and
+// F16C; without either the caller keeps PyTorch's path (few_rows_isa() returns 0). Threads: OpenMP, the team
+// PyTorch's own libgomp already runs.
 
 #include <immintrin.h>
 #include <omp.h>
@@ -245,10 +247,12 @@ static int isa = -1;  // the level in use (few_rows_use_isa)
 // ---- Panels: W packed as (N / 16, K, 16), panel p holding output columns 16p .. 16p + 15 row after row of K ----
 // (wtype 4, 5, 6: float32, float16, int8 with a scale per output column.) Each output is one multiply-add chain
 // over k in order, in a lane of its own: no horizontal sums, and a thread reads its panels front to back, one
-// stream per panel. Why: on the 2-core Zen 4 of 27 Nov 2026 the 30 layers and output layer of the built-in target
-// took 12.5-18.9 ms a token this way against 19.5-24.1 ms by rows (a standalone C harness, both interleaved), and
-// 4 tokens 1.0-1.1 of that. Up to 6 rows of x go through a group of panels at a time; more take another pass over
-// the same panels, from the core's cache. Same numbers whatever M (each output is the same chain).
+// stream per panel. Why: on the 2-core Zen 4 of 27 Nov 2026 a step of the built-in target took 17.1-18.5 ms this
+// way against 20.9-22.0 ms by rows, and a call of 2-6 tokens 0.98-1.07 steps against 1.04-1.19
+// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels`, two runs). Up to 6 rows of x go through a
+// group of panels at a time; more take another pass over the same panels, from the core's cache. Same numbers
+// whatever M (each output is the same chain), though not the rows layout's (another order of additions): a model
+// keeps one layout for every call (lean_panels.py).
 #define PANEL_512(MM, G)                                                                                   \
     {                                                                                                      \
         __m512 acc[MM][G];                                                                                 \

@@ -20,8 +20,8 @@ model's own layers, one row and four rows (a plain step and a typical verify), a
 SPECVIZ_CPU_GEMM=torch / transposed / kernel forces one (0 and 1, the older spellings, mean torch and
 transposed). Under llama.c the kernel reads a model's weights in one of two layouts (`panels_pay`): as they are
 stored, row by row, or packed in panels of 16 output columns (no horizontal sums, one stream per panel), timed once
-per model on its own weights. The result is the same product up to float32 rounding; quantised layers, GPUs and other dtypes are
-left alone. The same loaded model serves every lane, so comparisons stay fair.
+per model on its own weights. The result is the same product up to float32 rounding; quantised layers, GPUs and
+other dtypes are left alone. The same loaded model serves every lane, so comparisons stay fair.
 
 2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound by
 memory traffic: in half precision it reads half the bytes (the built-in draft: 4.1 -> 1.6 ms a step on an EPYC),

@@ -170,6 +170,7 @@ class LeanLlama:
         self._int8: LeanLlama | None = None
         self.copied_bytes = 0  # bytes held beyond the model's parameters: the kept output rows, an int8 variant
         self.packed: dict[int, torch.Tensor] = {}  # a weight's address -> its copy in panels (lean_panels)
+        self.layout_timed_cold = False  # an int8 draft's layout, timed after a target step (lean_draft)
         lean_panels.choose(self)
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb

@@ -37,14 +37,16 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
     if key not in draft.int8_pays:
         pays = False
         if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
-            small = _variants(draft.int8())
+            small = _variants(draft.int8())  # by rows and in panels, where its layout is still to be chosen
             times = _cold_steps(target, [draft, *small])
             if 0.75 <= min(times[1:]) / times[0] <= 0.95:  # too close to call: a busy moment (an app starting) may
                 again = _cold_steps(target, [draft, *small])  # have blurred it; the best of both draws of each
                 times = [min(a, b) for a, b in zip(times, again)]
             pays = min(times[1:]) < 0.85 * times[0]
             if pays and len(small) == 2:  # the int8 weights' layout by the same steps, before anyone runs them
-                lean_panels.use(draft.int8(), times[2] < kernels.PANELS_MARGIN * times[1])
+                lean_panels.use(draft.int8(), times[2] < kernels.PANELS_MARGIN * times[1], small[1].packed)
+            if len(small) == 2:
+                draft.int8().layout_timed_cold = True  # once: another pairing must not switch it under a run
         draft.int8_pays[key] = pays
     return draft.int8() if draft.int8_pays[key] else draft
 
@@ -54,7 +56,7 @@ def _variants(small: LeanLlama) -> list[LeanLlama]:
     kernels.layout_mode): its few MB stay in the caches when timed back to back, which favours rows, while a round
     reads them after the target's verify has streamed through the caches (on the Zen 4 of 27 Nov 2026 its step took
     0.89-0.99 ms in panels against 1.05-1.17 by rows that way, while timed warm it chose rows)."""
-    if kernels.layout_mode() != "auto" or not lean_panels.can(small):
+    if kernels.layout_mode() != "auto" or small.layout_timed_cold or not lean_panels.can(small):
         return [small]
     return [lean_panels.copy_with(small, False), lean_panels.copy_with(small, True)]
 

@@ -15,8 +15,6 @@ way; greedy output must equal plain decoding's in every run.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -24,40 +22,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
 import specviz.run_setup as run_setup  # noqa: E402
-from specviz import costs  # noqa: E402
-from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.bench import timed_events  # noqa: E402
-from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
+from specviz import ab, costs  # noqa: E402
+from specviz.api import encode_prompt  # noqa: E402
 from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
-from specviz.events import Round  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
-from specviz.request import RunRequest  # noqa: E402
 
 SIZES = 9  # auto's gamma at most 8: a verify of 1 .. 9 tokens
-
-
-def timed(decode, *args) -> tuple[list[int], float, list]:
-    events, seconds = timed_events(decode, *args)
-    return list(events[-1].token_ids), seconds, [e for e in events if isinstance(e, Round)]
+WAYS = ("old", "new")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", default="everyday,stories,code")
-    ap.add_argument("--limit", type=int, default=12)
-    ap.add_argument("--config", default="lookup+model:auto")
+    ap = ab.parser(__doc__)
     ap.add_argument("--draws", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--json-out", default="")
     args = ap.parse_args()
-    base = RunRequest(max_new_tokens=args.max_new_tokens)
-    (config,) = parse_configs(args.config)
-    p, q = load_for(config.request(base))
-    m = machine_info()
-    print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
+    base, config, p, q = ab.load(args)
+    ab.print_machine()
     ar_cfg = base.replace(mode="ar").spec
-    warm = encode_prompt(p, "Tell me something about the sea.")
-    timed(autoregressive_decode, p, warm, ar_cfg)
+    warm = encode_prompt(p, ab.WARM_PROMPT)
+    ab.timed(autoregressive_decode, p, warm, ar_cfg)
     draws: dict[str, list[list[float]]] = {"old": [], "new": []}
     for _ in range(args.draws):
         draws["old"].append(costs.forward_times(p, warm, SIZES, reps=2))
@@ -75,34 +56,28 @@ def main() -> None:
         return real(lm, prompt_ids, max_tokens, vocab_size=vocab_size)
 
     run_setup.calibration = scripted
-    for way in ("old", "new"):  # warm-up, untimed
+    for way in WAYS:  # warm-up, untimed
         current["curve"] = draws[way][0]
-        timed(speculative_decode, p, q, warm, config.request(base).spec)
+        ab.timed(speculative_decode, p, q, warm, config.request(base).spec)
     results = []
-    for name in args.sets.split(","):
-        for i, prompt in enumerate(load_prompts(name)[: args.limit]):
-            ids = encode_prompt(p, prompt)
-            plain, ar_s, _ = timed(autoregressive_decode, p, ids, ar_cfg)
-            for way in ("old", "new") if i % 2 == 0 else ("new", "old"):
-                current["curve"] = draws[way][(len(results) // 2) % args.draws]
-                out, s, rounds = timed(speculative_decode, p, q, ids, config.request(base).spec)
-                results.append(dict(set=name, prompt=i, way=way, same=out == plain, speedup=ar_s / s,
-                                    tokens=len(out), calls=len(rounds),
-                                    guesses=[len(r.drafted) for r in rounds]))  # fmt: skip
-    for name in args.sets.split(","):
-        line = [name, config.label]
-        for way in ("old", "new"):
-            rows = [r for r in results if r["set"] == name and r["way"] == way]
-            guesses = [g for r in rows for g in r["guesses"]]
-            line.append(
-                f"{way}: {statistics.median(r['speedup'] for r in rows):.2f}x, "
-                f"{sum(r['tokens'] for r in rows) / sum(r['calls'] for r in rows):.2f} tokens a call, "
-                f"{statistics.mean(guesses):.2f} guesses a round"
-            )
-        print(" | ".join(line), flush=True)
-    print("greedy output equal to plain decoding in every run:", all(r["same"] for r in results))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"draws": draws, "runs": results}, indent=1))
+    for name, i, ids, ways in ab.prompts(p, args.sets, args.limit, WAYS):
+        plain = ab.timed(autoregressive_decode, p, ids, ar_cfg)
+        for way in ways:
+            current["curve"] = draws[way][(len(results) // 2) % args.draws]
+            spec = ab.timed(speculative_decode, p, q, ids, config.request(base).spec)
+            results.append(dict(set=name, prompt=i, way=way, same=spec.tokens == plain.tokens,
+                                speedup=plain.seconds / spec.seconds, tokens=len(spec.tokens), calls=len(spec.rounds),
+                                guesses=[len(r.drafted) for r in spec.rounds]))  # fmt: skip
+
+    def describe(rows: list[dict]) -> str:
+        guesses = [g for r in rows for g in r["guesses"]]
+        return (
+            f"{ab.speedup(rows)}, {sum(r['tokens'] for r in rows) / sum(r['calls'] for r in rows):.2f} tokens a call, "
+            f"{statistics.mean(guesses):.2f} guesses a round"
+        )
+
+    ab.per_set(results, args.sets, WAYS, describe, config.label)
+    ab.finish(results, args.json_out, draws=draws)
 
 
 if __name__ == "__main__":

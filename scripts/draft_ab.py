@@ -13,38 +13,27 @@ run's seconds per token) each way; greedy output must equal plain decoding's in 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
+from specviz import ab  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.bench import timed_events  # noqa: E402
-from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
+from specviz.bench_inputs import parse_configs  # noqa: E402
 from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
 from specviz.head import head_backend, head_for  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
-
-def timed(decode, *args) -> tuple[list[int], float, dict]:
-    events, seconds = timed_events(decode, *args)
-    return list(events[-1].token_ids), seconds, events[-1].stats
+WAYS = ("a", "b")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ab.parser(__doc__)
     ap.add_argument("--a", required=True, help="a draft folder (a head's with --heads)")
     ap.add_argument("--b", required=True, help="another draft folder (a head's with --heads)")
     ap.add_argument("--heads", action="store_true", help="--a and --b are draft heads (for the head drafters)")
-    ap.add_argument("--sets", default="everyday,stories,code")
-    ap.add_argument("--limit", type=int, default=12)
-    ap.add_argument("--config", default="lookup+model:auto")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--json-out", default="")
     args = ap.parse_args()
     (config,) = parse_configs(args.config)
     reqs = {
@@ -53,8 +42,7 @@ def main() -> None:
     }
     pairs = {w: load_for(r) for w, r in reqs.items()}
     p = pairs["a"][0]
-    m = machine_info()
-    print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
+    ab.print_machine()
     for w, (_, q) in pairs.items():
         if args.heads:
             h = head_for(p, reqs[w].head)
@@ -63,33 +51,29 @@ def main() -> None:
         print(f"{w}: {reqs[w].draft}: {q.lean.engine if q.lean else 'transformers'}, "
               f"{q.lean.head.shape[0] if q.lean else q.vocab_size:,} output rows computed", flush=True)  # fmt: skip
     ar_cfg = reqs["a"].replace(mode="ar").spec
-    warm = encode_prompt(p, "Tell me something about the sea.")
-    timed(autoregressive_decode, p, warm, ar_cfg)
+    warm = encode_prompt(p, ab.WARM_PROMPT)
+    ab.timed(autoregressive_decode, p, warm, ar_cfg)
     for w, (pw, q) in pairs.items():
-        timed(speculative_decode, pw, q, warm, reqs[w].spec)
+        ab.timed(speculative_decode, pw, q, warm, reqs[w].spec)
     results = []
-    for name in args.sets.split(","):
-        for i, prompt in enumerate(load_prompts(name)[: args.limit]):
-            ids = encode_prompt(p, prompt)
-            plain, ar_s, _ = timed(autoregressive_decode, p, ids, ar_cfg)
-            for w in ("a", "b") if i % 2 == 0 else ("b", "a"):
-                out, s, st = timed(speculative_decode, *pairs[w], ids, reqs[w].spec)
-                results.append(dict(set=name, prompt=i, way=w, same=out == plain, speedup=ar_s / s, tokens=len(out),
-                                    calls=st["target_calls"], alpha=st["alpha"],
-                                    c=(st["draft_s"] / max(st["draft_calls"], 1)) / (ar_s / len(plain))))  # fmt: skip
-    for name in args.sets.split(","):
-        line = [name]
-        for w in ("a", "b"):
-            rows = [r for r in results if r["set"] == name and r["way"] == w]
-            line.append(
-                f"{w}: {statistics.median(r['speedup'] for r in rows):.2f}x, "
-                f"{sum(r['tokens'] for r in rows) / sum(r['calls'] for r in rows):.2f} tokens a call, "
-                f"alpha {statistics.mean(r['alpha'] for r in rows):.3f}, c {statistics.median(r['c'] for r in rows):.3f}"
-            )
-        print(" | ".join(line), flush=True)
-    print("greedy output equal to plain decoding in every run:", all(r["same"] for r in results))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"a": args.a, "b": args.b, "runs": results}, indent=1))
+    for name, i, ids, ways in ab.prompts(p, args.sets, args.limit, WAYS):
+        plain = ab.timed(autoregressive_decode, p, ids, ar_cfg)
+        for w in ways:
+            spec = ab.timed(speculative_decode, *pairs[w], ids, reqs[w].spec)
+            st = spec.stats
+            results.append(dict(set=name, prompt=i, way=w, same=spec.tokens == plain.tokens,
+                                speedup=plain.seconds / spec.seconds, tokens=len(spec.tokens), calls=st["target_calls"],
+                                alpha=st["alpha"], c=(st["draft_s"] / max(st["draft_calls"], 1))
+                                / (plain.seconds / len(plain.tokens))))  # fmt: skip
+
+    def describe(rows: list[dict]) -> str:
+        return (
+            f"{ab.speedup(rows)}, {sum(r['tokens'] for r in rows) / sum(r['calls'] for r in rows):.2f} tokens a call, "
+            f"alpha {statistics.mean(r['alpha'] for r in rows):.3f}, c {statistics.median(r['c'] for r in rows):.3f}"
+        )
+
+    ab.per_set(results, args.sets, WAYS, describe)
+    ab.finish(results, args.json_out, a=args.a, b=args.b)
 
 
 if __name__ == "__main__":

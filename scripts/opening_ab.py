@@ -13,8 +13,6 @@ decoding's in every run, and the two ways' outputs each other's.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,78 +20,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import runtime  # noqa: E402
-from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.bench import timed_events  # noqa: E402
-from specviz.bench_inputs import load_prompts, parse_configs  # noqa: E402
-from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
-from specviz.events import Start  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
-from specviz.request import RunRequest  # noqa: E402
+from specviz import ab, runtime  # noqa: E402
 
-
-def timed(decode, *args) -> tuple[list[int], float, float]:
-    """(the tokens, wall seconds of the whole run, its prefill seconds)."""
-    events, seconds = timed_events(decode, *args)
-    assert isinstance(events[0], Start)
-    return list(events[-1].token_ids), seconds, events[0].prefill_s
+WAYS = ("whole", "kept")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sets", default="everyday,stories,code")
-    ap.add_argument("--limit", type=int, default=12)
-    ap.add_argument("--config", default="lookup+model:auto")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--json-out", default="")
-    args = ap.parse_args()
-    base = RunRequest(max_new_tokens=args.max_new_tokens)
-    (config,) = parse_configs(args.config)
-    p, q = load_for(config.request(base))
-    m = machine_info()
-    print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})", flush=True)
-    ar_cfg, spec_cfg = base.replace(mode="ar").spec, config.request(base).spec
+    args = ab.parser(__doc__).parse_args()
+    base, config, p, q = ab.load(args)
+    m = ab.print_machine()
     print("openings:", [f"{lm.name}: {len(runtime.template_opening(lm))} tokens" for lm in (p, q) if lm], flush=True)
 
     def use(way: str) -> None:  # the next prefill of each model keeps its opening (anew), or keeps none
         os.environ["SPECVIZ_KEEP_OPENING"] = "1" if way == "kept" else "0"
         runtime.forget_openings()
 
-    warm = encode_prompt(p, "Tell me something about the sea.")
-    for way in ("whole", "kept"):  # warm-up, untimed
-        use(way)
-        timed(autoregressive_decode, p, warm, ar_cfg)
-        timed(speculative_decode, p, q, warm, spec_cfg)
-    results = []
-    for name in args.sets.split(","):
-        for i, prompt in enumerate(load_prompts(name)[: args.limit]):
-            ids = encode_prompt(p, prompt)
-            for way in ("whole", "kept") if i % 2 == 0 else ("kept", "whole"):
-                use(way)
-                plain, ar_s, ar_pre = timed(autoregressive_decode, p, ids, ar_cfg)
-                out, s, pre = timed(speculative_decode, p, q, ids, spec_cfg)
-                results.append(dict(set=name, prompt=i, way=way, tokens=len(out), prompt_tokens=len(ids),
-                                    same=out == plain, out=out, speedup=ar_s / s, ar_s=ar_s, spec_s=s,
-                                    ar_prefill=ar_pre, spec_prefill=pre))  # fmt: skip
-    for name in args.sets.split(","):
-        line = [name, config.label]
-        for way in ("whole", "kept"):
-            rows = [r for r in results if r["set"] == name and r["way"] == way]
-            line.append(
-                f"{way}: {statistics.median(r['speedup'] for r in rows):.2f}x, prefill plain / spec "
-                f"{1000 * statistics.median(r['ar_prefill'] for r in rows):.0f} / "
-                f"{1000 * statistics.median(r['spec_prefill'] for r in rows):.0f} ms, tok/s plain / spec "
-                f"{sum(r['tokens'] for r in rows) / sum(r['ar_s'] for r in rows):.1f} / "
-                f"{sum(r['tokens'] for r in rows) / sum(r['spec_s'] for r in rows):.1f}"
-            )
-        print(" | ".join(line), flush=True)
-    pairs = {(r["set"], r["prompt"]): [] for r in results}
-    for r in results:
-        pairs[(r["set"], r["prompt"])].append(r["out"])
-    print("greedy output equal to plain decoding in every run:", all(r["same"] for r in results))
-    print("the two ways wrote the same tokens on every prompt:", all(a == b for a, b in pairs.values()))
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"machine": m, "runs": results}, indent=1))
+    def describe(rows: list[dict]) -> str:
+        prefill = [1000 * statistics.median(r[k] for r in rows) for k in ("ar_prefill", "spec_prefill")]
+        return f"{ab.lanes(rows)}, prefill plain / spec {prefill[0]:.0f} / {prefill[1]:.0f} ms"
+
+    results = ab.both_lanes(p, q, args, base.replace(mode="ar").spec, config.request(base).spec, WAYS, use)
+    ab.per_set(results, args.sets, WAYS, describe, config.label)
+    print("the two ways wrote the same tokens on every prompt:", ab.differing_prompts(results)[0] == 0)
+    ab.finish(results, args.json_out, machine=m)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, lean_panels, native, runtime  # noqa: E402
+from specviz import ab, lean_panels, runtime  # noqa: E402
 
 WAYS = ("rows", "panels")
 
@@ -28,7 +28,7 @@ def main() -> None:
     base, config, p, q = ab.load(args)
     m = ab.print_machine()
     fwds = [lm.lean for lm in (p, q) if lm is not None and lm.lean is not None and lean_panels.can(lm.lean)]
-    packs = [f.packed or {w.data_ptr(): native.pack(w) for w in f.weights()} for f in fwds]
+    packs = [lean_panels.packs(f) for f in fwds]
     print("forwards:", [f.engine for f in fwds], flush=True)
 
     def use(way: str) -> None:  # both forwards read their weights this way; openings encoded anew

@@ -13,11 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .api import encode_prompt
+from .api import encode_prompt, load_for
 from .bench import timed_events
-from .bench_inputs import load_prompts
+from .bench_inputs import load_prompts, parse_configs
+from .engine import autoregressive_decode, speculative_decode
 from .events import Round
 from .machine import machine_info
+from .request import RunRequest
 
 WARM_PROMPT = "Tell me something about the sea."  # the untimed warm-up's prompt (in no prompt set)
 
@@ -37,10 +39,6 @@ def parser(doc: str) -> argparse.ArgumentParser:
 def load(args: argparse.Namespace) -> tuple:
     """(the base request, the configuration, the target, the draft) for the script's --config and --max-new-tokens,
     loaded as the app loads them."""
-    from .api import load_for
-    from .bench_inputs import parse_configs
-    from .request import RunRequest
-
     base = RunRequest(max_new_tokens=args.max_new_tokens)
     (config,) = parse_configs(args.config)
     return base, config, *load_for(config.request(base))
@@ -111,8 +109,6 @@ def finish(results: list[dict], json_out: str, **extra) -> None:
 def both_lanes(p, q, args, ar_cfg, spec_cfg, ways: tuple[str, str], use) -> list[dict]:
     """For a switch that changes both lanes (use(way) sets it): an untimed warm-up each way, then for each prompt,
     each way, plain decoding and the configuration. A row per prompt and way, with each lane's prefill."""
-    from .engine import autoregressive_decode, speculative_decode
-
     warm = encode_prompt(p, WARM_PROMPT)
     for way in ways:
         use(way)

@@ -43,10 +43,10 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
                 again = _cold_steps(target, [draft, *small])  # have blurred it; the best of both draws of each
                 times = [min(a, b) for a, b in zip(times, again)]
             pays = min(times[1:]) < 0.85 * times[0]
-            if pays and len(small) == 2:  # the int8 weights' layout by the same steps, before anyone runs them
-                lean_panels.use(draft.int8(), times[2] < kernels.PANELS_MARGIN * times[1], small[1].packed)
-            if len(small) == 2:
-                draft.int8().layout_timed_cold = True  # once: another pairing must not switch it under a run
+            if len(small) == 2:  # the int8 weights' layout by the same steps, before anyone runs them; once:
+                if pays:  # another pairing must not switch it under a run
+                    lean_panels.use(draft.int8(), times[2] < kernels.PANELS_MARGIN * times[1], small[1].packed)
+                draft.int8().layout_timed_cold = True
         draft.int8_pays[key] = pays
     return draft.int8() if draft.int8_pays[key] else draft
 

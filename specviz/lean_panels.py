@@ -21,13 +21,18 @@ def can(fwd) -> bool:
     return fwd.lib is not None and all(native.can_pack(w) for w in fwd.weights())
 
 
+def packs(fwd) -> dict[int, torch.Tensor]:
+    """Every weight of fwd in panels, by the address of the weight as stored: its own where it reads panels."""
+    return fwd.packed or {w.data_ptr(): native.pack(w) for w in fwd.weights()}
+
+
 def choose(fwd) -> None:
     """Panels where they run this forward's products faster here (timed on its own weights), else rows."""
     if not can(fwd):
         return fwd.point()
-    weights = fwd.weights()
-    packed = {w.data_ptr(): native.pack(w) for w in weights}
-    use(fwd, kernels.panels_pay([(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in weights]), packed)
+    packed = packs(fwd)
+    mats = [(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in fwd.weights()]
+    use(fwd, kernels.panels_pay(mats), packed)
 
 
 def _bytes(packed: dict[int, torch.Tensor]) -> int:
@@ -42,7 +47,7 @@ def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
     if not on:
         fwd.packed = {}
     elif not fwd.packed:
-        fwd.packed = packed or {w.data_ptr(): native.pack(w) for w in fwd.weights()}
+        fwd.packed = packed or packs(fwd)
     fwd.copied_bytes += _bytes(fwd.packed)
     fwd.engine = fwd.engine.replace(", weights in panels", "")
     if fwd.packed:

@@ -308,13 +308,16 @@ class LeanLlama:
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         last_only: bool = False,
+        kept_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (L,) fed after the cache's rows -> (logits (L, or 1 with last_only, Vm), last hidden states (L, H)).
 
         positions (L,): RoPE positions (default: the cache's row numbers); mask (L, rows + L) additive: which rows
-        each token sees (default: causal). The cache grows by L rows.
+        each token sees (default: causal); kept_only: a draft's logits over its `kept` rows only, where it has
+        them (a greedy step's argmax needs no -inf rows around them). The cache grows by L rows.
         """
-        return self.forward_embedded(cache, F.embedding(ids.view(-1), self.embed).float(), positions, mask, last_only)
+        x = F.embedding(ids.view(-1), self.embed).float()
+        return self.forward_embedded(cache, x, positions, mask, last_only, kept_only)
 
     @torch.no_grad()
     def forward_embedded(
@@ -324,6 +327,7 @@ class LeanLlama:
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         last_only: bool = False,
+        kept_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` from the tokens' input vectors x (L, H) float32 (a draft head's, head_native.py, are not an
         embedding table's rows); x is overwritten."""
@@ -340,7 +344,7 @@ class LeanLlama:
             h = F.rms_norm(x, (self.H,), self.norm, self.eps)  # (L, H): the last hidden states, as transformers gives
             logits = self.linear(h[-1:] if last_only else h, self.head)
         cache.length = base + L
-        if self.kept is not None:  # (n, kept) -> (n, rows), -inf where a row is never proposed
+        if self.kept is not None and not kept_only:  # (n, kept) -> (n, rows), -inf where a row is never proposed
             logits = scatter_rows(logits, self.kept, self.rows)
         return logits, h
 

@@ -28,7 +28,8 @@ from .config import specviz_home
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c")  # the products; a Llama model's forward pass (lean.py)
+SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c", CSRC / "greedy.c")  # the products; a Llama model's forward pass
+# (lean.py); greedy decoding's argmax (sampling.greedy)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
 LIBS = ["-lm"]
 MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1, a tree)
@@ -110,6 +111,8 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,  # threads
     ]
     lib.llama_forward.restype = ctypes.c_int
+    lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
+    lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
     if lib.few_rows_isa() == 0:
         _why.append("this CPU has neither AVX-512 nor AVX2 with FMA and F16C")
@@ -161,6 +164,22 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def wtype_of(weight: torch.Tensor) -> int:
     """The kernel's weight type for a weight as stored: row-major (N, K), or packed (N / 16, K, 16)."""
     return WTYPES[weight.dtype] + (PANELS if weight.dim() == 3 else 0)
+
+
+def first_max(scores: torch.Tensor) -> torch.Tensor | None:
+    """(..., n) float32 scores on the CPU, rows contiguous -> (...,) int64: each row's first index of its largest
+    score, NaN never counting, or -1 where no score is above -inf (sampling.greedy's answer; csrc/greedy.c); None
+    where the library is not here or the tensor is not such scores."""
+    lib = library()
+    if lib is None or scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() == 0:
+        return None
+    n = scores.shape[-1]
+    rows = scores.reshape(-1, n) if n else None  # a view where the rows are laid out evenly; else a copy
+    if rows is None or rows.stride(-1) != 1:
+        return None
+    out = torch.empty(rows.shape[0], dtype=torch.long)
+    lib.first_max(rows.data_ptr(), rows.shape[0], n, rows.stride(0) if rows.shape[0] > 1 else n, out.data_ptr())
+    return out.view(scores.shape[:-1])
 
 
 def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, n: int = 0) -> torch.Tensor:

@@ -84,8 +84,14 @@ class CachedModel:
         The argmax is taken in the model's own (maybe trimmed) vocabulary and mapped, so the V-wide logits are
         never built. Same token as greedy(feed(...)[-1]).
         """
+        from . import sampling
         from .sampling import greedy
 
+        lean = self.lm.lean
+        if sampling.FAST_GREEDY and lean is not None and lean.kept is not None and self.lm.vocab_map is not None:
+            # the rows its output layer computes: every other row would be -inf
+            logits = self._forward(ids, last_only=True, kept_only=True)[0][-1]  # (kept,)
+            return self.lm.vocab_map[lean.kept[greedy(logits)]].view(1)
         logits = self._forward(ids, last_only=True)[0][-1]  # (Vm,)
         if self.lm.vocab_map is not None:
             return self.lm.vocab_map[greedy(logits)].view(1)
@@ -161,15 +167,18 @@ class CachedModel:
             return True
         return all(type(layer) is DynamicLayer for layer in self.cache.layers)
 
-    def _forward(self, ids: torch.Tensor, last_only: bool, hidden: bool = False, mask=None, position_ids=None):
-        """ids (L,) -> (logits (L or 1, Vm) in the model's own vocabulary, last hidden states or None)."""
+    def _forward(
+        self, ids: torch.Tensor, last_only: bool, hidden: bool = False, mask=None, position_ids=None, kept_only=False
+    ):
+        """ids (L,) -> (logits (L or 1, Vm) in the model's own vocabulary, last hidden states or None); kept_only:
+        a lean draft's logits over the rows its output layer computes (LeanLlama.forward)."""
         x = ids.view(1, -1)
         if self.lm.input_map is not None:  # a trimmed draft: target ids -> its own rows (unknown -> row 0)
             x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
         if mask is None and self.tree_rows:
             raise RuntimeError("a plain feed after a tree feed: keep_path or rollback first")
         if self.lm.lean is not None:
-            logits, h = self._lean(x.view(-1), last_only, mask, position_ids)
+            logits, h = self._lean(x.view(-1), last_only, mask, position_ids, kept_only)
             return logits, (h if hidden else None)
         extra = {} if mask is None else {"attention_mask": mask, "position_ids": position_ids}
         out = self.lm.model(
@@ -187,13 +196,13 @@ class CachedModel:
             return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf), h
         return out.logits[0], h
 
-    def _lean(self, ids: torch.Tensor, last_only: bool, mask, position_ids):
+    def _lean(self, ids: torch.Tensor, last_only: bool, mask, position_ids, kept_only: bool = False):
         """The lean forward (lean.py) over this model's cache: (logits (L or 1, Vm), last hidden states (L, H))."""
         if mask is not None:  # (1, 1, L, T) with the dtype's minimum where a row is hidden -> (L, T), -inf there
             mask = mask[0, 0].float()
             mask = mask.masked_fill(mask < 0, -torch.inf)
             position_ids = position_ids.view(-1)
-        logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only)
+        logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only, kept_only)
         self.length += ids.numel()
         self.calls += 1
         if self.lm.blocked_rows is not None and self.lm.lean.kept is None:  # kept: the lean forward did it

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
+from . import native
 from .config import SamplingConfig, SpecvizError
 
+FAST_GREEDY = True  # greedy's argmax by native.first_max where it can, and a lean draft's greedy step over the rows it
+# computes only (runtime.CachedModel.next_greedy); scripts/greedy_ab.py times both against neither
 _BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
 
 
@@ -42,9 +45,17 @@ def clean_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """argmax over the last axis, NaN-safe; no softmax needed. Where every row's maximum is finite (PyTorch's argmax
-    picks a NaN or a +inf first where there is one), the plain argmax is the answer, with no cleaned copy (a draft
-    step's 17,663 scores: 103 -> 65 us; a verify's 4 x 49,152: 516 -> 269 us, on the Zen 3 of BENCHMARKS.md)."""
+    """argmax over the last axis, NaN-safe; no softmax needed: the first index of each row's largest score, NaN read
+    as -inf, +inf as the largest. float32 scores on the CPU go through native.first_max (csrc/greedy.c: a verify's
+    3 x 49,152 in 19 us where PyTorch's argmax and the checks below took 125, on the Zen 4 of BENCHMARKS.md); elsewhere, where
+    every row's maximum is finite (PyTorch's argmax picks a NaN or a +inf first where there is one), the plain
+    argmax is the answer, with no cleaned copy."""
+    if FAST_GREEDY:
+        best = native.first_max(logits)
+        if best is not None:
+            if best.numel() and int(best.min()) < 0:
+                raise SpecvizError(_BROKEN)
+            return best
     idx = logits.argmax(dim=-1)
     if torch.isfinite(logits.gather(-1, idx.unsqueeze(-1))).all():
         return idx

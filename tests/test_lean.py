@@ -429,6 +429,42 @@ def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_
     assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
 
 
+@pytest.mark.parametrize("forward,int8", [("llama.c", "0"), ("llama.c, weights in panels", "1"), ("PyTorch ops", "0")])
+def test_a_drafts_greedy_step_over_the_rows_it_computes_proposes_what_its_whole_vocabulary_would(
+    pair_with, tiny_pair, tmp_path, monkeypatch, forward, int8
+):
+    """next_greedy takes a draft's argmax over the rows its output layer computes and maps it through `kept`
+    (sampling.FAST_GREEDY), where the rows it never proposes used to be scattered in as -inf first: the same token
+    at every step, the same guesses in every round."""
+    from specviz import sampling
+
+    blocked = [r for r in range(64) if r % 4]
+    p, q = pair_with(forward, pair=_blocking(tiny_pair, tmp_path / "d64", blocked), int8=int8)
+    assert q.lean.kept is not None
+    scatters = []
+    monkeypatch.setattr(lean, "scatter_rows", lambda *a: scatters.append(1) or sampling.scatter_rows(*a))
+    prompt = torch.tensor([5, 9, 12, 30, 7, 8])
+    feed = torch.randint(0, 64, (24,), generator=torch.Generator().manual_seed(0))
+    tokens = {}
+    for fast in (True, False):
+        monkeypatch.setattr(sampling, "FAST_GREEDY", fast)
+        run, out = CachedModel(q, p.vocab_size), []
+        run.prefill(prompt)  # every token but the last
+        scatters.clear()
+        for x in [prompt[-1:]] + list(feed.view(-1, 1)):  # each step fed a given token: many contexts
+            out.append(int(run.next_greedy(x)))
+        tokens[fast] = out
+        assert bool(scatters) is not fast  # the fast way never builds the -inf rows
+    assert tokens[True] == tokens[False] and set(tokens[True]) <= set(range(0, 64, 4))
+    assert len(set(tokens[True])) > 2  # a real walk through the vocabulary, not one repeated row
+    stats = {}
+    for fast in (True, False):
+        monkeypatch.setattr(sampling, "FAST_GREEDY", fast)
+        runs = [generate(pr, target=p, draft=q, mode="spec", gamma=3, max_new_tokens=32) for pr in PROMPTS]
+        stats[fast] = [(r.token_ids, r.stats["drafted"], r.stats["accepted"]) for r in runs]
+    assert stats[True] == stats[False] and sum(a for _, _, a in stats[True]) > 0
+
+
 def test_a_draft_that_blocks_rows_grows_trees_over_the_rest(pair_with, tiny_pair, small_vocab_pair, tmp_path):
     """Token trees from such a draft: a read node's probabilities and top candidates come from the rows it may
     propose alone (drafters._Growth.read); greedy trees give plain decoding's tokens and sampled ones the target's

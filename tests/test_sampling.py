@@ -100,6 +100,38 @@ def test_greedy_is_the_argmax_of_the_cleaned_scores_whatever_nan_or_inf_they_hol
         greedy(torch.tensor([[1.0, 2.0], [nan, -inf]]))
 
 
+def test_greedys_native_argmax_gives_the_cleaned_argmax_on_long_rows_with_ties_nan_and_inf(monkeypatch):
+    """float32 scores go through native.first_max (csrc/greedy.c, 32 scores a block): at every row length around
+    its blocks, with ties, NaN and +-inf anywhere, in a view whose rows are strided, the answer is the cleaned
+    argmax's, and a row with nothing above -inf is refused as PyTorch's way refuses it."""
+    from specviz import native, sampling
+
+    if native.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    rng, nan, inf = gen(3), float("nan"), float("inf")
+    for trial in range(1200):
+        n = int(torch.randint(1, 100, (1,), generator=rng)) if trial < 1100 else 49152
+        x = torch.randint(-3, 4, (4, n + 5), generator=rng).float()[:, 2 : 2 + n]  # ties; rows strided
+        for special in (nan, inf, -inf):
+            x[torch.rand(x.shape, generator=rng) < 0.15 * float(torch.rand(1, generator=rng))] = special
+        x[0, :] = torch.where(torch.rand(n, generator=rng) < 0.5, nan, -inf)  # nothing above -inf
+        assert native.first_max(x) is not None  # the native way ran
+        assert native.first_max(x)[0] == -1
+        for rows in (x[1:2], x[2:3], x[3:], x[1:]):  # a short row may hold nothing above -inf too: both refuse it
+            assert _argmax_or_refusal(greedy, rows) == _argmax_or_refusal(lambda r: clean_logits(r).argmax(-1), rows)
+        with pytest.raises(SpecvizError, match="NaN or infinite"):
+            greedy(x)
+    monkeypatch.setattr(sampling, "FAST_GREEDY", False)  # PyTorch's way: the same answers
+    assert _argmax_or_refusal(greedy, x[1:]) == _argmax_or_refusal(lambda r: clean_logits(r).argmax(-1), x[1:])
+
+
+def _argmax_or_refusal(argmax, rows):
+    try:
+        return argmax(rows).tolist()
+    except SpecvizError:
+        return "refused"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_logits_are_computed_in_float32(dtype):
     x = (torch.randn(3, 50, generator=gen()) * 30).to(dtype)

@@ -15,7 +15,6 @@ way; greedy output must equal plain decoding's in every run.
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 import specviz.run_setup as run_setup  # noqa: E402
 from specviz import ab, costs  # noqa: E402
 from specviz.api import encode_prompt  # noqa: E402
-from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
 
 SIZES = 9  # auto's gamma at most 8: a verify of 1 .. 9 tokens
 WAYS = ("old", "new")
@@ -38,7 +36,6 @@ def main() -> None:
     ab.print_machine()
     ar_cfg = base.replace(mode="ar").spec
     warm = encode_prompt(p, ab.WARM_PROMPT)
-    ab.timed(autoregressive_decode, p, warm, ar_cfg)
     draws: dict[str, list[list[float]]] = {"old": [], "new": []}
     for _ in range(args.draws):
         draws["old"].append(costs.forward_times(p, warm, SIZES, reps=2))
@@ -56,27 +53,14 @@ def main() -> None:
         return real(lm, prompt_ids, max_tokens, vocab_size=vocab_size)
 
     run_setup.calibration = scripted
-    for way in WAYS:  # warm-up, untimed
-        current["curve"] = draws[way][0]
-        ab.timed(speculative_decode, p, q, warm, config.request(base).spec)
-    results = []
-    for name, i, ids, ways in ab.prompts(p, args.sets, args.limit, WAYS):
-        plain = ab.timed(autoregressive_decode, p, ids, ar_cfg)
-        for way in ways:
-            current["curve"] = draws[way][(len(results) // 2) % args.draws]
-            spec = ab.timed(speculative_decode, p, q, ids, config.request(base).spec)
-            results.append(dict(set=name, prompt=i, way=way, same=spec.tokens == plain.tokens,
-                                speedup=plain.seconds / spec.seconds, tokens=len(spec.tokens), calls=len(spec.rounds),
-                                guesses=[len(r.drafted) for r in spec.rounds]))  # fmt: skip
+    used = [0]
 
-    def describe(rows: list[dict]) -> str:
-        guesses = [g for r in rows for g in r["guesses"]]
-        return (
-            f"{ab.speedup(rows)}, {sum(r['tokens'] for r in rows) / sum(r['calls'] for r in rows):.2f} tokens a call, "
-            f"{statistics.mean(guesses):.2f} guesses a round"
-        )
+    def use(way: str) -> None:  # the warm-ups take each way's first draw; then every prompt the next one
+        current["curve"] = draws[way][max(used[0] - 2, 0) // 2 % args.draws]
+        used[0] += 1
 
-    ab.per_set(results, args.sets, WAYS, describe, config.label)
+    results = ab.spec_ways(p, q, args, ar_cfg, config.request(base).spec, WAYS, use)
+    ab.per_set(results, args.sets, WAYS, ab.guesses, config.label)
     ab.finish(results, args.json_out, draws=draws)
 
 

@@ -127,6 +127,34 @@ def both_lanes(p, q, args, ar_cfg, spec_cfg, ways: tuple[str, str], use) -> list
     return results
 
 
+def spec_ways(p, q, args, ar_cfg, spec_cfg, ways: tuple[str, str], use) -> list[dict]:
+    """For a switch that changes the speculative lane only (use(way) sets it): an untimed warm-up each way, then for
+    each prompt plain decoding once and the configuration each way. A row per prompt and way, with its tokens per
+    target call and guesses per round (`guesses`)."""
+    warm = encode_prompt(p, WARM_PROMPT)
+    timed(autoregressive_decode, p, warm, ar_cfg)
+    for way in ways:
+        use(way)
+        timed(speculative_decode, p, q, warm, spec_cfg)
+    results = []
+    for name, i, ids, order in prompts(p, args.sets, args.limit, ways):
+        plain = timed(autoregressive_decode, p, ids, ar_cfg)
+        for way in order:
+            use(way)
+            spec = timed(speculative_decode, p, q, ids, spec_cfg)
+            results.append(dict(set=name, prompt=i, way=way, same=spec.tokens == plain.tokens,
+                                speedup=plain.seconds / spec.seconds, tokens=len(spec.tokens), calls=len(spec.rounds),
+                                guesses=[len(r.drafted) for r in spec.rounds]))  # fmt: skip
+    return results
+
+
+def guesses(rows: list[dict]) -> str:
+    """The median speedup, tokens per target call and mean guesses per round over these rows (spec_ways')."""
+    drafted = [g for r in rows for g in r["guesses"]]
+    calls = sum(r["tokens"] for r in rows) / sum(r["calls"] for r in rows)
+    return f"{speedup(rows)}, {calls:.2f} tokens a call, {statistics.mean(drafted):.2f} guesses a round"
+
+
 def lanes(rows: list[dict]) -> str:
     """The median speedup and each lane's tokens per second over these rows (both_lanes')."""
     tokens = sum(r["tokens"] for r in rows)

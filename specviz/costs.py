@@ -100,32 +100,48 @@ def monotone(times: list[float]) -> list[float]:
 def draft_step_calibration(
     target, draft: LoadedModel, target_ids: list[int], draft_ids: list[int], vocab_size: int
 ) -> tuple[list[float], float]:
-    """([median seconds of one draft step right after a one-token target call], seconds spent now), once per
-    (draft, target): the way a round pays for its first guess, after the verify has streamed the target's weights
-    through the caches (back to back, the built-in draft's int8 step takes 0.6-0.9 ms on the Zen 4 of BENCHMARKS.md;
-    after a target call 1.2-1.6 ms). A served target's calls run elsewhere: its draft's step is timed back to back."""
+    """([median seconds of a draft step right after a one-token target call, of the step after that], seconds spent
+    now), once per (draft, target): the way a round pays for its first guess, after the verify has streamed the
+    target's weights through the caches, and for each further one, with the draft's weights back in cache (the
+    built-in draft's int8 step in the Zen 4's decode loop, 27 Nov 2026: 0.96 ms first, 0.63-0.72 ms second,
+    0.57-0.63 ms third, Python included). A served target's calls run elsewhere: its draft's steps are timed back
+    to back, both numbers alike."""
     from .served import ServedTarget
 
     if isinstance(target, ServedTarget):
-        return calibration(draft, draft_ids, 1, vocab_size=vocab_size)
+        (step,), spent = calibration(draft, draft_ids, 1, vocab_size=vocab_size)
+        return [step, step], spent
     memo = _COLD_MEMO.setdefault(draft.model, weakref.WeakKeyDictionary())
     known = memo.get(target.model)
     if known is not None:
         return known, 0.0
     t0 = time.perf_counter()
-    p_run = open_run(target, vocab_size)
+    p_run, q_run = open_run(target, vocab_size), open_run(draft, vocab_size or draft.vocab_size)
     p_run.prefill(torch.tensor(target_ids, device=target.device))
-    base, last = p_run.length, torch.tensor(target_ids[-1:], device=target.device)
-
-    def target_call() -> None:  # what a round's verify does to the caches, untimed
-        p_run.feed(last)
-        p_run.rollback(base)
-        if target.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    (steps,) = forward_samples(draft, draft_ids, 1, CALIBRATION_REPS, vocab_size, before=target_call)
-    memo[target.model] = [statistics.median(steps)]
+    q_run.prefill(torch.tensor(draft_ids, device=draft.device))
+    p_last, q_last = (
+        torch.tensor(ids[-1:], device=lm.device) for ids, lm in ((target_ids, target), (draft_ids, draft))
+    )
+    p_base, q_base = p_run.length, q_run.length
+    first, then = [], []
+    for rep in range(CALIBRATION_REPS + 1):  # the first repetition warms up
+        p_run.feed(p_last)  # what a round's verify does to the caches, untimed
+        p_run.rollback(p_base)
+        for times in (first, then):
+            _sync(draft)
+            t = time.perf_counter()
+            q_run.feed(q_last, last_only=True)
+            _sync(draft)
+            if rep:
+                times.append(time.perf_counter() - t)
+        q_run.rollback(q_base)
+    memo[target.model] = [statistics.median(first), statistics.median(then)]
     return memo[target.model], time.perf_counter() - t0
+
+
+def _sync(lm: LoadedModel) -> None:
+    if lm.device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 _COLD_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft model -> {target model: [seconds]}

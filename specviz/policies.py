@@ -71,12 +71,22 @@ class Auto(GammaPolicy):
 
     name = "auto"
 
-    def __init__(self, gamma: int, verify_s: Sequence[float], draft_step_s: float, paid: str = "model"):
-        """verify_s[i]: seconds of one target call over i + 1 tokens (i = 0 .. gamma); draft_step_s: one call of
-        the paid source `paid` ("model" or "head")."""
+    def __init__(
+        self,
+        gamma: int,
+        verify_s: Sequence[float],
+        draft_step_s: float,
+        paid: str = "model",
+        next_step_s: float | None = None,
+    ):
+        """verify_s[i]: seconds of one target call over i + 1 tokens (i = 0 .. gamma); draft_step_s: a round's first
+        call of the paid source `paid` ("model" or "head"), next_step_s each further one (default: the same). A
+        draft's first step reads its weights back from memory after the verify, the next ones from cache: priced
+        alike, a longer chain looked dearer than it is."""
         super().__init__(gamma)
         self.verify_s = list(verify_s[: gamma + 1])
         self.step_s = {paid: draft_step_s}  # a lookup costs nothing worth counting (a dict look-up)
+        self.next_s = {paid: draft_step_s if next_step_s is None else next_step_s}
         self.reached: dict[str, list[float]] = {}
         self.kept: dict[str, list[float]] = {}
         self.last: dict[str, int] = {}
@@ -90,7 +100,8 @@ class Auto(GammaPolicy):
 
     def rate(self, source: str, k: int) -> float:
         """Expected tokens per second if `source` proposes k tokens."""
-        seconds = k * self.step_s.get(source, 0.0) + self.verify_s[min(k, len(self.verify_s) - 1)]
+        drafting = self.step_s.get(source, 0.0) + (k - 1) * self.next_s.get(source, 0.0) if k else 0.0
+        seconds = drafting + self.verify_s[min(k, len(self.verify_s) - 1)]
         return expected_tokens_by_position(self.alphas(source)[:k]) / seconds
 
     def k(self, source: str) -> int:
@@ -122,13 +133,14 @@ def make_policy(
     verify_s: Sequence[float] = (),
     draft_step_s: float = 0.0,
     paid: str = "model",
+    next_step_s: float | None = None,
 ):
     if name == "heuristic":
         return Heuristic(gamma)
     if name == "confidence":
         return Confidence(gamma, threshold)
     if name == "auto":
-        return Auto(gamma, verify_s, draft_step_s, paid)
+        return Auto(gamma, verify_s, draft_step_s, paid, next_step_s)
     return GammaPolicy(gamma)
 
 

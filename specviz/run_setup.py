@@ -29,7 +29,7 @@ def make_run(
     lookup = lookup_options(cfg, target)
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
-    verify_s, step_s, read_s, spent, paid = [], 0.0, 0.0, 0.0, "model"
+    verify_s, step_s, next_s, read_s, spent, paid = [], 0.0, None, 0.0, 0.0, "model"
     # a draft with another tokenizer guesses a line of text at a time: it runs chains (the race says so)
     chains_only = isinstance(getattr(drafter, "model", drafter), TranslatingDrafter)
     tree_auto = cfg.tree == "auto" and not chains_only
@@ -38,14 +38,14 @@ def make_run(
         if head is not None:  # one head step, for its cost
             (step_s,), spent_q = head_calibration(head)
             spent, paid = spent + spent_q, "head"
-        elif draft is not None and not isinstance(drafter, LookupDrafter):  # a draft step, as a round pays it
+        elif draft is not None and not isinstance(drafter, LookupDrafter):  # draft steps, as a round pays them
             d_ids = draft_ids(target, draft, prompt_ids)
-            (step_s,), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V)
+            (step_s, next_s), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V)
             spent += spent_q
             if tree_auto:  # and a tree node's read
                 (read_s,), spent_q = tree_read_calibration(draft, d_ids, V)
                 spent += spent_q
-    policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid)
+    policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid, next_s)
     tree = None
     if cfg.tree != "off" and not chains_only:
         tree = TreePolicy(None if tree_auto else cfg.tree, TREE_AUTO_MAX if tree_auto else cfg.tree, verify_s, read_s)

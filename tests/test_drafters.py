@@ -172,13 +172,26 @@ def test_auto_times_a_draft_step_the_way_a_round_pays_it(loaded_pair, monkeypatc
 
     monkeypatch.setattr(CachedModel, "feed", spy)
     monkeypatch.setattr(costs, "_COLD_MEMO", type(costs._COLD_MEMO)())
-    (t,), spent = costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size)
-    assert t > 0 and spent > 0 and calls == ["p", "q"] * (costs.CALIBRATION_REPS + 1)
-    assert costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size) == ([t], 0.0)
+    (first, then), spent = costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size)
+    assert first > 0 and then > 0 and spent > 0
+    assert calls == ["p", "q", "q"] * (costs.CALIBRATION_REPS + 1)  # a target call, then the draft's first and next
+    assert costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size) == ([first, then], 0.0)
     asked = []
-    monkeypatch.setattr(run_setup, "draft_step_calibration", lambda *a: asked.append(a[:2]) or ([0.123], 0.0))
+    monkeypatch.setattr(run_setup, "draft_step_calibration", lambda *a: asked.append(a[:2]) or ([0.123, 0.05], 0.0))
     _, policy, _, _ = run_setup.make_run(p, q, [1, 2, 3], SpecConfig(gamma="auto", drafter="lookup+model"), None)
-    assert asked == [(p, q)] and policy.step_s == {"model": 0.123}
+    assert asked == [(p, q)] and policy.step_s == {"model": 0.123} and policy.next_s == {"model": 0.05}
+
+
+def test_auto_prices_a_rounds_first_guess_cold_and_the_next_ones_warm():
+    """alpha 0.5 at every position and a verify of any length at 10 ms: with every guess at the first one's 1 ms
+    a chain of 2 pays best (E(k) / (k + 10): 0.136, 0.146, 0.144 for k = 1..3), with the next ones at 0.3 ms one of
+    4 (E(k) / (0.7 + 0.3 k + 10): 0.136, 0.155, 0.162, 0.163, 0.161 for k = 1..5)."""
+    flat = [0.010] * 9
+    alike, warm = Auto(8, flat, 0.001), Auto(8, flat, 0.001, next_step_s=0.0003)
+    for policy in (alike, warm):
+        policy.alphas = lambda source: [0.5] * 8
+    assert alike.k("model") == 2 and warm.k("model") == 4
+    assert warm.rate("model", 3) == pytest.approx(1.875 / (0.001 + 2 * 0.0003 + 0.010))
 
 
 def test_confidence_stops_drafting_when_the_draft_is_unsure(loaded_pair):

@@ -240,7 +240,8 @@ class _Growth:
         view = to_probs(logits if ids is None else logits[ids], self.s_view)
         top = torch.topk(view, min(TREE_CHILDREN, view.shape[-1]))
         self.ranked[u] = (top.values.tolist(), (top.indices if ids is None else ids[top.indices]).tolist())
-        self.view[u] = widen(view, ids, logits.shape[-1])
+        if self.ctx.need_q or not self.ctx.sampling.greedy:  # q rows: drawn from, shown or verified against
+            self.view[u] = widen(view, ids, logits.shape[-1])
 
     def push_child(self, u: int) -> None:
         """u's next child as a candidate: score = u's score * the draft's j-th largest probability * cal[j]."""
@@ -276,7 +277,8 @@ class _Growth:
         """The grown tree as a Proposal (a chain when it never branched)."""
         ctx, N = self.ctx, len(self.tokens)
         t = torch.tensor(self.tokens, dtype=torch.long, device=ctx.device)
-        q = torch.stack([self.view[par] for par in self.parents])  # (N, V) each node's parent's row
+        # (N, V) each node's parent's row; None where nothing reads it (greedy, no detail: `said` has each q(x))
+        q = torch.stack([self.view[par] for par in self.parents]) if self.view else None
         if all(par == i - 1 for i, par in enumerate(self.parents)):  # it never branched: an ordinary chain
             stop = STOP_GAMMA if N == self.budget or self.depth[-1] == self.depth_max else STOP_TREE
             return Proposal(t, q if ctx.need_q else None, (name,) * N, self.budget, stop, said=tuple(self.said))

@@ -294,9 +294,8 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     policy.update(prop.key or drafter.name, len(line), v.n, draft_s, verify_s)
     tree.update(prop.said, prop.ranks, prop.parents, path, [st == "kept" for st in v.status])
     ids = x.tolist()
-    view = p_probs if p_probs is not None else to_probs(p_logits, SamplingConfig(1.0))  # p at T = 1 when greedy
-    p_node = view[[par + 1 for par in prop.parents], x].tolist()  # (N,) p(x) at each node's parent
-    q_node = prop.q[torch.arange(N), x].tolist() if prop.q is not None else [1.0] * N
+    p_node = _p_at_parents(p_probs, p_logits, prop.parents, x)  # (N,) p(x) at each node's parent
+    q_node = prop.q[torch.arange(N), x].tolist() if prop.q is not None else list(prop.said) or [1.0] * N
     tr = TreeRound(tokens=tuple(ids), parents=prop.parents, ranks=prop.ranks, sources=prop.sources,
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
                    path=v.path)  # fmt: skip
@@ -310,6 +309,17 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
                  tokens=tuple(ids[i] for i in path) + (v.correction,), draft_s=draft_s, verify_s=verify_s,
                  elapsed_s=0.0, candidates=cands, sources=tuple(prop.sources[i] for i in line), planned=prop.planned,
                  stop=prop.stop, tree=tr)  # fmt: skip
+
+
+def _p_at_parents(p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor) -> list[float]:
+    """Each tree node's p(x) at its parent: from the verify's probabilities where it sampled, else (greedy) p at T = 1
+    on the parents' rows only (a softmax of every row of the verify, every round, was most of that work)."""
+    if p_probs is not None:
+        return p_probs[[par + 1 for par in parents], x].tolist()
+    rows = sorted({par + 1 for par in parents})
+    view = to_probs(p_logits[rows], SamplingConfig(1.0))  # (distinct parents, V): the same rows' same numbers
+    at = {r: i for i, r in enumerate(rows)}
+    return view[[at[par + 1] for par in parents], x].tolist()
 
 
 def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:

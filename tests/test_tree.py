@@ -419,6 +419,33 @@ def test_a_tree_round_says_what_the_walk_did(loaded_pair):
     assert done.stats["drafted"] >= sum(r.proposed for r in rounds)
 
 
+def test_a_greedy_tree_round_shows_the_same_p_and_q_whether_or_not_q_rows_were_built(loaded_pair, monkeypatch):
+    """Greedy with no detail view, a tree's q rows are never built (its q(x) come from the draft's ranked
+    probabilities) and p at T = 1 is read on the parents' rows only: every round shows the numbers it shows where
+    all of them are built (detail on, p from a softmax of every row of the verify)."""
+    from specviz import engine
+    from specviz.sampling import to_probs
+
+    p, q = loaded_pair
+    rounds, parents_only = {}, engine._p_at_parents
+
+    def every_row(p_probs, p_logits, parents, x):  # the reference: p at T = 1 on every row, then read
+        return to_probs(p_logits, SamplingConfig(1.0))[[par + 1 for par in parents], x].tolist()
+
+    for detail in (0, 4):
+        monkeypatch.setattr(engine, "_p_at_parents", parents_only if detail == 0 else every_row)
+        cfg = SpecConfig(gamma=3, tree=6, drafter="model", max_new_tokens=30, detail=detail)
+        events = list(speculative_decode(p, q, _ids(p, "once upon a time"), cfg))
+        rounds[detail] = [e for e in events if isinstance(e, Round)]
+    assert [r.tokens for r in rounds[0]] == [r.tokens for r in rounds[4]]
+    trees = [(a.tree, b.tree) for a, b in zip(rounds[0], rounds[4]) if a.tree is not None]
+    assert trees and any(len(set(a.parents)) < len(a.parents) for a, _ in trees)  # some rounds branched
+    for a, b in trees:
+        assert (a.tokens, a.parents, a.status) == (b.tokens, b.parents, b.status)
+        assert a.q == pytest.approx(b.q, abs=0) and a.p == pytest.approx(b.p, rel=1e-6, abs=1e-9)
+        assert 0.0 < min(a.q) and max(a.p) <= 1.0
+
+
 def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_pair, tmp_path):
     from specviz import export_html, load_recording, record_run
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
-from collections.abc import Callable
 
 import torch
 
@@ -43,34 +42,23 @@ def relative_times(samples: list[list[float]]) -> list[float]:
 
 @torch.inference_mode()
 def forward_samples(
-    lm: LoadedModel,
-    prompt_ids: list[int],
-    max_tokens: int,
-    reps: int = 5,
-    vocab_size: int | None = None,
-    before: Callable[[], object] | None = None,
+    lm: LoadedModel, prompt_ids: list[int], max_tokens: int, reps: int = 5, vocab_size: int | None = None
 ) -> list[list[float]]:
     """`reps` timings of a forward pass over each of 1 .. max_tokens new tokens (the sizes interleaved in each
-    repetition, after one untimed repetition): samples[size - 1][rep]. `before`, if given, runs untimed before
-    each timed call (draft_step_calibration: a target call)."""
+    repetition, after one untimed repetition): samples[size - 1][rep]."""
     run = open_run(lm, vocab_size or lm.vocab_size)  # a trimmed-vocabulary draft needs the target's size; a served
     # target times its requests (each one a verify's: the text, the block, prompt logprobs)
     prompt = torch.tensor(prompt_ids, device=lm.device)
     run.prefill(prompt)
     base = run.length
     block = prompt.repeat(max_tokens // len(prompt_ids) + 1)[:max_tokens]  # (max_tokens,) any real tokens
-    cuda = lm.device.type == "cuda"
     samples: list[list[float]] = [[] for _ in range(max_tokens)]
     for rep in range(reps + 1):  # the first repetition warms up
         for size in range(1, max_tokens + 1):
-            if before is not None:
-                before()
-            if cuda:
-                torch.cuda.synchronize()
+            _sync(lm.device)
             t0 = time.perf_counter()
             run.feed(block[:size])
-            if cuda:
-                torch.cuda.synchronize()
+            _sync(lm.device)
             dt = time.perf_counter() - t0
             run.rollback(base)
             if rep:
@@ -128,10 +116,10 @@ def draft_step_calibration(
         p_run.feed(p_last)  # what a round's verify does to the caches, untimed
         p_run.rollback(p_base)
         for times in (first, then):
-            _sync(draft)
+            _sync(draft.device)
             t = time.perf_counter()
             q_run.feed(q_last, last_only=True)
-            _sync(draft)
+            _sync(draft.device)
             if rep:
                 times.append(time.perf_counter() - t)
         q_run.rollback(q_base)
@@ -139,8 +127,9 @@ def draft_step_calibration(
     return memo[target.model], time.perf_counter() - t0
 
 
-def _sync(lm: LoadedModel) -> None:
-    if lm.device.type == "cuda":
+def _sync(device: torch.device) -> None:
+    """Wait for a GPU's queued work before reading the clock (a CPU's calls return when done)."""
+    if device.type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -173,8 +162,7 @@ def tree_read_calibration(lm: LoadedModel, prompt_ids: list[int], vocab_size: in
         t = time.perf_counter()
         row = run.feed_tree(prompt[-1:], [base - 1])[-1]
         torch.topk(to_probs(row, s), min(TREE_CHILDREN, vocab_size))
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(lm.device)
         times.append(time.perf_counter() - t)
         run.rollback(base)
     _TREE_MEMO[lm.model] = [statistics.median(times[1:])]
@@ -210,8 +198,7 @@ def head_calibration(head, reps: int = 5):
     for _ in range(reps + 1):
         t = time.perf_counter()
         step(32, 33).argmax(-1)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(dev)
         times.append(time.perf_counter() - t)
         if fast is not None:
             cache.length = 32

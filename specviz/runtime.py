@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import sampling
 from .models import LoadedModel, chat_ids
 
 
@@ -84,18 +85,15 @@ class CachedModel:
         The argmax is taken in the model's own (maybe trimmed) vocabulary and mapped, so the V-wide logits are
         never built. Same token as greedy(feed(...)[-1]).
         """
-        from . import sampling
-        from .sampling import greedy
-
         lean = self.lm.lean
         if sampling.FAST_GREEDY and lean is not None and lean.kept is not None and self.lm.vocab_map is not None:
             # the rows its output layer computes: every other row would be -inf
             logits = self._forward(ids, last_only=True, kept_only=True)[0][-1]  # (kept,)
-            return self.lm.vocab_map[lean.kept[greedy(logits)]].view(1)
+            return self.lm.vocab_map[lean.kept[sampling.greedy(logits)]].view(1)
         logits = self._forward(ids, last_only=True)[0][-1]  # (Vm,)
         if self.lm.vocab_map is not None:
-            return self.lm.vocab_map[greedy(logits)].view(1)
-        return greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
+            return self.lm.vocab_map[sampling.greedy(logits)].view(1)
+        return sampling.greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
 
     def feed_tree(self, ids: torch.Tensor, parents: list[int], hidden: bool = False):
         """Feed tokens that branch: token i continues cache row parents[i] (-1: none, the very start; row

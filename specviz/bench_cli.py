@@ -71,6 +71,12 @@ def _ranks_of(
     return draft_ranks(target, draft, ids, [list(t) for t in ar["tokens"]])
 
 
+def _why(facts: dict) -> str:
+    """What follows the thread count: ': <why>' where specviz set it (cpus.fit_threads), else nothing."""
+    why = facts.get("threads_why", "torch's default")
+    return "" if why == "torch's default" else f": {why}"
+
+
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
     from .api import load_for
@@ -136,7 +142,7 @@ def main(args) -> dict:
         )
         print(
             f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
-            f"({facts['torch_threads']} threads) · transformers {facts['transformers']}"
+            f"({facts['torch_threads']} threads{_why(facts)}) · transformers {facts['transformers']}"
         )
         print(f"On this CPU: {facts['backend']}")
         print(f"Prompts: {facts['opening']} (transformers' peers encode every token)")

@@ -190,7 +190,8 @@ def describe(model: torch.nn.Module) -> str:
     """The linear-layer path a loaded model runs, in words for headers, benches and recordings."""
     path = _USED.get(model, "torch")
     if path == "kernel":
-        return f"specviz kernel ({native.isa()}, {torch.get_num_threads()} threads)"
+        n = torch.get_num_threads()
+        return f"specviz kernel ({native.isa()}, {n} thread{'s' if n != 1 else ''})"
     return {"transposed": "PyTorch, transposed product"}.get(path, "PyTorch")
 
 

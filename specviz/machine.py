@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from . import cpus
+
 
 def machine_info() -> dict:
     """CPU model, GPU, threads and library versions: the facts a reader needs to compare numbers."""
@@ -41,6 +43,9 @@ def machine_info() -> dict:
         "load_avg_1min": load,  # the machine may be shared: read the numbers as ratios within one run
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
+        "cpu_quota": cpus.cpu_quota(),  # CPUs the cgroup allows (None: no quota); threads are fitted to it
+        "usable_cpus": cpus.usable_cpus(),
+        "threads_why": cpus.fitted(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import hub, kernels, lean, lean_draft
+from . import cpus, hub, kernels, lean, lean_draft
 from .config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
 from .kernels import draft_dtype
 from .lean import LeanCache, LeanLlama
@@ -204,6 +204,7 @@ def load_model(
     """
     if isinstance(name, LoadedModel):
         return name
+    cpus.fit_threads()  # before the first load times anything: threads no more than the CPUs the quota allows
     key, make, what = _request(name, device, dtype, quantize, trust_remote_code)
     return CACHE.get(key, make, timeout_s, what)
 

@@ -164,6 +164,60 @@ def test_on_llama_c_a_tree_nodes_logits_are_the_same_bits_as_its_line_fed_as_a_c
         assert torch.equal(tree[i], chain[-1]), (i, line)
 
 
+@pytest.fixture
+def threads():
+    """Run a test at other thread counts than the suite's one (conftest), restored after it."""
+    yield torch.set_num_threads
+    torch.set_num_threads(1)
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["rows", "panels"])
+def test_llama_cs_numbers_are_the_same_bits_at_any_thread_count(layout, threads):
+    """cpus.py fits the thread count to a CPU quota: each output is computed whole by one thread, so a step, a
+    verify and a tree's masked call give the same bits on 1, 2 or 3 threads."""
+    _, fwd = _llama(72)
+    lean_panels.use(fwd, layout == "panels")
+    ids = torch.tensor([(7 * i) % 40 for i in range(23)])
+    mask = torch.zeros(3, 23 + 3)  # nodes 0 and 1 under the cache, node 2 under node 0
+    mask[:, 23:] = -torch.inf
+    mask[0, 23] = mask[1, 24] = mask[2, 23] = mask[2, 25] = 0.0
+    outs = {}
+    for n in (1, 2, 3):
+        threads(n)
+        cache = fwd.new_cache()
+        got = [fwd.forward(cache, ids[:19])[0], fwd.forward(cache, ids[19:20])[0], fwd.forward(cache, ids[20:23])[0]]
+        got.append(fwd.forward(cache, ids[:3], positions=torch.tensor([23, 23, 24]), mask=mask)[0])
+        outs[n] = got
+    for n in (2, 3):
+        assert all(torch.equal(a, b) for a, b in zip(outs[1], outs[n])), n
+
+
+@pytest.mark.parametrize("forward", FORWARDS[:2])
+def test_on_two_threads_greedy_spec_equals_plain_and_sampled_runs_draw_what_one_thread_draws(
+    pair_with, small_vocab_pair, forward, threads
+):
+    p, q = pair_with(forward)
+    for n in (2, 1):
+        threads(n)
+        for gamma, prompt in itertools.product((1, 4), PROMPTS):
+            ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=24)
+            assert generate(prompt, target=p, draft=q, gamma=gamma, max_new_tokens=24).token_ids == ar.token_ids
+    runs = {}
+    for n in (1, 2):
+        threads(n)
+        runs[n] = [
+            generate(pr, target=p, draft=q, gamma=3, temperature=1.0, seed=7, max_new_tokens=24) for pr in PROMPTS
+        ]
+    assert [r.token_ids for r in runs[1]] == [r.token_ids for r in runs[2]]
+    assert [r.stats["accepted"] for r in runs[1]] == [r.stats["accepted"] for r in runs[2]]
+    p, q = pair_with(forward, pair=small_vocab_pair)
+    threads(2)
+    ids, N = [1, 5, 6], 3000  # the chi-square test of test_engine.py, on two threads
+    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
+
+
 @pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [(f, "1") for f in FORWARDS[:2]])
 def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8):
     p, q = pair_with(forward, half="1", int8=int8)

@@ -1,0 +1,118 @@
+"""How many CPUs this process may use, and torch's thread count fitted to them before the first model loads.
+
+Why: a container's CPU limit is a quota (cgroup `cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us`), not a
+smaller machine. Inside it `os.cpu_count()` and the affinity mask still show every CPU of the host (a Hugging
+Face Space with 2 vCPUs has been reported to show 16), and torch starts one thread per core it sees. The
+models' calls split every product over those threads with a barrier between steps (csrc/llama.c: about 270 a
+forward of the built-in target), so once the threads outnumber the quota the process is stopped for part of
+every period and each barrier waits for a stopped thread. Measured on a 2-core AMD EPYC Zen 4 in a cgroup
+allowed one CPU: a step of the built-in target took 35.8 ms on average with 2 threads against 21.6 ms with 1
+(BENCHMARKS.md, "A CPU quota"). So the thread count is at most the CPUs the quota allows, rounded down (1.5 CPUs
+run one thread unthrottled rather than two throttled a quarter of the time), and at most the CPUs in the
+affinity mask. The thread count never changes the numbers: llama.c and few_rows.c split a product's output
+columns and a step's rows or heads between threads, each computed whole by one.
+
+SPECVIZ_THREADS: a number forces that many threads; unset (or `auto`), the fit above, unless OMP_NUM_THREADS is
+set (then torch's count is the operator's, as OpenMP programs take it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from .config import SpecvizError
+
+CGROUP = Path("/sys/fs/cgroup")
+SELF = Path("/proc/self/cgroup")
+_fitted: str | None = None
+
+
+def _v2(folder: Path) -> float | None:
+    """CPUs allowed by a cgroup v2 folder's cpu.max ("max 100000": none; "200000 100000": 2.0)."""
+    quota, period = (folder / "cpu.max").read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1(folder: Path) -> float | None:
+    """CPUs allowed by a cgroup v1 cpu folder (cfs_quota_us -1: none)."""
+    quota = int((folder / "cpu.cfs_quota_us").read_text())
+    return None if quota <= 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
+
+
+def cpu_quota(root: Path = CGROUP, self_cgroup: Path = SELF) -> float | None:
+    """CPUs this process's cgroups allow (the smallest quota on the way from its cgroup up to the root, v1 or v2),
+    or None where none is set or nothing can be read. A container usually sees its own cgroup as the root, so
+    both the path /proc names and the root are looked at."""
+    found: list[float] = []
+    with contextlib.suppress(OSError):
+        lines = self_cgroup.read_text().splitlines()
+        for line in lines:
+            if line.count(":") < 2:
+                continue
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                bases, read = [root, root / "unified"], _v2
+            elif "cpu" in controllers.split(","):
+                bases, read = [root / controllers, root / "cpu", root / "cpu,cpuacct"], _v1
+            else:
+                continue
+            parts = Path(path.lstrip("/")).parts
+            for base in dict.fromkeys(bases):
+                for depth in range(len(parts), -1, -1):
+                    with contextlib.suppress(OSError, ValueError, IndexError, ZeroDivisionError):
+                        q = read(base.joinpath(*parts[:depth]))
+                        if q is not None and q > 0:
+                            found.append(q)
+    return min(found) if found else None
+
+
+def cpus_for(quota: float | None, affinity: int) -> int:
+    """The CPUs worth a thread: those in the affinity mask, at most the quota rounded down, at least 1."""
+    return max(1, min(affinity, math.floor(quota + 1e-9) if quota else affinity))
+
+
+def usable_cpus() -> int:
+    """cpus_for this process's quota and affinity mask."""
+    return cpus_for(cpu_quota(), len(os.sched_getaffinity(0)))
+
+
+def threads_wanted(current: int, env: dict | None = None, usable: int | None = None) -> tuple[int, str]:
+    """(threads to run, why in words) from SPECVIZ_THREADS, OMP_NUM_THREADS and the usable CPUs."""
+    env = os.environ if env is None else env
+    raw = env.get("SPECVIZ_THREADS", "").strip().lower()
+    if raw not in ("", "auto"):
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise SpecvizError(f"SPECVIZ_THREADS must be auto or a whole number of at least 1, not {raw!r}.")
+        return n, "set by SPECVIZ_THREADS"
+    if env.get("OMP_NUM_THREADS", "").strip():
+        return current, "set by OMP_NUM_THREADS"
+    usable = usable_cpus() if usable is None else usable
+    if current > usable:
+        return usable, f"{usable} CPU{'s' if usable != 1 else ''} usable (CPU quota or affinity), torch chose {current}"
+    return current, "torch's default"
+
+
+def fit_threads() -> str:
+    """Set torch's thread count once per process (threads_wanted); returns why, in words. The models' calls
+    read torch.get_num_threads() each time, so everything after this runs with the fitted count."""
+    global _fitted
+    if _fitted is None:
+        n, why = threads_wanted(torch.get_num_threads())
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+        _fitted = why
+    return _fitted
+
+
+def fitted() -> str:
+    """Why torch runs the threads it runs (fit_threads' answer), or "torch's default" before any model loaded."""
+    return _fitted or "torch's default"

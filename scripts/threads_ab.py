@@ -1,5 +1,8 @@
-"""Two thread counts for the models' calls, interleaved in one process (the measurement behind specviz/cpus.py):
-run it inside the CPU quota it is about, e.g. a cgroup allowed one CPU on a 2-core machine.
+"""Two thread counts for the models' calls, interleaved in one process (the measurements behind specviz/cpus.py):
+run it inside the CPU quota it is about (e.g. a cgroup allowed one CPU on a 2-core machine), or with
+--neighbour busy: a second program keeping one CPU busy the whole time. A way is a number of threads, fixed,
+or `auto`: torch's count less the CPUs other programs keep busy (cpus.threads), with the share of native calls
+it ran on fewer threads.
 
 For each prompt of each set, each count (their order alternating from prompt to prompt) runs plain decoding and
 the configuration, every run timed by the wall clock around it after an untimed warm-up. The thread count never
@@ -8,10 +11,13 @@ output must equal plain decoding's in every run. Prints per set and count the me
 tokens per second of each lane.
 
     python scripts/threads_ab.py [--threads 2,1] [--sets everyday,stories,code] [--limit 12]
+    python scripts/threads_ab.py --threads 2,auto --neighbour busy
 """
 
 from __future__ import annotations
 
+import collections
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,18 +30,38 @@ from specviz import ab, cpus  # noqa: E402
 
 def main() -> None:
     ap = ab.parser(__doc__)
-    ap.add_argument("--threads", default="2,1", help="the two thread counts, e.g. 2,1")
+    ap.add_argument("--threads", default="2,1", help="the two ways: thread counts or auto, e.g. 2,1 or 2,auto")
+    ap.add_argument("--neighbour", choices=("none", "busy"), default="none", help="busy: a busy loop beside it")
     args = ap.parse_args()
     ways = tuple(args.threads.split(","))
     base, config, p, q = ab.load(args)
     m = ab.print_machine()
     print(f"CPU quota: {cpus.cpu_quota()} CPUs; usable: {cpus.usable_cpus()}; the fit: {cpus.fit_threads()}")
+    most = torch.get_num_threads()
+    used: collections.Counter = collections.Counter()
+    chosen = cpus.threads
+
+    def counted() -> int:
+        n = chosen()
+        used[n] += cpus._adaptive
+        return n
+
+    cpus.threads = counted  # the native calls look it up on the module at each call
 
     def use(way: str) -> None:
-        torch.set_num_threads(int(way))
+        cpus._adaptive = way == "auto"
+        torch.set_num_threads(most if way == "auto" else int(way))
 
-    results = ab.both_lanes(p, q, args, base.replace(mode="ar").spec, config.request(base).spec, ways, use)
+    busy = "import time\nt = time.time()\nwhile time.time() - t < 3600: pass"
+    neighbour = subprocess.Popen([sys.executable, "-c", busy]) if args.neighbour == "busy" else None
+    try:
+        results = ab.both_lanes(p, q, args, base.replace(mode="ar").spec, config.request(base).spec, ways, use)
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
     ab.per_set(results, args.sets, ways, ab.lanes, config.label)
+    if "auto" in ways:
+        print("auto's native calls by thread count:", dict(sorted(used.items())))
     differ, prompts = ab.differing_prompts(results)
     print(f"prompts where the two counts wrote other tokens: {differ} of {prompts}")
     ab.finish(results, args.json_out, machine=m, quota=cpus.cpu_quota())

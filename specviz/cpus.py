@@ -12,8 +12,15 @@ run one thread unthrottled rather than two throttled a quarter of the time), and
 affinity mask. The thread count never changes the numbers: llama.c and few_rows.c split a product's output
 columns and a step's rows or heads between threads, each computed whole by one.
 
-SPECVIZ_THREADS: a number forces that many threads; unset (or `auto`), the fit above, unless OMP_NUM_THREADS is
-set (then torch's count is the operator's, as OpenMP programs take it).
+The same barriers make a busy neighbour costly where there is no quota: a program that keeps one of two cores
+busy stops one of the two threads for a scheduler slice at a time, and every barrier waits for it. On that Zen 4
+with a busy loop beside it, a step of the built-in target took 37-67 ms on average with 2 threads against 21-23
+with 1. So without a quota the native calls (llama.c, few_rows.c) take `threads()`: torch's count less the CPUs
+other programs kept busy over the last half second (/proc/stat for the CPUs of the affinity mask, less this
+process's own CPU time; a hypervisor's steal counts as busy), looked at most twice a second.
+
+SPECVIZ_THREADS: a number forces that many threads, always; unset (or `auto`), the fit above and the neighbours'
+share, unless OMP_NUM_THREADS is set (then torch's count is the operator's, as OpenMP programs take it).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -29,7 +37,10 @@ from .config import SpecvizError
 
 CGROUP = Path("/sys/fs/cgroup")
 SELF = Path("/proc/self/cgroup")
+STAT = Path("/proc/stat")
+WINDOW_S = 0.5  # how often threads() looks at the neighbours' load
 _fitted: str | None = None
+_adaptive = False
 
 
 def _v2(folder: Path) -> float | None:
@@ -104,15 +115,74 @@ def threads_wanted(current: int, env: dict | None = None, usable: int | None = N
 def fit_threads() -> str:
     """Set torch's thread count once per process (threads_wanted); returns why, in words. The models' calls
     read torch.get_num_threads() each time, so everything after this runs with the fitted count."""
-    global _fitted
+    global _fitted, _adaptive
     if _fitted is None:
         n, why = threads_wanted(torch.get_num_threads())
         if n != torch.get_num_threads():
             torch.set_num_threads(n)
-        _fitted = why
+        _adaptive = not why.startswith("set by") and cpu_quota() is None and _NEIGHBOURS.update() is not None
+        _fitted = why + (", fewer while other programs keep a CPU busy" if _adaptive else "")
     return _fitted
 
 
 def fitted() -> str:
     """Why torch runs the threads it runs (fit_threads' answer), or "torch's default" before any model loaded."""
     return _fitted or "torch's default"
+
+
+def busy_jiffies(cpus: set[int], stat: Path = STAT) -> int | None:
+    """Clock ticks the given CPUs spent on anything but idle and iowait since boot (/proc/stat), or None."""
+    total = 0
+    with contextlib.suppress(OSError, ValueError):
+        for line in stat.read_text().splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+                total += sum(ticks) - ticks[3] - ticks[4]
+        return total
+    return None
+
+
+def free_cpus(cpus: int, others: float) -> int:
+    """Threads worth running on `cpus` CPUs while other programs keep `others` of them busy (at least 1)."""
+    return max(1, min(cpus, math.floor(cpus - others + 0.5)))
+
+
+class _Neighbours:
+    """Other programs' CPU use over the last window: the affinity CPUs' busy ticks less this process's CPU time."""
+
+    def __init__(self) -> None:
+        self.cpus = set(os.sched_getaffinity(0))
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.last: tuple[float, float, float] | None = None  # (wall, busy seconds, own seconds)
+        self.free = len(self.cpus)
+
+    def sample(self) -> tuple[float, float, float] | None:
+        busy = busy_jiffies(self.cpus)
+        if busy is None:
+            return None
+        own = os.times()
+        return time.monotonic(), busy / self.tick, own.user + own.system
+
+    def update(self) -> int | None:
+        """The threads worth running now (None where /proc/stat cannot be read); starts the next window."""
+        now = self.sample()
+        if now is not None and self.last is not None and now[0] > self.last[0]:
+            wall, busy, own = (a - b for a, b in zip(now, self.last))
+            self.free = free_cpus(len(self.cpus), max(0.0, busy - own) / wall)
+        self.last = now
+        return None if now is None else self.free
+
+
+_NEIGHBOURS = _Neighbours()
+
+
+def threads() -> int:
+    """Threads for the next native call: torch's count, less the CPUs other programs kept busy over the last
+    WINDOW_S where the count is specviz's own choice (fit_threads) and no quota applies."""
+    n = torch.get_num_threads()
+    if not _adaptive or n == 1:
+        return n
+    if _NEIGHBOURS.last is None or time.monotonic() - _NEIGHBOURS.last[0] >= WINDOW_S:
+        _NEIGHBOURS.update()
+    return min(n, _NEIGHBOURS.free)

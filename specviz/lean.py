@@ -38,7 +38,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import lean_panels, native, quant
+from . import cpus, lean_panels, native, quant
 from .lean_cache import LeanCache
 from .lean_torch import decoder_layers
 from .sampling import scatter_rows
@@ -380,7 +380,7 @@ class LeanLlama:
             out_rows,
             h.data_ptr(),
             logits.data_ptr(),
-            torch.get_num_threads(),
+            cpus.threads(),
         )
         if failed:
             raise RuntimeError("llama_forward refused its arguments")  # unreachable: forward checks them

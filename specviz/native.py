@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from . import cpus
 from .config import specviz_home
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,6 @@ def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None =
     y = torch.empty(rows, n, dtype=torch.float32)
     sc = scale.data_ptr() if scale is not None else None
     wtype = wtype_of(weight)
-    if library().few_rows(
-        weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), torch.get_num_threads()
-    ):
+    if library().few_rows(weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), cpus.threads()):
         raise RuntimeError("few_rows refused its arguments")  # unreachable when the caller checks M and dtypes
     return y

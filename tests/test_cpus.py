@@ -93,3 +93,90 @@ def test_fit_threads_sets_torchs_count_once_and_says_why(monkeypatch):
         torch.set_num_threads(1)  # the suite's count (conftest)
         monkeypatch.setattr(cpus, "_fitted", None)
     assert cpus.fitted() == "torch's default"
+
+
+STAT = """cpu  900 0 300 5000 100 0 0 0 0 0
+cpu0 100 5 50 2000 40 1 2 7 0 0
+cpu1 200 0 60 1000 60 0 3 0 0 0
+cpu2 999 0 0 0 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_busy_ticks_count_the_affinity_cpus_lines_without_idle_or_iowait_and_with_steal(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text(STAT)
+    assert cpus.busy_jiffies({0}, stat) == 100 + 5 + 50 + 1 + 2 + 7
+    assert cpus.busy_jiffies({0, 1}, stat) == 165 + 263
+    assert cpus.busy_jiffies({0, 1}, tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(
+    "n, others, free", [(2, 0.0, 2), (2, 0.3, 2), (2, 0.6, 1), (2, 1.9, 1), (2, 3.0, 1), (4, 1.0, 3)]
+)
+def test_a_neighbour_that_keeps_most_of_a_cpu_busy_takes_a_thread(n, others, free):
+    assert cpus.free_cpus(n, others) == free
+
+
+def test_threads_follow_the_neighbours_load_only_where_specviz_chose_the_count(monkeypatch):
+    """Ticks of another program's busy loop on one of two CPUs: auto runs one thread; a forced count, or a
+    quota's fit, is never lowered; never more than torch's count."""
+    clock = {"wall": 100.0, "busy": 0.0, "own": 0.0}
+    n = cpus._Neighbours()
+    n.cpus = {0, 1}
+    monkeypatch.setattr(n, "sample", lambda: (clock["wall"], clock["busy"], clock["own"]))
+    monkeypatch.setattr(cpus, "_NEIGHBOURS", n)
+    monkeypatch.setattr(cpus.time, "monotonic", lambda: clock["wall"])
+
+    def tick(others: float, own: float, s: float = 0.6) -> None:
+        clock["wall"] += s
+        clock["busy"] += (others + own) * s
+        clock["own"] += own * s
+
+    torch.set_num_threads(2)
+    try:
+        monkeypatch.setattr(cpus, "_adaptive", True)
+        assert cpus.threads() == 2  # the first look only starts the window
+        tick(others=0.95, own=1.0)
+        assert cpus.threads() == 1
+        tick(others=0.1, own=2.0)
+        assert cpus.threads() == 2
+        tick(others=0.9, own=1.0, s=0.2)  # within the window: no new look
+        assert cpus.threads() == 2
+        tick(others=0.9, own=1.0, s=0.4)
+        assert cpus.threads() == 1
+        torch.set_num_threads(1)
+        tick(others=0.0, own=1.0)
+        assert cpus.threads() == 1  # never more than torch's count
+        torch.set_num_threads(2)
+        monkeypatch.setattr(cpus, "_adaptive", False)
+        tick(others=1.5, own=0.5)
+        assert cpus.threads() == 2
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize(
+    "env, quota, adaptive",
+    [
+        ({}, None, True),
+        ({"SPECVIZ_THREADS": "2"}, None, False),
+        ({"OMP_NUM_THREADS": "2"}, None, False),
+        ({}, 2.0, False),
+    ],
+)
+def test_only_specvizs_own_count_without_a_quota_follows_the_neighbours(monkeypatch, env, quota, adaptive):
+    for k in ("SPECVIZ_THREADS", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(cpus, "cpu_quota", lambda *a: quota)
+    monkeypatch.setattr(cpus, "_fitted", None)
+    monkeypatch.setattr(cpus, "_adaptive", False)
+    try:
+        why = cpus.fit_threads()
+        assert cpus._adaptive is adaptive
+        assert why.endswith("fewer while other programs keep a CPU busy") is adaptive
+    finally:
+        torch.set_num_threads(1)
+        monkeypatch.setattr(cpus, "_fitted", None)

@@ -16,7 +16,7 @@ import torch
 from conftest import PREFILLS, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import generate, lean, lean_draft, lean_panels, native
+from specviz import cpus, generate, lean, lean_draft, lean_panels, native
 from specviz.models import CACHE, backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
@@ -165,8 +165,10 @@ def test_on_llama_c_a_tree_nodes_logits_are_the_same_bits_as_its_line_fed_as_a_c
 
 
 @pytest.fixture
-def threads():
-    """Run a test at other thread counts than the suite's one (conftest), restored after it."""
+def threads(monkeypatch):
+    """Run a test at other thread counts than the suite's one (conftest), restored after it; the count as set,
+    never lowered for a busy neighbour (cpus.threads)."""
+    monkeypatch.setattr(cpus, "_adaptive", False)
     yield torch.set_num_threads
     torch.set_num_threads(1)
 
@@ -216,6 +218,24 @@ def test_on_two_threads_greedy_spec_equals_plain_and_sampled_runs_draw_what_one_
     ids, N = [1, 5, 6], 3000  # the chi-square test of test_engine.py, on two threads
     counts, _ = two_token_counts(p, q, ids, N, gamma=1)
     assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
+
+
+@pytest.mark.parametrize("forward", FORWARDS[:2])
+def test_a_thread_count_that_changes_between_calls_changes_no_token(pair_with, forward, threads, monkeypatch):
+    """cpus.threads may give fewer threads from one call to the next (a busy neighbour): greedy speculative
+    output still equals plain decoding's, and the same seed draws the same tokens."""
+    p, q = pair_with(forward)
+    threads(2)
+    plain = [generate(pr, target=p, draft=q, mode="ar", max_new_tokens=24).token_ids for pr in PROMPTS]
+    sampled = [generate(pr, target=p, draft=q, temperature=1.0, seed=3, max_new_tokens=24).token_ids for pr in PROMPTS]
+    calls = itertools.count()
+    counts = []
+    monkeypatch.setattr(cpus, "threads", lambda: counts.append(1 + next(calls) % 2) or counts[-1])
+    assert [generate(pr, target=p, draft=q, gamma=3, max_new_tokens=24).token_ids for pr in PROMPTS] == plain
+    assert [
+        generate(pr, target=p, draft=q, temperature=1.0, seed=3, max_new_tokens=24).token_ids for pr in PROMPTS
+    ] == sampled
+    assert counts.count(1) > 20 and counts.count(2) > 20
 
 
 @pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [(f, "1") for f in FORWARDS[:2]])

@@ -1,23 +1,23 @@
 """How many CPUs this process may use, and torch's thread count fitted to them before the first model loads.
 
 Why: a container's CPU limit is a quota (cgroup `cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us`), not a
-smaller machine. Inside it `os.cpu_count()` and the affinity mask still show every CPU of the host (a Hugging
-Face Space with 2 vCPUs has been reported to show 16), and torch starts one thread per core it sees. The
-models' calls split every product over those threads with a barrier between steps (csrc/llama.c: about 270 a
-forward of the built-in target), so once the threads outnumber the quota the process is stopped for part of
-every period and each barrier waits for a stopped thread. Measured on a 2-core AMD EPYC Zen 4 in a cgroup
-allowed one CPU: a step of the built-in target took 35.8 ms on average with 2 threads against 21.6 ms with 1
-(BENCHMARKS.md, "A CPU quota"). So the thread count is at most the CPUs the quota allows, rounded down (1.5 CPUs
-run one thread unthrottled rather than two throttled a quarter of the time), and at most the CPUs in the
-affinity mask. The thread count never changes the numbers: llama.c and few_rows.c split a product's output
-columns and a step's rows or heads between threads, each computed whole by one.
+smaller machine. Inside it `os.cpu_count()` and the affinity mask still show every CPU of the host (a Hugging Face
+Space with 2 vCPUs has been reported to show 16), and torch starts one thread per core it sees. The models' calls
+split every product over those threads with a barrier between steps (csrc/llama.c: about 300 a forward of the
+built-in target), so once the threads outnumber the quota the process is stopped for part of every period and each
+barrier waits for a stopped thread. On a 2-core AMD EPYC Zen 4 in a cgroup allowed one CPU, plain decoding of the
+built-in target ran 25-28 tokens/s on 2 threads and 41-44 on 1 (scripts/threads_ab.py; BENCHMARKS.md "Threads for
+the CPUs a process really has"). So the thread count is at most the CPUs the quota allows, rounded down (1.5 CPUs
+run one thread unthrottled rather than two throttled a quarter of the time), and at most the CPUs in the affinity
+mask. The thread count never changes the numbers: llama.c and few_rows.c split a product's output columns and a
+step's rows or heads between threads, each computed whole by one.
 
-The same barriers make a busy neighbour costly where there is no quota: a program that keeps one of two cores
-busy stops one of the two threads for a scheduler slice at a time, and every barrier waits for it. On that Zen 4
-with a busy loop beside it, a step of the built-in target took 37-67 ms on average with 2 threads against 21-23
-with 1. So without a quota the native calls (llama.c, few_rows.c) take `threads()`: torch's count less the CPUs
-other programs kept busy over the last half second (/proc/stat for the CPUs of the affinity mask, less this
-process's own CPU time; a hypervisor's steal counts as busy), looked at most twice a second.
+The same barriers make a busy neighbour costly where there is no quota: a program that keeps one of two cores busy
+stops one of the two threads for a scheduler slice at a time, and every barrier waits for it. On that Zen 4 beside a
+busy loop, plain decoding ran 21-23 tokens/s on 2 threads and 43-45 with this rule (1 thread). So without a quota
+the native calls (llama.c, few_rows.c) take `threads()`: torch's count less the CPUs other programs kept busy over
+the last half second (/proc/stat for the CPUs of the affinity mask, less this process's own CPU time; a hypervisor's
+steal counts as busy), looked at most twice a second.
 
 SPECVIZ_THREADS: a number forces that many threads, always; unset (or `auto`), the fit above and the neighbours'
 share, unless OMP_NUM_THREADS is set (then torch's count is the operator's, as OpenMP programs take it).

@@ -142,7 +142,8 @@ def main(args) -> dict:
         )
         print(
             f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
-            f"({facts['torch_threads']} threads{_why(facts)}) · transformers {facts['transformers']}"
+            f"({facts['torch_threads']} thread{'s' * (facts['torch_threads'] != 1)}{_why(facts)}) · "
+            f"transformers {facts['transformers']}"
         )
         print(f"On this CPU: {facts['backend']}")
         print(f"Prompts: {facts['opening']} (transformers' peers encode every token)")

@@ -1,6 +1,6 @@
 """Two thread counts for the models' calls, interleaved in one process (the measurements behind specviz/cpus.py):
 run it inside the CPU quota it is about (e.g. a cgroup allowed one CPU on a 2-core machine), or with
---neighbour busy: a second program keeping one CPU busy the whole time. A way is a number of threads, fixed,
+--neighbour: a second program keeping one CPU busy the whole time (busy) or a share of every 10 ms (0.35). A way is a number of threads, fixed,
 or `auto`: torch's count less the CPUs other programs keep busy (cpus.threads), with the share of native calls
 it ran on fewer threads.
 
@@ -12,6 +12,7 @@ tokens per second of each lane.
 
     python scripts/threads_ab.py [--threads 2,1] [--sets everyday,stories,code] [--limit 12]
     python scripts/threads_ab.py --threads 2,auto --neighbour busy
+    python scripts/threads_ab.py --threads 2,1 --neighbour 0.35     # a neighbour busy 3.5 ms of every 10
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ from specviz import ab, cpus  # noqa: E402
 def main() -> None:
     ap = ab.parser(__doc__)
     ap.add_argument("--threads", default="2,1", help="the two ways: thread counts or auto, e.g. 2,1 or 2,auto")
-    ap.add_argument("--neighbour", choices=("none", "busy"), default="none", help="busy: a busy loop beside it")
+    ap.add_argument(
+        "--neighbour",
+        default="none",
+        help="busy: a busy loop beside it; a fraction, e.g. 0.35: busy that share of every 10 ms",
+    )
     args = ap.parse_args()
     ways = tuple(args.threads.split(","))
     base, config, p, q = ab.load(args)
@@ -52,8 +57,12 @@ def main() -> None:
         cpus._adaptive = way == "auto"
         torch.set_num_threads(most if way == "auto" else int(way))
 
-    busy = "import time\nt = time.time()\nwhile time.time() - t < 3600: pass"
-    neighbour = subprocess.Popen([sys.executable, "-c", busy]) if args.neighbour == "busy" else None
+    duty = 1.0 if args.neighbour == "busy" else 0.0 if args.neighbour == "none" else float(args.neighbour)
+    busy = (
+        "import time\nt = time.time()\nwhile time.time() - t < 3600:\n    s = time.time()\n"
+        f"    while time.time() - s < {0.01 * duty}: pass\n    time.sleep({0.01 * (1 - duty)})"
+    )
+    neighbour = subprocess.Popen([sys.executable, "-c", busy]) if duty > 0 else None
     try:
         results = ab.both_lanes(p, q, args, base.replace(mode="ar").spec, config.request(base).spec, ways, use)
     finally:

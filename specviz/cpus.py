@@ -87,9 +87,16 @@ def cpus_for(quota: float | None, affinity: int) -> int:
     return max(1, min(affinity, math.floor(quota + 1e-9) if quota else affinity))
 
 
+def affinity() -> set[int]:
+    """The CPUs this process may run on (every CPU where the system cannot say: macOS, Windows)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
 def usable_cpus() -> int:
     """cpus_for this process's quota and affinity mask."""
-    return cpus_for(cpu_quota(), len(os.sched_getaffinity(0)))
+    return cpus_for(cpu_quota(), len(affinity()))
 
 
 def threads_wanted(current: int, env: dict | None = None, usable: int | None = None) -> tuple[int, str]:
@@ -152,8 +159,8 @@ class _Neighbours:
     """Other programs' CPU use over the last window: the affinity CPUs' busy ticks less this process's CPU time."""
 
     def __init__(self) -> None:
-        self.cpus = set(os.sched_getaffinity(0))
-        self.tick = os.sysconf("SC_CLK_TCK")
+        self.cpus = affinity()
+        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.last: tuple[float, float, float] | None = None  # (wall, busy seconds, own seconds)
         self.free = len(self.cpus)
 

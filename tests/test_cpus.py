@@ -180,3 +180,14 @@ def test_only_specvizs_own_count_without_a_quota_follows_the_neighbours(monkeypa
     finally:
         torch.set_num_threads(1)
         monkeypatch.setattr(cpus, "_fitted", None)
+
+
+def test_without_an_affinity_call_every_cpu_counts_and_without_proc_stat_nothing_adapts(monkeypatch, tmp_path):
+    """macOS has neither sched_getaffinity nor /proc/stat: the package still imports, the fit uses os.cpu_count()
+    and the thread count stays as set."""
+    monkeypatch.delattr(cpus.os, "sched_getaffinity")
+    monkeypatch.setattr(cpus.os, "cpu_count", lambda: 6)
+    assert cpus.affinity() == set(range(6))
+    n = cpus._Neighbours()
+    monkeypatch.setattr(cpus, "busy_jiffies", lambda c: None)  # no /proc/stat
+    assert n.update() is None and n.free == 6

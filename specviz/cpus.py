@@ -120,8 +120,9 @@ def threads_wanted(current: int, env: dict | None = None, usable: int | None = N
 
 
 def fit_threads() -> str:
-    """Set torch's thread count once per process (threads_wanted); returns why, in words. The models' calls
-    read torch.get_num_threads() each time, so everything after this runs with the fitted count."""
+    """Set torch's thread count once per process (threads_wanted) and whether `threads()` may lower it for busy
+    neighbours; returns why, in words. The models' calls ask `threads()` each time, so everything after this
+    runs with the fitted count."""
     global _fitted, _adaptive
     if _fitted is None:
         n, why = threads_wanted(torch.get_num_threads())
@@ -142,7 +143,7 @@ def busy_jiffies(cpus: set[int], stat: Path = STAT) -> int | None:
     total = 0
     with contextlib.suppress(OSError, ValueError):
         for line in stat.read_text().splitlines():
-            name, *fields = line.split()
+            name, *fields = line.split() or [""]
             if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
                 ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
                 total += sum(ticks) - ticks[3] - ticks[4]

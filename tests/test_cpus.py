@@ -96,6 +96,7 @@ def test_fit_threads_sets_torchs_count_once_and_says_why(monkeypatch):
 
 
 STAT = """cpu  900 0 300 5000 100 0 0 0 0 0
+
 cpu0 100 5 50 2000 40 1 2 7 0 0
 cpu1 200 0 60 1000 60 0 3 0 0 0
 cpu2 999 0 0 0 0 0 0 0 0 0

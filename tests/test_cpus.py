@@ -192,3 +192,16 @@ def test_without_an_affinity_call_every_cpu_counts_and_without_proc_stat_nothing
     n = cpus._Neighbours()
     monkeypatch.setattr(cpus, "busy_jiffies", lambda c: None)  # no /proc/stat
     assert n.update() is None and n.free == 6
+
+
+def test_the_header_names_a_thread_count_specviz_lowered_or_the_operator_set(monkeypatch):
+    from specviz import kernels
+
+    layer = torch.nn.Linear(4, 4)
+    monkeypatch.setitem(kernels._USED, layer, "kernel")
+    monkeypatch.setattr(cpus, "_fitted", "torch's default, fewer while other programs keep a CPU busy")
+    assert kernels.describe(layer).endswith(" 1 thread)")  # the suite runs one thread (conftest)
+    monkeypatch.setattr(cpus, "_fitted", "1 CPU usable (CPU quota or affinity), torch chose 16")
+    assert kernels.describe(layer).endswith("1 thread: 1 CPU usable (CPU quota or affinity), torch chose 16)")
+    monkeypatch.setattr(cpus, "_fitted", "set by SPECVIZ_THREADS")
+    assert kernels.describe(layer).endswith("1 thread: set by SPECVIZ_THREADS)")

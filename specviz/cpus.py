@@ -138,6 +138,13 @@ def fitted() -> str:
     return _fitted or "torch's default"
 
 
+def note() -> str:
+    """ "; threads: <why>" where specviz lowered torch's count for a quota or the operator set it (for the page
+    header and the bench's "On this CPU" line), else nothing."""
+    why = fitted()
+    return "" if why.startswith("torch's default") else f"; threads: {why}"
+
+
 def busy_jiffies(cpus: set[int], stat: Path = STAT) -> int | None:
     """Clock ticks the given CPUs spent on anything but idle and iowait since boot (/proc/stat), or None."""
     total = 0

@@ -43,7 +43,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from . import cpus, native
+from . import native
 
 # The kernel is kept unless another path is clearly faster at the products alone: the kernel's path also runs a
 # Llama model's whole forward in llama.c (lean.py), which timing the products cannot see (a step of the built-in
@@ -190,9 +190,8 @@ def describe(model: torch.nn.Module) -> str:
     """The linear-layer path a loaded model runs, in words for headers, benches and recordings."""
     path = _USED.get(model, "torch")
     if path == "kernel":
-        n, why = torch.get_num_threads(), cpus.fitted()
-        why = "" if why.startswith("torch's default") else f": {why}"  # a quota's fit or the operator's count
-        return f"specviz kernel ({native.isa()}, {n} thread{'s' if n != 1 else ''}{why})"
+        n = torch.get_num_threads()
+        return f"specviz kernel ({native.isa()}, {n} thread{'s' if n != 1 else ''})"
     return {"transposed": "PyTorch, transposed product"}.get(path, "PyTorch")
 
 

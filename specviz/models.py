@@ -229,11 +229,11 @@ def backend(lm: LoadedModel) -> str:
 def pair_backend(p: LoadedModel, q: LoadedModel) -> str:
     """How the pair computes here, in words: "forward: specviz forward (llama.c), specviz kernel (AVX-512, 2
     threads)", or with "; draft: ..." where the draft's differs (kernels.py's and lean.py's choices)."""
-    b = backend(q)
+    b, why = backend(q), cpus.note()  # why: a thread count lowered for a CPU quota or set by the operator
     if not isinstance(p, LoadedModel):  # a served target (served.py): it runs on its server
-        return f"forward: the target's on its server, the draft's {b}"
+        return f"forward: the target's on its server, the draft's {b}{why}"
     a = backend(p)
-    return f"forward: {a}" if a == b else f"forward: {a}; draft: {b}"
+    return (f"forward: {a}" if a == b else f"forward: {a}; draft: {b}") + why
 
 
 def vocab_gap(p: LoadedModel, q: LoadedModel) -> str | None:

@@ -195,13 +195,19 @@ def test_without_an_affinity_call_every_cpu_counts_and_without_proc_stat_nothing
 
 
 def test_the_header_names_a_thread_count_specviz_lowered_or_the_operator_set(monkeypatch):
-    from specviz import kernels
-
-    layer = torch.nn.Linear(4, 4)
-    monkeypatch.setitem(kernels._USED, layer, "kernel")
     monkeypatch.setattr(cpus, "_fitted", "torch's default, fewer while other programs keep a CPU busy")
-    assert kernels.describe(layer).endswith(" 1 thread)")  # the suite runs one thread (conftest)
+    assert cpus.note() == ""
     monkeypatch.setattr(cpus, "_fitted", "1 CPU usable (CPU quota or affinity), torch chose 16")
-    assert kernels.describe(layer).endswith("1 thread: 1 CPU usable (CPU quota or affinity), torch chose 16)")
+    assert cpus.note() == "; threads: 1 CPU usable (CPU quota or affinity), torch chose 16"
     monkeypatch.setattr(cpus, "_fitted", "set by SPECVIZ_THREADS")
-    assert kernels.describe(layer).endswith("1 thread: set by SPECVIZ_THREADS)")
+    assert cpus.note() == "; threads: set by SPECVIZ_THREADS"
+
+
+def test_the_pairs_backend_line_names_the_thread_rule_once(loaded_pair, monkeypatch):
+    from specviz.models import pair_backend
+
+    p, q = loaded_pair
+    monkeypatch.setattr(cpus, "_fitted", "torch's default")
+    plain = pair_backend(p, q)
+    monkeypatch.setattr(cpus, "_fitted", "1 CPU usable (CPU quota or affinity), torch chose 2")
+    assert pair_backend(p, q) == plain + "; threads: 1 CPU usable (CPU quota or affinity), torch chose 2"

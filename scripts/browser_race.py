@@ -38,12 +38,6 @@ SLOW_MS = 600_000
 DONE = re.compile(r"Plain: (\d+) tokens in ([\d.]+) s\. Speculative .*?: (\d+) tokens in ([\d.]+) s .*?([\d.]+)×")
 
 
-def others_cpus(before: tuple, after: tuple) -> float:
-    """CPUs other programs kept busy between two cpus._Neighbours samples."""
-    wall, busy, own = (a - b for a, b in zip(after, before))
-    return max(0.0, busy - own) / wall if wall > 0 else 0.0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", default="everyday,stories,code")
@@ -82,7 +76,7 @@ def main() -> None:
                 if found is None:
                     raise SystemExit(f"unexpected summary: {note.inner_text()!r}")
                 page.wait_for_timeout(1500)  # the charts finish drawing; the next race starts on a settled page
-                return found.groups(), others_cpus(before, cpus._NEIGHBOURS.sample())
+                return found.groups(), cpus.others_between(before, cpus._NEIGHBOURS.sample())
 
             for way in ways:  # warm-up, untimed
                 use(way)

@@ -125,10 +125,11 @@ def fit_threads() -> str:
     runs with the fitted count."""
     global _fitted, _adaptive
     if _fitted is None:
-        n, why = threads_wanted(torch.get_num_threads())
+        quota = cpu_quota()
+        n, why = threads_wanted(torch.get_num_threads(), usable=cpus_for(quota, len(affinity())))
         if n != torch.get_num_threads():
             torch.set_num_threads(n)
-        _adaptive = not why.startswith("set by") and cpu_quota() is None and _NEIGHBOURS.update() is not None
+        _adaptive = not why.startswith("set by") and quota is None and _NEIGHBOURS.update() is not None
         _fitted = why + (", fewer while other programs keep a CPU busy" if _adaptive else "")
     return _fitted
 
@@ -158,6 +159,12 @@ def busy_jiffies(cpus: set[int], stat: Path = STAT) -> int | None:
     return None
 
 
+def others_between(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:
+    """CPUs other programs kept busy between two _Neighbours samples (wall, busy seconds, own seconds)."""
+    wall, busy, own = (a - b for a, b in zip(after, before))
+    return max(0.0, busy - own) / wall if wall > 0 else 0.0
+
+
 def free_cpus(cpus: int, others: float) -> int:
     """Threads worth running on `cpus` CPUs while other programs keep `others` of them busy (at least 1)."""
     return max(1, min(cpus, math.floor(cpus - others + 0.5)))
@@ -183,8 +190,7 @@ class _Neighbours:
         """The threads worth running now (None where /proc/stat cannot be read); starts the next window."""
         now = self.sample()
         if now is not None and self.last is not None and now[0] > self.last[0]:
-            wall, busy, own = (a - b for a, b in zip(now, self.last))
-            self.free = free_cpus(len(self.cpus), max(0.0, busy - own) / wall)
+            self.free = free_cpus(len(self.cpus), others_between(self.last, now))
         self.last = now
         return None if now is None else self.free
 

@@ -32,7 +32,7 @@ def machine_info() -> dict:
     cpu = fields.get("model name", cpu)
     flags = set(fields.get("flags", "").split())
     vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    load = None
+    load, quota = None, cpus.cpu_quota()
     with contextlib.suppress(OSError):
         load = Path("/proc/loadavg").read_text().split()[0]
     return {
@@ -43,8 +43,8 @@ def machine_info() -> dict:
         "load_avg_1min": load,  # the machine may be shared: read the numbers as ratios within one run
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
-        "cpu_quota": cpus.cpu_quota(),  # CPUs the cgroup allows (None: no quota); threads are fitted to it
-        "usable_cpus": cpus.usable_cpus(),
+        "cpu_quota": quota,  # CPUs the cgroup allows (None: no quota); threads are fitted to it
+        "usable_cpus": cpus.cpus_for(quota, len(cpus.affinity())),
         "threads_why": cpus.fitted(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from specviz import cpus  # noqa: E402
+from specviz import ab, cpus  # noqa: E402
 from specviz.bench_inputs import load_prompts  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
@@ -49,12 +49,10 @@ def main() -> None:
     url = serve_locally(demo)
     m = machine_info()
     print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']}); threads: {cpus.fitted()}", flush=True)
-    most = max(torch.get_num_threads(), 1)
-    fitted = cpus._adaptive
+    most = torch.get_num_threads()
 
     def use(way: str) -> None:
-        cpus._adaptive = fitted and way == "auto"
-        torch.set_num_threads(most if way == "auto" else int(way))
+        ab.thread_way(way, most)
 
     rows = []
     try:

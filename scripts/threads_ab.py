@@ -54,8 +54,7 @@ def main() -> None:
     cpus.threads = counted  # the native calls look it up on the module at each call
 
     def use(way: str) -> None:
-        cpus._adaptive = way == "auto"
-        torch.set_num_threads(most if way == "auto" else int(way))
+        ab.thread_way(way, most)
 
     duty = 1.0 if args.neighbour == "busy" else 0.0 if args.neighbour == "none" else float(args.neighbour)
     busy = (

@@ -13,6 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from . import cpus
 from .api import encode_prompt, load_for
 from .bench import timed_events
 from .bench_inputs import load_prompts, parse_configs
@@ -168,3 +171,11 @@ def differing_prompts(results: list[dict]) -> tuple[int, int]:
     for r in results:
         outs.setdefault((r["set"], r["prompt"]), []).append(r["out"])
     return sum(a != b for a, b in outs.values()), len(outs)
+
+
+def thread_way(way: str, most: int) -> None:
+    """Run the models' native calls the A/B way `way`: a fixed thread count ("1", "2", ...), or "auto": `most`
+    threads, fewer for busy neighbours where the process's fit allows that rule (cpus.threads)."""
+    auto = way == "auto"
+    cpus._adaptive = auto and cpus.fitted().endswith("fewer while other programs keep a CPU busy")
+    torch.set_num_threads(most if auto else int(way))

@@ -260,6 +260,38 @@ def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[flo
     return best[0], best[1]
 
 
+@torch.inference_mode()
+def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
+    """Rows of W per pass (native.passes) for each call size of 1..8 tokens on the AVX2 rows kernels, timed over
+    these (weight, scale) products (enough of a model's weights to stream from memory, in a forward's order): every
+    count up to native.MOST_PASSES, alternating within each of 3 repetitions; a count other than the default kept
+    where its best is clearly (PASSES_MARGIN) faster. Leaves the chosen counts set."""
+    default = native.passes(wtype)
+    chosen = list(default)
+    for m in range(1, 9):
+        x = {w.shape[1]: torch.randn(m, w.shape[1]) for w, _ in mats}
+        best = {}
+        for _ in range(3):
+            for r in range(1, native.MOST_PASSES[m - 1] + 1):
+                native.set_passes(wtype, tuple(chosen[: m - 1]) + (r,) + default[m:])
+                t = _seconds(lambda x=x: [native.few_rows(x[w.shape[1]], w, sc, w.shape[0]) for w, sc in mats], 1)
+                best[r] = min(best.get(r, float("inf")), t)
+        fastest = min(best, key=best.get)
+        if best[fastest] < PASSES_MARGIN * best[default[m - 1]]:
+            chosen[m - 1] = fastest
+    native.set_passes(wtype, tuple(chosen))
+    return tuple(chosen)
+
+
+PASSES_MARGIN = 0.95
+
+
+def passes_timed() -> bool:
+    """SPECVIZ_KERNEL_PASSES: "auto" (default: the rows kernels' rows of W per pass timed once per process, on AVX2)
+    or "default" (the compiled defaults, for comparing)."""
+    return os.environ.get("SPECVIZ_KERNEL_PASSES", "auto").strip().lower() != "default"
+
+
 def panels_pay(mats: list[tuple]) -> bool:
     """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
     its own weights (`time_layouts`; about half a second for the built-in target) and kept when clearly faster."""

@@ -3,7 +3,9 @@
 products faster here (kernels.panels_pay). A draft's choice is made again by its step right after a target step
 (lean_draft). The same numbers for a token whatever the call's length, in either layout; the two layouts' numbers
 differ by float32 rounding, so a target's layout is fixed when its forward is built (plain and speculative decoding
-then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses."""
+then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses. By rows
+on AVX2, how many rows of W a pass reads for each call size is timed once per process (choose_passes): any count
+gives the same bits."""
 
 from __future__ import annotations
 
@@ -27,12 +29,35 @@ def packs(fwd) -> dict[int, torch.Tensor]:
 
 
 def choose(fwd) -> None:
-    """Panels where they run this forward's products faster here (timed on its own weights), else rows."""
+    """Panels where they run this forward's products faster here (timed on its own weights), else rows (with the
+    rows of W per pass timed, where this is the process's first such model: `choose_passes`)."""
     if not can(fwd):
         return fwd.point()
     packed = packs(fwd)
     mats = [(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in fwd.weights()]
     use(fwd, kernels.panels_pay(mats), packed)
+    if not fwd.packed:
+        choose_passes(fwd)
+
+
+PASSES_MIN_BYTES = 64 << 20  # timed on this many bytes of a model's weights: they stream from memory, as in a step
+_passes_timed: dict[int, tuple[int, ...]] = {}  # weight type -> the counts this process chose
+
+
+def choose_passes(fwd) -> None:
+    """The AVX2 rows kernels' rows of W per pass for fwd's weight type, timed once per process on the first model
+    of that type large enough to stream from memory (kernels.time_passes; 0.7 s for the built-in target on a 2-core
+    Zen 1); smaller models keep what was chosen (or the defaults). Any counts compute the same numbers."""
+    if fwd.wtype in _passes_timed or native.passes(fwd.wtype) is None or not kernels.passes_timed():
+        return
+    mats, size = [], 0
+    for w in fwd.weights():
+        if size >= PASSES_MIN_BYTES:
+            break
+        mats.append((w, fwd.scales.get(w.data_ptr())))
+        size += w.numel() * w.element_size()
+    if size >= PASSES_MIN_BYTES:
+        _passes_timed[fwd.wtype] = kernels.time_passes(mats, fwd.wtype)
 
 
 def _bytes(packed: dict[int, torch.Tensor]) -> int:
@@ -60,3 +85,13 @@ def copy_with(fwd, on: bool):
     new = copy.copy(fwd)
     use(new, on, fwd.packed or None)
     return new
+
+
+def passes_note() -> str:
+    """ "; rows of W per pass 4,1,1,3,1,1,1,1 (timed)" where this process's timing changed the defaults for a weight
+    type (its name first where that is not float32), for headers, benches and recordings (models.pair_backend)."""
+    names = {0: "", 1: "float16 ", 2: "int8 "}
+    changed = [
+        f"{names[t]}{','.join(map(str, r))}" for t, r in sorted(_passes_timed.items()) if r != native.DEFAULT_PASSES[t]
+    ]
+    return f"; rows of W per pass {'; '.join(changed)} (timed)" if changed else ""

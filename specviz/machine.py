@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import cpus
+from . import cpus, native
 
 
 def machine_info() -> dict:
@@ -46,8 +46,17 @@ def machine_info() -> dict:
         "cpu_quota": quota,  # CPUs the cgroup allows (None: no quota); threads are fitted to it
         "usable_cpus": cpus.cpus_for(quota, len(cpus.affinity())),
         "threads_why": cpus.fitted(),
+        "kernel_passes": kernel_passes(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
+
+
+def kernel_passes() -> dict | None:
+    """The AVX2 rows kernels' rows of W per pass for 1..8 tokens by weight type (native.passes), where the kernel is
+    loaded and runs AVX2 (never built just to say so); else None."""
+    if not native.library.cache_info().currsize or native.passes(0) is None:
+        return None
+    return {t: list(native.passes(w)) for t, w in (("float32", 0), ("float16", 1), ("int8", 2))}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import cpus, hub, kernels, lean, lean_draft
+from . import cpus, hub, kernels, lean, lean_draft, lean_panels
 from .config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
 from .kernels import draft_dtype
 from .lean import LeanCache, LeanLlama
@@ -229,7 +229,8 @@ def backend(lm: LoadedModel) -> str:
 def pair_backend(p: LoadedModel, q: LoadedModel) -> str:
     """How the pair computes here, in words: "forward: specviz forward (llama.c), specviz kernel (AVX-512, 2
     threads)", or with "; draft: ..." where the draft's differs (kernels.py's and lean.py's choices)."""
-    b, why = backend(q), cpus.note()  # why: a thread count lowered for a CPU quota or set by the operator
+    b, why = backend(q), cpus.note() + lean_panels.passes_note()  # a thread count lowered for a CPU quota or set
+    # by the operator; the rows kernels' passes where timing changed them
     if not isinstance(p, LoadedModel):  # a served target (served.py): it runs on its server
         return f"forward: the target's on its server, the draft's {b}{why}"
     a = backend(p)

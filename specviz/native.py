@@ -115,6 +115,7 @@ def library() -> ctypes.CDLL | None:
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
+    lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     if lib.few_rows_isa() == 0:
         _why.append("this CPU has neither AVX-512 nor AVX2 with FMA and F16C")
         return None
@@ -139,6 +140,30 @@ def use_isa(name: str | None) -> str | None:
         return None
     level = {v: k for k, v in ISA_NAMES.items()}.get(name, 9)
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
+
+
+MOST_PASSES = (4, 4, 4, 3, 3, 2, 2, 2)  # the most rows of W per pass the AVX2 rows kernels take, for 1..8 tokens
+# few_rows.c's compiled defaults (passes256) by weight type: float32, float16, int8
+DEFAULT_PASSES = {0: (4, 4, 4, 3, 3, 2, 2, 1), 1: (4, 4, 3, 2, 2, 2, 1, 1), 2: (4, 4, 3, 2, 2, 2, 1, 1)}
+
+
+def passes(wtype: int) -> tuple[int, ...] | None:
+    """Rows of W per pass of the AVX2 rows kernels for a call of 1..8 tokens, for weight type wtype (float32 0,
+    float16 1, int8 2; few_rows.c); None where those kernels do not run (no kernel, AVX-512 in use)."""
+    lib = library()
+    if lib is None or isa() != "AVX2" or wtype not in (0, 1, 2):
+        return None
+    out = (ctypes.c_int * 9)()
+    lib.few_rows_passes(wtype, None, out)
+    return tuple(out[1:])
+
+
+def set_passes(wtype: int, rows: tuple[int, ...]) -> None:
+    """Set `passes` (a value per call size 1..8, each 1..MOST_PASSES). Any setting computes the same numbers: each
+    output is the same chain of operations whatever the rows per pass; only the speed differs by CPU."""
+    lib = library()
+    if lib is None or len(rows) != 8 or lib.few_rows_passes(wtype, (ctypes.c_int * 9)(0, *rows), None):
+        raise ValueError(f"rows per pass {rows} for weight type {wtype}: out of range or no kernel here")
 
 
 WTYPES = {torch.float32: 0, torch.float16: 1, torch.int8: 2, torch.uint8: 3}  # the kernel's weight types (uint8:

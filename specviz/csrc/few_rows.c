@@ -89,6 +89,30 @@
         }                                                                                                 \
     }
 
+// The AVX2 kernels take R at run time, from the rows of W per pass a process chose for each M (few_rows_set_passes):
+// what pays differs by CPU (a 5-token call on the Zen 1 of 28 Nov 2026 cost 1.54 one-token products with 3 rows of W
+// per pass, 1.30 with 1; on a Zen 3 3 rows won). Up to 4 rows for 1-3 tokens, 3 for 4-5, 2 for 6-8.
+#define BODY_UPTO4(MM) switch (R) { case 1: { BODY(MM, 1) } break; case 2: { BODY(MM, 2) } break; \
+                                    case 3: { BODY(MM, 3) } break; default: { BODY(MM, 4) } break; }
+#define BODY_UPTO3(MM) switch (R) { case 1: { BODY(MM, 1) } break; case 2: { BODY(MM, 2) } break; \
+                                    default: { BODY(MM, 3) } break; }
+#define BODY_UPTO2(MM) switch (R) { case 1: { BODY(MM, 1) } break; default: { BODY(MM, 2) } break; }
+#define KERNELS_R(SUF, WT, ATTR)                                                                          \
+    ATTR static void rows_##SUF(const WT* restrict w, const float* restrict x, long M, long K, long N,    \
+                                float* restrict y, long n0, long n1, int R) {                             \
+        switch (M) {                                                                                      \
+            case 1: BODY_UPTO4(1) break;                                                                  \
+            case 2: BODY_UPTO4(2) break;                                                                  \
+            case 3: BODY_UPTO4(3) break;                                                                  \
+            case 4: BODY_UPTO3(4) break;                                                                  \
+            case 5: BODY_UPTO3(5) break;                                                                  \
+            case 6: BODY_UPTO2(6) break;                                                                  \
+            case 7: BODY_UPTO2(7) break;                                                                  \
+            default: BODY_UPTO2(8) break;                                                                 \
+        }                                                                                                 \
+    }
+static const int MOST_PASSES[MAX_M + 1] = {0, 4, 4, 4, 3, 3, 2, 2, 2};
+
 #define A512 __attribute__((target("avx512f,f16c,fma")))
 #define A256 __attribute__((target("avx2,fma,f16c")))
 
@@ -134,7 +158,8 @@ KERNELS(i8_512, int8_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
 // Xeon with the AVX-512 path turned off, a 4-token call 1.18-1.21 steps with 2 rows, 1.07-1.09 with 3), but 4 rows
 // for 3 tokens and 3 for 5 (one register over: the input is reloaded from L1): on the Zen 3 of 26 Nov 2026 a
 // 3-token call went 1.09-1.12 -> 1.05-1.09 steps and 5 tokens 1.20-1.24 -> 1.09-1.20 (scripts/cpu_costs.py
-// --paths kernel, two interleaved rounds). R does not change the numbers: each output is the same chain of FMAs.
+// --paths kernel, two interleaved rounds). Those are the defaults (passes256); a process may time others
+// (kernels.choose_passes). R does not change the numbers: each output is the same chain of FMAs.
 A256 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -150,19 +175,19 @@ A256 static inline float hsum256(__m256 v) {
 TAIL(tail_f32_256, float, f32, A256)
 #define tail tail_f32_256
 #define LOADW(p) _mm256_loadu_ps(p)
-KERNELS(f32_256, float, A256, 4, 4, 4, 3, 3, 2, 2, 1)
+KERNELS_R(f32_256, float, A256)
 #undef LOADW
 #undef tail
 TAIL(tail_f16_256, uint16_t, h2f_256, A256)
 #define tail tail_f16_256
 #define LOADW(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p)))
-KERNELS(f16_256, uint16_t, A256, 4, 4, 3, 2, 2, 2, 1, 1)
+KERNELS_R(f16_256, uint16_t, A256)
 #undef LOADW
 #undef tail
 TAIL(tail_i8_256, int8_t, i2f, A256)
 #define tail tail_i8_256
 #define LOADW(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p))))
-KERNELS(i8_256, int8_t, A256, 4, 4, 3, 2, 2, 2, 1, 1)
+KERNELS_R(i8_256, int8_t, A256)
 #undef LOADW
 #undef tail
 
@@ -243,6 +268,23 @@ A256 static void rows_nf4_256(const uint8_t* restrict w, const float* restrict s
 }
 
 static int isa = -1;  // the level in use (few_rows_use_isa)
+
+// Rows of W per pass of the AVX2 rows kernels, by weight type (float32, float16, int8) and rows of x (1..8).
+static int passes256[3][MAX_M + 1] = {{0, 4, 4, 4, 3, 3, 2, 2, 1}, {0, 4, 4, 3, 2, 2, 2, 1, 1}, {0, 4, 4, 3, 2, 2, 2, 1, 1}};
+
+// Read (r == NULL: into out) or set (from r[1..8], each 1..MOST_PASSES[m]) the AVX2 rows kernels' rows of W per pass
+// for weight type wtype (0-2). Returns 0, or -1 for a value out of range (nothing changed).
+int few_rows_passes(int wtype, const int* r, int* out) {
+    if (wtype < 0 || wtype > 2) return -1;
+    if (r) {
+        for (int m = 1; m <= MAX_M; m++)
+            if (r[m] < 1 || r[m] > MOST_PASSES[m]) return -1;
+        for (int m = 1; m <= MAX_M; m++) passes256[wtype][m] = r[m];
+    }
+    if (out)
+        for (int m = 0; m <= MAX_M; m++) out[m] = passes256[wtype][m];
+    return 0;
+}
 
 // ---- Panels: W packed as (N / 16, K, 16), panel p holding output columns 16p .. 16p + 15 row after row of K ----
 // (wtype 4, 5, 6: float32, float16, int8 with a scale per output column.) Each output is one multiply-add chain
@@ -429,9 +471,10 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
                 else if (wtype == 1) rows_f16_512((const uint16_t*)w, xm, mm, K, N, ym, b0, b1);
                 else rows_f32_512((const float*)w, xm, mm, K, N, ym, b0, b1);
             } else {
-                if (wtype == 2) rows_i8_256((const int8_t*)w, xm, mm, K, N, ym, b0, b1);
-                else if (wtype == 1) rows_f16_256((const uint16_t*)w, xm, mm, K, N, ym, b0, b1);
-                else rows_f32_256((const float*)w, xm, mm, K, N, ym, b0, b1);
+                int R = passes256[wtype][mm];
+                if (wtype == 2) rows_i8_256((const int8_t*)w, xm, mm, K, N, ym, b0, b1, R);
+                else if (wtype == 1) rows_f16_256((const uint16_t*)w, xm, mm, K, N, ym, b0, b1, R);
+                else rows_f32_256((const float*)w, xm, mm, K, N, ym, b0, b1, R);
             }
         }
     }

@@ -89,7 +89,7 @@
         }                                                                                                 \
     }
 
-// The AVX2 kernels take R at run time, from the rows of W per pass a process chose for each M (few_rows_set_passes):
+// The AVX2 kernels take R at run time, from the rows of W per pass a process chose for each M (few_rows_passes):
 // what pays differs by CPU (a 5-token call on the Zen 1 of 28 Nov 2026 cost 1.54 one-token products with 3 rows of W
 // per pass, 1.30 with 1; on a Zen 3 3 rows won). Up to 4 rows for 1-3 tokens, 3 for 4-5, 2 for 6-8.
 #define BODY_UPTO4(MM) switch (R) { case 1: { BODY(MM, 1) } break; case 2: { BODY(MM, 2) } break; \
@@ -159,7 +159,7 @@ KERNELS(i8_512, int8_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
 // for 3 tokens and 3 for 5 (one register over: the input is reloaded from L1): on the Zen 3 of 26 Nov 2026 a
 // 3-token call went 1.09-1.12 -> 1.05-1.09 steps and 5 tokens 1.20-1.24 -> 1.09-1.20 (scripts/cpu_costs.py
 // --paths kernel, two interleaved rounds). Those are the defaults (passes256); a process may time others
-// (kernels.choose_passes). R does not change the numbers: each output is the same chain of FMAs.
+// (lean_panels.choose_passes). R does not change the numbers: each output is the same chain of FMAs.
 A256 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

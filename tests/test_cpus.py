@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specviz import cpus
+from specviz import cpus, lean_panels
 from specviz.config import SpecvizError
 
 
@@ -207,6 +207,7 @@ def test_the_pairs_backend_line_names_the_thread_rule_once(loaded_pair, monkeypa
     from specviz.models import pair_backend
 
     p, q = loaded_pair
+    monkeypatch.setattr(lean_panels, "_passes_timed", {})  # no kernel counts timed by an earlier test's model
     monkeypatch.setattr(cpus, "_fitted", "torch's default")
     plain = pair_backend(p, q)
     monkeypatch.setattr(cpus, "_fitted", "1 CPU usable (CPU quota or affinity), torch chose 2")

@@ -127,6 +127,10 @@ class ModelDrafter(Drafter):
         x = self._sync(seq)  # (L,) at least one token: the last one of the text is never cached yet
         self.confirmed = len(seq)
         s, fast = ctx.sampling, ctx.sampling.greedy and not ctx.need_q and ctx.threshold <= 0
+        chain = self.run.greedy_chain(x, k) if fast else None  # the loop below in one native call, where it can
+        if chain is not None:
+            self.spec = chain[:-1].tolist()  # the last proposal was never fed
+            return Proposal(chain.to(ctx.device), None, (self.name,) * k, k, why, ())
         tokens, logits_rows, q_rows, stop = [], [], [], why
         ids = self._ids(ctx)
         for _ in range(k):

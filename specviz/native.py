@@ -29,8 +29,8 @@ from .config import specviz_home
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c", CSRC / "greedy.c")  # the products; a Llama model's forward pass
-# (lean.py); greedy decoding's argmax (sampling.greedy)
+SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c", CSRC / "greedy.c", CSRC / "chain.c")  # the products; a Llama
+# model's forward pass (lean.py); greedy decoding's argmax (sampling.greedy); a draft's greedy chain (lean_chain.py)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
 LIBS = ["-lm"]
 MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1, a tree)
@@ -112,6 +112,18 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,  # threads
     ]
     lib.llama_forward.restype = ctypes.c_int
+    lib.llama_greedy_chain.argtypes = [
+        *lib.llama_forward.argtypes[:19],  # as llama_forward's, up to sin
+        *lib.llama_forward.argtypes[20:25],  # then no mask; final norm, head, head scale, head wtype, V
+        *[ctypes.c_void_p] * 2,  # hn, logits
+        ctypes.c_int,  # threads
+        ctypes.c_void_p,  # embed
+        ctypes.c_int,  # embed is float16
+        ctypes.c_void_p,  # next_row
+        ctypes.c_long,  # k
+        ctypes.c_void_p,  # out
+    ]
+    lib.llama_greedy_chain.restype = ctypes.c_long
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import sampling
+from . import lean_chain, sampling
 from .models import LoadedModel, chat_ids
 
 
@@ -94,6 +94,18 @@ class CachedModel:
         if self.lm.vocab_map is not None:
             return self.lm.vocab_map[sampling.greedy(logits)].view(1)
         return sampling.greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
+
+    def greedy_chain(self, ids: torch.Tensor, k: int) -> torch.Tensor | None:
+        """`next_greedy` k times, the first fed ids (L,), each later one the token the last chose: the k tokens as
+        (k,) target ids, computed in one native call (lean_chain.py) with the same tokens and cache; None where
+        that call cannot run (the caller loops next_greedy)."""
+        if not sampling.FAST_GREEDY or self.tree_rows:
+            return None
+        tokens = lean_chain.greedy_chain(self.lm, self.cache, ids, k)
+        if tokens is not None:
+            self.length += ids.numel() + k - 1  # the last token is never fed
+            self.calls += k
+        return tokens
 
     def feed_tree(self, ids: torch.Tensor, parents: list[int], hidden: bool = False):
         """Feed tokens that branch: token i continues cache row parents[i] (-1: none, the very start; row

@@ -17,7 +17,7 @@ from .config import SamplingConfig, SpecvizError
 
 FAST_GREEDY = True  # greedy's argmax by native.first_max where it can, and a lean draft's greedy step over the rows it
 # computes only (runtime.CachedModel.next_greedy); scripts/greedy_ab.py times both against neither
-_BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
+BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
 
 
 def scatter_rows(logits: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
@@ -40,7 +40,7 @@ def clean_logits(logits: torch.Tensor) -> torch.Tensor:
         rows = pos.any(dim=-1, keepdim=True)
         x = torch.where(rows, torch.where(pos, 0.0, -torch.inf), x)
     if not torch.isfinite(x.amax(dim=-1)).all():
-        raise SpecvizError(_BROKEN)
+        raise SpecvizError(BROKEN)
     return x
 
 
@@ -54,7 +54,7 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
         best = native.first_max(logits)
         if best is not None:
             if best.numel() and int(best.min()) < 0:
-                raise SpecvizError(_BROKEN)
+                raise SpecvizError(BROKEN)
             return best
     idx = logits.argmax(dim=-1)
     if torch.isfinite(logits.gather(-1, idx.unsqueeze(-1))).all():

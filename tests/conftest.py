@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -174,3 +176,38 @@ def llamacpp_target(tmp_path_factory):
         yield server.url, folder
     finally:
         server.stop()
+
+
+def blocking_pair(pair: list[str], folder, blocked: list[int]) -> list[str]:
+    """The pair with its draft copied to `folder` and told never to propose `blocked` (specviz_vocab.json)."""
+    shutil.copytree(pair[1], folder)
+    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+    (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(rows)), "never_propose": blocked}))
+    return [pair[0], str(folder)]
+
+
+@pytest.fixture
+def pair_with(tiny_pair, monkeypatch):
+    """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
+    from specviz import load_pair, native
+    from specviz.models import CACHE, backend
+
+    def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0"):
+        if forward.startswith("llama.c") and native.library() is None:
+            pytest.skip("no C compiler or no AVX2 here")
+        monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
+        monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
+        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward.startswith("llama.c") else "torch")
+        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels" if "panels" in forward else "rows")
+        monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
+        CACHE.clear()
+        p, q = load_pair(*pair, device="cpu")
+        assert p.lean is None or not p.lean.is_int8  # a target keeps its own weights
+        assert (q.precision == "int8") is (int8 == "1" and forward.startswith("llama.c"))
+        for lm in (p, q):
+            assert (lm.lean.engine if lm.lean is not None else "transformers").removesuffix(", int8 weights") == forward
+            assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
+        return p, q
+
+    yield load
+    CACHE.clear()

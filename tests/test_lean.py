@@ -13,42 +13,16 @@ import itertools
 
 import pytest
 import torch
-from conftest import PREFILLS, feed_in_calls, long_prefill, make_model
+from conftest import PREFILLS, blocking_pair, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import cpus, generate, lean, lean_draft, lean_panels, native
-from specviz.models import CACHE, backend, pair_backend, pair_dtypes
+from specviz.models import backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
 FORWARDS = ["llama.c", "llama.c, weights in panels", "PyTorch ops", "transformers"]
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler or no AVX2 here")
-
-
-@pytest.fixture
-def pair_with(tiny_pair, monkeypatch):
-    """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
-    from specviz import load_pair
-
-    def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0"):
-        if forward.startswith("llama.c") and native.library() is None:
-            pytest.skip("no C compiler or no AVX2 here")
-        monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
-        monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
-        monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward.startswith("llama.c") else "torch")
-        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels" if "panels" in forward else "rows")
-        monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
-        CACHE.clear()
-        p, q = load_pair(*pair, device="cpu")
-        assert p.lean is None or not p.lean.is_int8  # a target keeps its own weights
-        assert (q.precision == "int8") is (int8 == "1" and forward.startswith("llama.c"))
-        for lm in (p, q):
-            assert (lm.lean.engine if lm.lean is not None else "transformers").removesuffix(", int8 weights") == forward
-            assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
-        return p, q
-
-    yield load
-    CACHE.clear()
 
 
 def _reference(lm, ids):
@@ -451,17 +425,6 @@ def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(
     torch.testing.assert_close(both[0], both[1], atol=1e-5, rtol=1e-5)  # the same draft either way
 
 
-def _blocking(pair: list[str], folder, blocked: list[int]) -> list[str]:
-    """The pair with its draft copied to `folder` and told never to propose `blocked` (specviz_vocab.json)."""
-    import json
-    import shutil
-
-    shutil.copytree(pair[1], folder)
-    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
-    (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(rows)), "never_propose": blocked}))
-    return [pair[0], str(folder)]
-
-
 @pytest.mark.parametrize("forward,int8", [*itertools.product(FORWARDS[:2], "01"), ("PyTorch ops", "0")])
 def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_targets(
     pair_with, tiny_pair, small_vocab_pair, tmp_path, forward, int8
@@ -470,7 +433,7 @@ def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_
     of its output layer: the rows it computes hold its full layer's numbers, the others -inf, in a step and in a
     call of several tokens; greedy speculative output equals plain, and sampling follows the target's law."""
     blocked = [r for r in range(64) if r % 4]  # 48 of 64 rows
-    p, q = pair_with(forward, pair=_blocking(tiny_pair, tmp_path / "d64", blocked), int8=int8)
+    p, q = pair_with(forward, pair=blocking_pair(tiny_pair, tmp_path / "d64", blocked), int8=int8)
     assert q.lean.kept.tolist() == list(range(0, 64, 4)) and q.lean.head.shape == (16, q.lean.H)
     params = sum(t.numel() * t.element_size() for t in [*q.model.parameters(), *q.model.buffers()])
     copies = 16 * q.lean.H * 4  # the kept rows in float32; the int8 forward's weights and scales on top
@@ -496,7 +459,7 @@ def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_
         assert sp.token_ids == ar.token_ids, (gamma, prompt)
         rejections += sp.stats["drafted"] - sp.stats["accepted"]
     assert rejections > 0
-    p, q = pair_with(forward, pair=_blocking(small_vocab_pair, tmp_path / "d8", [1, 4, 6]), int8=int8)
+    p, q = pair_with(forward, pair=blocking_pair(small_vocab_pair, tmp_path / "d8", [1, 4, 6]), int8=int8)
     assert q.lean.kept.tolist() == [0, 2, 3, 5, 7]  # 5 of 8 rows: under SKIP_ROWS_BELOW
     ids, N = [1, 5, 6], 3000
     counts, _ = two_token_counts(p, q, ids, N, gamma=1)
@@ -513,7 +476,7 @@ def test_a_drafts_greedy_step_over_the_rows_it_computes_proposes_what_its_whole_
     from specviz import sampling
 
     blocked = [r for r in range(64) if r % 4]
-    p, q = pair_with(forward, pair=_blocking(tiny_pair, tmp_path / "d64", blocked), int8=int8)
+    p, q = pair_with(forward, pair=blocking_pair(tiny_pair, tmp_path / "d64", blocked), int8=int8)
     assert q.lean.kept is not None
     scatters = []
     monkeypatch.setattr(lean, "scatter_rows", lambda *a: scatters.append(1) or sampling.scatter_rows(*a))
@@ -543,7 +506,7 @@ def test_a_draft_that_blocks_rows_grows_trees_over_the_rest(pair_with, tiny_pair
     """Token trees from such a draft: a read node's probabilities and top candidates come from the rows it may
     propose alone (drafters._Growth.read); greedy trees give plain decoding's tokens and sampled ones the target's
     law."""
-    p, q = pair_with("llama.c", pair=_blocking(tiny_pair, tmp_path / "d64", [r for r in range(64) if r % 4]))
+    p, q = pair_with("llama.c", pair=blocking_pair(tiny_pair, tmp_path / "d64", [r for r in range(64) if r % 4]))
     assert q.proposable.tolist() == list(range(0, 64, 4))
     every = dataclasses.replace(q)  # the same draft reading all 64 columns (its blocked ones -inf)
     every.__dict__["proposable"] = None
@@ -554,12 +517,12 @@ def test_a_draft_that_blocks_rows_grows_trees_over_the_rest(pair_with, tiny_pair
         assert sp.token_ids == ar.token_ids, prompt
         keys = ("drafted", "accepted", "target_calls")  # the same trees grown: the same candidates in each read
         assert [sp.stats[k] for k in keys] == [ref.stats[k] for k in keys] and sp.stats["accepted"] > 0, prompt
-    p, q = pair_with("llama.c", pair=_blocking(small_vocab_pair, tmp_path / "d8", [1, 4, 6]))
+    p, q = pair_with("llama.c", pair=blocking_pair(small_vocab_pair, tmp_path / "d8", [1, 4, 6]))
     ids, N = [1, 5, 6], 3000
     counts, _ = two_token_counts(p, q, ids, N, gamma=2, tree=3)
     assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
 
 
 def test_a_draft_that_blocks_few_rows_keeps_its_output_layer(tiny_pair, tmp_path, pair_with):
-    _, q = pair_with("PyTorch ops", pair=_blocking(tiny_pair, tmp_path / "few", [0, 1, 2]))
+    _, q = pair_with("PyTorch ops", pair=blocking_pair(tiny_pair, tmp_path / "few", [0, 1, 2]))
     assert q.lean.kept is None and q.lean.head.shape[0] == 64  # 61 of 64 rows: a copy would save little

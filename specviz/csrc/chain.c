@@ -1,0 +1,55 @@
+// chain.c: a draft's greedy guesses for one round in one call: k forward passes (llama.c), each fed the argmax
+// (greedy.c) of the one before.
+//
+// Why: a lean draft's greedy step is about 1.2-1.4 ms of llama.c on a 2-core Zen 1, and the Python around each
+// call (the token's embedding, RoPE rows, buffers, the argmax's row mapped back to a token id, the proposal's
+// bookkeeping) added about 0.4 ms more to each (27-28 Nov 2026). Here the loop between calls is a few lines of C.
+//
+// Same numbers as the per-call path (lean.py's `_native` then `sampling.greedy`): the first call feeds the L
+// tokens the draft has not seen (their embeddings, x (L, H), from the caller), each later call one token, whose
+// embedding row is `next_row[r]` for the output row r that won (the token's row in the draft's own input
+// vocabulary: lean_chain.py builds the table from the draft's vocabulary maps), read from `embed` (float32, or
+// float16 when embed_f16) exactly as F.embedding(...).float() reads it. cos and sin are the model's tables from
+// position 0; the cache's rows are the positions (no tree). The last guess is never fed (as in the loop).
+//
+// Returns the number of calls made: k, or fewer where a call's scores had no maximum (every one NaN or -inf:
+// out[i] is then -1 and the caller raises greedy's error), or -1 where llama_forward refused its arguments.
+
+#include <immintrin.h>
+#include <string.h>
+
+int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
+                  int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc,
+                  long cap, long base, const float* cos, const float* sin, const float* mask, const float* fnorm,
+                  const void* head, const float* head_scale, int head_wtype, long V, long out_rows, float* hn,
+                  float* logits, int threads);
+void first_max(const float* s, long rows, long n, long stride, long* out);
+
+__attribute__((target("f16c"))) static void embed_row(const void* embed, int f16, long row, long H, float* x) {
+    if (!f16) {
+        memcpy(x, (const float*)embed + row * H, sizeof(float) * H);
+        return;
+    }
+    const unsigned short* e = (const unsigned short*)embed + row * H;
+    for (long h = 0; h < H; h++) x[h] = _cvtsh_ss(e[h]);
+}
+
+long llama_greedy_chain(const void* const* weights, const float* const* scales, const float* const* norms,
+                        long layers, int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L,
+                        float* kc, float* vc, long cap, long base, const float* cos, const float* sin,
+                        const float* fnorm, const void* head, const float* head_scale, int head_wtype, long V,
+                        float* hn, float* logits, int threads, const void* embed, int embed_f16,
+                        const long* next_row, long k, long* out) {
+    for (long i = 0; i < k; i++) {
+        if (llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
+                          cos + base * d, sin + base * d, NULL, fnorm, head, head_scale, head_wtype, V, 1, hn, logits,
+                          threads))
+            return -1;
+        base += L;
+        first_max(logits, 1, V, V, out + i);
+        if (out[i] < 0) return i + 1;
+        if (i + 1 < k) embed_row(embed, embed_f16, next_row[out[i]], H, x);
+        L = 1;
+    }
+    return k;
+}

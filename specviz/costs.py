@@ -86,23 +86,24 @@ def monotone(times: list[float]) -> list[float]:
 
 @torch.inference_mode()
 def draft_step_calibration(
-    target, draft: LoadedModel, target_ids: list[int], draft_ids: list[int], vocab_size: int
+    target, draft: LoadedModel, target_ids: list[int], draft_ids: list[int], vocab_size: int, greedy: bool = False
 ) -> tuple[list[float], float]:
     """([median seconds of a draft step right after a one-token target call, of the step after that], seconds spent
     now), once per (draft, target): the way a round pays for its first guess, after the verify has streamed the
     target's weights through the caches, and for each further one, with the draft's weights back in cache (the
     built-in draft's int8 step in the Zen 4's decode loop, 27 Nov 2026: 0.96 ms first, 0.63-0.72 ms second,
     0.57-0.63 ms third, Python included). A served target's calls run elsewhere: its draft's steps are timed back
-    to back, both numbers alike."""
+    to back, both numbers alike. greedy: the steps a greedy round takes (`next_greedy`, or a lean draft's chain of
+    one: no V-wide logits; the chain's later steps pay no Python, so the second number is a little high), else a
+    sampled round's `feed`."""
     from .served import ServedTarget
 
     if isinstance(target, ServedTarget):
         (step,), spent = calibration(draft, draft_ids, 1, vocab_size=vocab_size)
         return [step, step], spent
-    memo = _COLD_MEMO.setdefault(draft.model, weakref.WeakKeyDictionary())
-    known = memo.get(target.model)
-    if known is not None:
-        return known, 0.0
+    memo = _COLD_MEMO.setdefault(draft.model, weakref.WeakKeyDictionary()).setdefault(target.model, {})
+    if greedy in memo:
+        return memo[greedy], 0.0
     t0 = time.perf_counter()
     p_run, q_run = open_run(target, vocab_size), open_run(draft, vocab_size or draft.vocab_size)
     p_run.prefill(torch.tensor(target_ids, device=target.device))
@@ -112,19 +113,26 @@ def draft_step_calibration(
     )
     p_base, q_base = p_run.length, q_run.length
     first, then = [], []
+
+    def step() -> None:
+        if not greedy:
+            q_run.feed(q_last, last_only=True)
+        elif q_run.greedy_chain(q_last, 1) is None:
+            q_run.next_greedy(q_last)
+
     for rep in range(CALIBRATION_REPS + 1):  # the first repetition warms up
         p_run.feed(p_last)  # what a round's verify does to the caches, untimed
         p_run.rollback(p_base)
         for times in (first, then):
             _sync(draft.device)
             t = time.perf_counter()
-            q_run.feed(q_last, last_only=True)
+            step()
             _sync(draft.device)
             if rep:
                 times.append(time.perf_counter() - t)
         q_run.rollback(q_base)
-    memo[target.model] = [statistics.median(first), statistics.median(then)]
-    return memo[target.model], time.perf_counter() - t0
+    memo[greedy] = [statistics.median(first), statistics.median(then)]
+    return memo[greedy], time.perf_counter() - t0
 
 
 def _sync(device: torch.device) -> None:
@@ -133,7 +141,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-_COLD_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft model -> {target model: [seconds]}
+_COLD_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> {target: {greedy: [seconds]}}
 
 
 @torch.inference_mode()

@@ -163,7 +163,8 @@ class LeanLlama:
         self.lib = lib if lib is not None and self.head.is_contiguous() else None
         self.engine = "llama.c" if self.lib is not None else "PyTorch ops"  # for headers, benches, recordings
         kind = {torch.int8: "int8", torch.uint8: "NF4"}.get(self.layers[0][1].dtype)
-        if kind is not None:  # bitsandbytes quantised this target (a draft's int8 weights come later: int8())
+        self.quantised = kind is not None  # bitsandbytes quantised this target (a draft's int8 comes later: int8())
+        if self.quantised:
             self.engine += f", {kind} weights from bitsandbytes"
         self.rows = self.head.shape[0]  # output rows: logits always have this many
         self.kept: torch.Tensor | None = None  # the rows the output layer computes, where not all (skip_rows)

@@ -30,9 +30,14 @@ def packs(fwd) -> dict[int, torch.Tensor]:
 
 def choose(fwd) -> None:
     """Panels where they run this forward's products faster here (timed on its own weights), else rows (with the
-    rows of W per pass timed, where this is the process's first such model: `choose_passes`)."""
+    rows of W per pass timed, where this is the process's first such model: `choose_passes`). A target bitsandbytes
+    quantised keeps its rows unless SPECVIZ_KERNEL_LAYOUT forces panels: it was loaded in 8 bits to hold a quarter
+    of float32's bytes, and a panel copy would hold its weights twice (an 8-bit built-in target 440 MB, not 270)."""
     if not can(fwd):
         return fwd.point()
+    if fwd.quantised and kernels.layout_mode() == "auto":
+        use(fwd, False)
+        return choose_passes(fwd)
     packed = packs(fwd)
     mats = [(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in fwd.weights()]
     use(fwd, kernels.panels_pay(mats), packed)

@@ -40,7 +40,8 @@ def make_run(
             spent, paid = spent + spent_q, "head"
         elif draft is not None and not isinstance(drafter, LookupDrafter):  # draft steps, as a round pays them
             d_ids = draft_ids(target, draft, prompt_ids)
-            (step_s, next_s), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V)
+            greedy = cfg.sampling.greedy and not cfg.detail  # the drafter's fast path (drafters.ModelDrafter)
+            (step_s, next_s), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V, greedy)
             spent += spent_q
             if tree_auto:  # and a tree node's read
                 (read_s,), spent_q = tree_read_calibration(draft, d_ids, V)

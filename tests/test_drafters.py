@@ -176,10 +176,28 @@ def test_auto_times_a_draft_step_the_way_a_round_pays_it(loaded_pair, monkeypatc
     assert first > 0 and then > 0 and spent > 0
     assert calls == ["p", "q", "q"] * (costs.CALIBRATION_REPS + 1)  # a target call, then the draft's first and next
     assert costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size) == ([first, then], 0.0)
+    # a greedy round's steps: next_greedy (or a lean draft's chain), never the V-wide feed; timed and kept apart
+    greedy, chained = CachedModel.next_greedy, CachedModel.greedy_chain
+    monkeypatch.setattr(CachedModel, "next_greedy", lambda self, ids: calls.append("q greedy") or greedy(self, ids))
+    monkeypatch.setattr(
+        CachedModel, "greedy_chain", lambda self, ids, k: calls.append("chain") or chained(self, ids, k)
+    )
+    calls.clear()
+    timed = costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size, True)
+    assert calls == ["p", "chain", "q greedy", "chain", "q greedy"] * (costs.CALIBRATION_REPS + 1)
+    assert timed[1] > 0 and costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size) == (
+        [first, then],
+        0.0,
+    )
     asked = []
-    monkeypatch.setattr(run_setup, "draft_step_calibration", lambda *a: asked.append(a[:2]) or ([0.123, 0.05], 0.0))
+    monkeypatch.setattr(
+        run_setup, "draft_step_calibration", lambda *a: asked.append(a[:2] + a[5:]) or ([0.123, 0.05], 0.0)
+    )
     _, policy, _, _ = run_setup.make_run(p, q, [1, 2, 3], SpecConfig(gamma="auto", drafter="lookup+model"), None)
-    assert asked == [(p, q)] and policy.step_s == {"model": 0.123} and policy.next_s == {"model": 0.05}
+    assert asked == [(p, q, True)] and policy.step_s == {"model": 0.123} and policy.next_s == {"model": 0.05}
+    sampled = SpecConfig(gamma="auto", drafter="lookup+model", sampling=SamplingConfig(1.0))
+    run_setup.make_run(p, q, [1, 2, 3], sampled, None)
+    assert asked[1:] == [(p, q, False)]  # a sampled round's draft steps are the V-wide feed
 
 
 def test_auto_prices_a_rounds_first_guess_cold_and_the_next_ones_warm():

@@ -179,6 +179,30 @@ def test_on_llama_c_a_quantised_targets_token_has_the_same_bits_alone_or_inside_
     assert block.shape == alone.shape == (6, p.vocab_size) and torch.equal(block, alone)
 
 
+def test_a_quantised_target_keeps_its_rows_where_panels_would_be_timed_faster(wide_pair, monkeypatch):
+    """With the layout left to timing, an 8-bit target reads its int8 rows as bitsandbytes stores them, never a panel
+    copy (its memory would double), where the float draft beside it takes the panels the same timing favours;
+    forced by SPECVIZ_KERNEL_LAYOUT=panels it still takes them."""
+    from specviz import kernels
+
+    if native.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    for name, value in (("SPECVIZ_FORWARD", "auto"), ("SPECVIZ_CPU_GEMM", "kernel"), ("SPECVIZ_DRAFT_INT8", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): (1.0, 0.5))  # panels twice as fast
+    sizes = {}
+    for layout in ("auto", "panels"):
+        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", layout)
+        CACHE.clear()
+        p, q = load_pair(*wide_pair, device="cpu", quantize="8bit")
+        assert p.lean.quantised and not q.lean.quantised and q.lean.packed  # the draft: panels
+        assert bool(p.lean.packed) is (layout == "panels"), layout
+        assert ("weights in panels" in p.lean.engine) is (layout == "panels")
+        sizes[layout] = p.memory_bytes
+    assert sizes["panels"] - sizes["auto"] == p.lean.weight_bytes  # the copy a timed choice no longer makes
+    CACHE.clear()
+
+
 def test_the_lean_forward_says_which_quantised_layers_it_cannot_read(wide_pair, quantised):
     p, _ = quantised(wide_pair, "4bit", "transformers")
     assert lean.why_not(p.model) is None

@@ -97,6 +97,6 @@ def passes_note() -> str:
     type (its name first where that is not float32), for headers, benches and recordings (models.pair_backend)."""
     names = {0: "", 1: "float16 ", 2: "int8 "}
     changed = [
-        f"{names[t]}{','.join(map(str, r))}" for t, r in sorted(_passes_timed.items()) if r != native.DEFAULT_PASSES[t]
+        f"{names[t]}{','.join(map(str, r))}" for t, r in sorted(_passes_timed.items()) if r != native.pass_limits(t)[0]
     ]
     return f"; rows of W per pass {'; '.join(changed)} (timed)" if changed else ""

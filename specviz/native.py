@@ -128,6 +128,7 @@ def library() -> ctypes.CDLL | None:
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
     lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.few_rows_pass_limits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     if lib.few_rows_isa() == 0:
         _why.append("this CPU has neither AVX-512 nor AVX2 with FMA and F16C")
         return None
@@ -154,9 +155,15 @@ def use_isa(name: str | None) -> str | None:
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
 
 
-MOST_PASSES = (4, 4, 4, 3, 3, 2, 2, 2)  # the most rows of W per pass the AVX2 rows kernels take, for 1..8 tokens
-# few_rows.c's compiled defaults (passes256) by weight type: float32, float16, int8
-DEFAULT_PASSES = {0: (4, 4, 4, 3, 3, 2, 2, 1), 1: (4, 4, 3, 2, 2, 2, 1, 1), 2: (4, 4, 3, 2, 2, 2, 1, 1)}
+@functools.cache
+def pass_limits(wtype: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(few_rows.c's compiled rows of W per pass for weight type wtype, the most each call size takes), for calls of
+    1..8 tokens; None where the library is not here or wtype is not float32 0, float16 1 or int8 2."""
+    lib = library()
+    defaults, most = (ctypes.c_int * 9)(), (ctypes.c_int * 9)()
+    if lib is None or lib.few_rows_pass_limits(wtype, defaults, most):
+        return None
+    return tuple(defaults[1:]), tuple(most[1:])
 
 
 def passes(wtype: int) -> tuple[int, ...] | None:
@@ -171,7 +178,7 @@ def passes(wtype: int) -> tuple[int, ...] | None:
 
 
 def set_passes(wtype: int, rows: tuple[int, ...]) -> None:
-    """Set `passes` (a value per call size 1..8, each 1..MOST_PASSES). Any setting computes the same numbers: each
+    """Set `passes` (a value per call size 1..8, each 1 .. its most: `pass_limits`). Any setting computes the same numbers: each
     output is the same chain of operations whatever the rows per pass; only the speed differs by CPU."""
     lib = library()
     if lib is None or len(rows) != 8 or lib.few_rows_passes(wtype, (ctypes.c_int * 9)(0, *rows), None):

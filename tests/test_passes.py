@@ -14,6 +14,7 @@ from specviz import generate, kernels, lean_panels, native
 
 needs_avx2 = pytest.mark.skipif(native.library() is None, reason="no C compiler or no AVX2 here")
 DEFAULTS = {0: (4, 4, 4, 3, 3, 2, 2, 1), 1: (4, 4, 3, 2, 2, 2, 1, 1), 2: (4, 4, 3, 2, 2, 2, 1, 1)}
+MOST = (4, 4, 4, 3, 3, 2, 2, 2)  # the registers' limit for 1..8 tokens
 PROMPTS = ["hello world", "the cat sat on the mat", "what is 2+2?", "once upon a time"]
 
 
@@ -35,7 +36,7 @@ def avx2(monkeypatch):
 def settings(m: int, wtype: int):
     """Every count the kernel takes for a call of m rows, the other sizes at their defaults."""
     d = DEFAULTS[wtype]
-    return [d[: m - 1] + (r,) + d[m:] for r in range(1, native.MOST_PASSES[m - 1] + 1)]
+    return [d[: m - 1] + (r,) + d[m:] for r in range(1, MOST[m - 1] + 1)]
 
 
 @needs_avx2
@@ -62,6 +63,13 @@ def test_every_rows_per_pass_gives_the_same_bits(avx2, dtype, k, n):
             assert native.passes(wtype) == rows
             assert torch.equal(native.few_rows(x[:m].contiguous(), w, scale, n), want), (m, rows)
         native.set_passes(wtype, DEFAULTS[wtype])
+
+
+@needs_avx2
+def test_the_library_says_its_compiled_counts_and_limits_whatever_is_set(avx2):
+    native.set_passes(0, (1,) * 8)
+    assert all(native.pass_limits(w) == (DEFAULTS[w], MOST) for w in (0, 1, 2))
+    assert native.pass_limits(3) is None  # NF4 keeps fixed counts
 
 
 @needs_avx2
@@ -167,7 +175,7 @@ def test_greedy_spec_equals_plain_and_seeded_draws_are_the_same_whatever_the_row
 ):
     p, q = rows_pair()
     runs = {}
-    for rows in [(1,) * 8, native.MOST_PASSES]:  # every size one row at a time; every size at its most
+    for rows in [(1,) * 8, MOST]:  # every size one row at a time; every size at its most
         for wtype in (0, 1, 2):
             native.set_passes(wtype, rows)
         for gamma, prompt in itertools.product((1, 4), PROMPTS):

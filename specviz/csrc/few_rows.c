@@ -269,8 +269,19 @@ A256 static void rows_nf4_256(const uint8_t* restrict w, const float* restrict s
 
 static int isa = -1;  // the level in use (few_rows_use_isa)
 
-// Rows of W per pass of the AVX2 rows kernels, by weight type (float32, float16, int8) and rows of x (1..8).
-static int passes256[3][MAX_M + 1] = {{0, 4, 4, 4, 3, 3, 2, 2, 1}, {0, 4, 4, 3, 2, 2, 2, 1, 1}, {0, 4, 4, 3, 2, 2, 2, 1, 1}};
+// Rows of W per pass of the AVX2 rows kernels, by weight type (float32, float16, int8) and rows of x (1..8): the
+// compiled defaults, and what this process runs (few_rows_passes sets them).
+#define DEFAULTS256 {{0, 4, 4, 4, 3, 3, 2, 2, 1}, {0, 4, 4, 3, 2, 2, 2, 1, 1}, {0, 4, 4, 3, 2, 2, 2, 1, 1}}
+static const int default256[3][MAX_M + 1] = DEFAULTS256;
+static int passes256[3][MAX_M + 1] = DEFAULTS256;
+
+// The compiled defaults for weight type wtype (0-2) and the most rows per pass each call size takes, 1..8 in
+// [1..8] of each. Returns 0, or -1 for another weight type.
+int few_rows_pass_limits(int wtype, int* defaults, int* most) {
+    if (wtype < 0 || wtype > 2) return -1;
+    for (int m = 0; m <= MAX_M; m++) defaults[m] = default256[wtype][m], most[m] = MOST_PASSES[m];
+    return 0;
+}
 
 // Read (r == NULL: into out) or set (from r[1..8], each 1..MOST_PASSES[m]) the AVX2 rows kernels' rows of W per pass
 // for weight type wtype (0-2). Returns 0, or -1 for a value out of range (nothing changed).

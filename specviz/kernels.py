@@ -240,24 +240,23 @@ def layout_mode() -> str:
 
 
 @torch.inference_mode()
-def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[float, float]:
-    """Seconds of a pass over a model's products by rows and in panels, summed over `rows` tokens (a plain step and
+def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Seconds of a pass over a model's products by rows and in panels, for each of `rows` tokens (a plain step and
     a typical verify); mats: (weight as stored, the same packed, its scale or None) in the order a forward reads
     them. The layouts alternate within each of 3 repetitions, so a busy machine slows both alike; the best of each."""
     inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _, _ in mats} for m in rows}
-    best = [float("inf"), float("inf")]
+    best = [[float("inf")] * len(rows) for _ in (0, 1)]
     for _ in range(3):
         for i in (0, 1):
-            t = 0.0
-            for m in rows:
-                t += _seconds(
+            for j, m in enumerate(rows):
+                t = _seconds(
                     lambda i=i, m=m: [
                         native.few_rows(inputs[m][w.shape[1]], (w, p)[i], sc, w.shape[0]) for w, p, sc in mats
                     ],
                     2,
                 )
-            best[i] = min(best[i], t)
-    return best[0], best[1]
+                best[i][j] = min(best[i][j], t)
+    return tuple(best[0]), tuple(best[1])
 
 
 @torch.inference_mode()
@@ -299,9 +298,12 @@ def passes_timed() -> bool:
 
 def panels_pay(mats: list[tuple]) -> bool:
     """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
-    its own weights (`time_layouts`; about half a second for the built-in target) and kept when clearly faster."""
+    its own weights (`time_layouts`; about half a second for the built-in target) and kept when clearly faster for a
+    step and for a verify of 4 tokens each: on a 2-core Zen 1 (28 Nov 2026) panels took a step 7 % faster but a
+    4-token call 9 % slower, their sum a near tie that chose panels in some processes, and there the race ran
+    1.28-1.34x against 1.50-1.54x by rows (verify 1.20-1.28 steps against 1.06-1.07)."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"
     by_rows, in_panels = time_layouts(mats)
-    return in_panels < PANELS_MARGIN * by_rows
+    return all(p < PANELS_MARGIN * r for r, p in zip(by_rows, in_panels))

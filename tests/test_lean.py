@@ -357,7 +357,12 @@ def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_clearly_fas
 
 @pytest.mark.parametrize(
     "rows_s,panels_s,chosen",
-    [(1.0, 0.80, True), (1.0, 0.98, False), (1.0, 1.20, False)],  # clearly faster; inside the margin; slower
+    [
+        ((1.0, 1.0), (0.80, 0.85), True),  # clearly faster for a step and a verify
+        ((1.0, 1.0), (0.98, 0.80), False),  # a step inside the margin
+        ((1.0, 1.0), (1.20, 1.20), False),  # slower
+        ((1.0, 1.0), (0.93, 1.09), False),  # a faster step, a slower verify (a Zen 1): rows
+    ],
 )
 def test_auto_reads_a_models_weights_in_panels_only_where_they_were_timed_clearly_faster(
     pair_with, monkeypatch, rows_s, panels_s, chosen
@@ -410,7 +415,7 @@ def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(
 
     monkeypatch.setattr(lean_draft, "_cold_steps", fake)
     monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)
-    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): (1.0, 2.0))  # warm: rows, always
+    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): ((1.0, 1.0), (2.0, 2.0)))  # warm: rows
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
     draft = lean.LeanLlama(q.model, "kernel")

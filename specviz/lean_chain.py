@@ -15,22 +15,16 @@ from . import cpus, native
 from .config import SpecvizError
 from .sampling import BROKEN
 
-_NEXT_ROWS: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(kept rows) -> (those rows, their next input rows)
-
 
 def next_rows(lm) -> torch.Tensor:
     """(kept,) int64: for each row of the draft's cut output layer, the input row its token is fed as next (the
-    token's target id through the draft's `input_map`, as `CachedModel._forward` maps it)."""
-    kept = lm.lean.kept
-    hit = _NEXT_ROWS.get(id(kept))
-    if hit is not None and hit[0] is kept:
-        return hit[1]
-    ids = lm.vocab_map[kept]  # target ids
-    if lm.input_map is not None:
-        ids = lm.input_map[ids.clamp(max=lm.input_map.numel() - 1)]
-    rows = ids.to(torch.long).contiguous()
-    _NEXT_ROWS[id(kept)] = (kept, rows)
-    return rows
+    token's target id as `CachedModel._forward` maps it: LoadedModel.rows_of); kept on the lean forward beside the
+    kept rows it was made for."""
+    lean = lm.lean
+    made = getattr(lean, "_chain_rows", None)
+    if made is None or made[0] is not lean.kept:
+        made = lean._chain_rows = (lean.kept, lm.rows_of(lm.vocab_map[lean.kept]).to(torch.long).contiguous())
+    return made[1]
 
 
 def greedy_chain(lm, cache, ids: torch.Tensor, k: int) -> torch.Tensor | None:
@@ -39,16 +33,12 @@ def greedy_chain(lm, cache, ids: torch.Tensor, k: int) -> torch.Tensor | None:
     lean = lm.lean
     if lean is None or lean.lib is None or lean.kept is None or lm.vocab_map is None:
         return None
-    L = ids.numel()
-    if not (1 <= L <= native.MAX_ROWS and k >= 1) or lean.embed.dtype not in (torch.float32, torch.float16):
+    L, embed = ids.numel(), lean.embed
+    if not (1 <= L <= native.MAX_ROWS and k >= 1 and embed.is_contiguous()):
         return None
-    embed = lean.embed if lean.embed.is_contiguous() else None
-    if embed is None:
+    if embed.dtype not in (torch.float32, torch.float16):
         return None
-    x = ids.view(-1)
-    if lm.input_map is not None:
-        x = lm.input_map[x.clamp(max=lm.input_map.numel() - 1)]
-    x = F.embedding(x, embed).float().contiguous()  # (L, H), overwritten
+    x = F.embedding(lm.rows_of(ids.view(-1)), embed).float().contiguous()  # (L, H), overwritten
     base, end = cache.length, cache.length + L + k - 1
     cache.reserve(end)
     lean._rope(end)

@@ -62,6 +62,13 @@ class LoadedModel:
             keep[self.blocked_rows] = False
         return self.vocab_map[keep].sort().values
 
+    def rows_of(self, ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids -> the rows this model reads them as: a trimmed draft's own rows through `input_map`
+        (an id past the map -> row 0), else the ids themselves."""
+        if self.input_map is None:
+            return ids
+        return self.input_map[ids.clamp(max=self.input_map.numel() - 1)]
+
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])

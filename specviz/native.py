@@ -178,8 +178,8 @@ def passes(wtype: int) -> tuple[int, ...] | None:
 
 
 def set_passes(wtype: int, rows: tuple[int, ...]) -> None:
-    """Set `passes` (a value per call size 1..8, each 1 .. its most: `pass_limits`). Any setting computes the same numbers: each
-    output is the same chain of operations whatever the rows per pass; only the speed differs by CPU."""
+    """Set `passes` (a value per call size 1..8, each 1 .. its most: `pass_limits`). Any setting computes the same
+    numbers: each output is the same chain of operations whatever the rows per pass; only the speed differs by CPU."""
     lib = library()
     if lib is None or len(rows) != 8 or lib.few_rows_passes(wtype, (ctypes.c_int * 9)(0, *rows), None):
         raise ValueError(f"rows per pass {rows} for weight type {wtype}: out of range or no kernel here")

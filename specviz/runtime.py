@@ -182,9 +182,7 @@ class CachedModel:
     ):
         """ids (L,) -> (logits (L or 1, Vm) in the model's own vocabulary, last hidden states or None); kept_only:
         a lean draft's logits over the rows its output layer computes (LeanLlama.forward)."""
-        x = ids.view(1, -1)
-        if self.lm.input_map is not None:  # a trimmed draft: target ids -> its own rows (unknown -> row 0)
-            x = self.lm.input_map[x.clamp(max=self.lm.input_map.numel() - 1)]
+        x = self.lm.rows_of(ids.view(1, -1))  # a trimmed draft: target ids -> its own rows
         if mask is None and self.tree_rows:
             raise RuntimeError("a plain feed after a tree feed: keep_path or rollback first")
         if self.lm.lean is not None:

@@ -95,7 +95,7 @@ def draft_step_calibration(
     0.57-0.63 ms third, Python included). A served target's calls run elsewhere: its draft's steps are timed back
     to back, both numbers alike. greedy: the steps a greedy round takes (`next_greedy`, or a lean draft's chain of
     one: no V-wide logits; the chain's later steps pay no Python, so the second number is a little high), else a
-    sampled round's `feed`."""
+    sampled round's (a lean draft's sampled chain of one, or `feed`)."""
     from .served import ServedTarget
 
     if isinstance(target, ServedTarget):
@@ -114,11 +114,14 @@ def draft_step_calibration(
     p_base, q_base = p_run.length, q_run.length
     first, then = [], []
 
+    draws = torch.Generator().manual_seed(0)
+
     def step() -> None:
-        if not greedy:
+        if greedy:
+            if q_run.greedy_chain(q_last, 1) is None:
+                q_run.next_greedy(q_last)
+        elif q_run.sampled_chain(q_last, 1, 1.0, draws) is None:
             q_run.feed(q_last, last_only=True)
-        elif q_run.greedy_chain(q_last, 1) is None:
-            q_run.next_greedy(q_last)
 
     for rep in range(CALIBRATION_REPS + 1):  # the first repetition warms up
         p_run.feed(p_last)  # what a round's verify does to the caches, untimed

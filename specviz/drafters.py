@@ -63,7 +63,7 @@ from .drafters_lookup import (  # noqa: F401 (importable from here, as before dr
 from .drafters_translating import TranslatingDrafter, translation_of  # noqa: F401 (translation_of: as before)
 from .models import LoadedModel
 from .runtime import CachedModel
-from .sampling import sample, to_probs
+from .sampling import sample, scatter_rows, to_probs
 
 TREE_CHILDREN = 4  # the most children a tree node gets (its draft's top 4: 2nd-4th are right 22% of the time)
 
@@ -127,10 +127,15 @@ class ModelDrafter(Drafter):
         x = self._sync(seq)  # (L,) at least one token: the last one of the text is never cached yet
         self.confirmed = len(seq)
         s, fast = ctx.sampling, ctx.sampling.greedy and not ctx.need_q and ctx.threshold <= 0
-        chain = self.run.greedy_chain(x, k) if fast else None  # the loop below in one native call, where it can
-        if chain is not None:
-            self.spec = chain[:-1].tolist()  # the last proposal was never fed
-            return Proposal(chain.to(ctx.device), None, (self.name,) * k, k, why, ())
+        if fast:  # the loop below in one native call, where it can
+            chain = self.run.greedy_chain(x, k)
+            if chain is not None:
+                self.spec = chain[:-1].tolist()  # the last proposal was never fed
+                return Proposal(chain.to(ctx.device), None, (self.name,) * k, k, why, ())
+        elif not s.greedy and ctx.threshold <= 0 and s.top_k == 0 and s.top_p >= 1.0:
+            drawn = self.run.sampled_chain(x, k, s.temperature, ctx.generator)
+            if drawn is not None:
+                return self._drawn(*drawn, ctx, why)
         tokens, logits_rows, q_rows, stop = [], [], [], why
         ids = self._ids(ctx)
         for _ in range(k):
@@ -153,6 +158,14 @@ class ModelDrafter(Drafter):
         if logits_rows and ctx.need_q:
             q = to_probs(torch.stack(logits_rows), s) if s.greedy else torch.stack(q_rows)
         return Proposal(t, q, (self.name,) * len(tokens), k, stop, tuple(logits_rows))
+
+    def _drawn(self, chain: torch.Tensor, scores: torch.Tensor, probs: torch.Tensor, ctx: DraftContext, why: str):
+        """The Proposal of a sampled chain: its q rows and raw scores widened to V as `draw` and `feed` give them."""
+        self.spec = chain[:-1].tolist()  # the last proposal was never fed
+        ids, k = self._ids(ctx), chain.numel()
+        q = torch.zeros(k, ctx.V, device=ctx.device).scatter_(1, ids.view(1, -1).expand(k, -1), probs.to(ctx.device))
+        rows = scatter_rows(scores.to(ctx.device), ids, ctx.V)
+        return Proposal(chain.to(ctx.device), q, (self.name,) * k, k, why, tuple(rows))
 
     def _ids(self, ctx: DraftContext) -> torch.Tensor | None:
         """The target ids it can propose, on the round's device (None: all V)."""

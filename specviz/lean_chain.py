@@ -1,9 +1,11 @@
-"""A lean draft's greedy guesses for a round in one native call (csrc/chain.c).
+"""A lean draft's guesses for a round in one native call (csrc/chain.c).
 
-`ModelDrafter.propose` at T = 0 with nothing else asked of it calls `CachedModel.next_greedy` k times, each fed the
-token the last one chose. For a lean draft whose output layer is cut to the rows it proposes (the built-in one:
-`LeanLlama.skip_rows`) that loop is `greedy_chain` here: the same llama.c calls and the same argmax, so the same
-tokens and the same cache, with the Python between calls (about 0.4 ms a call on a 2-core Zen 1) gone.
+`ModelDrafter.propose` calls the draft once per guess, each fed the token the last one chose: at T = 0
+`CachedModel.next_greedy` (the argmax), at T > 0 `feed` and `drafters_base.draw` (a draw from the softmax). For a
+lean draft whose output layer is cut to the rows it proposes (the built-in one: `LeanLlama.skip_rows`) that loop is
+`greedy_chain` or `sampled_chain` here: the same llama.c calls, the same argmax or the same draw from the same
+uniforms, so the same tokens and the same cache, with the Python between calls (about 0.4 ms a call at T = 0 and
+0.9 at T > 0 on a 2-core Zen 1) gone.
 """
 
 from __future__ import annotations
@@ -27,9 +29,23 @@ def next_rows(lm) -> torch.Tensor:
     return made[1]
 
 
-def greedy_chain(lm, cache, ids: torch.Tensor, k: int) -> torch.Tensor | None:
-    """Feed `ids` (L,) (target ids) then each guess but the last; return the k guesses as (k,) target ids, or None
-    where the chain cannot run here (no native library, no cut output layer, a call longer than llama.c's)."""
+def proposal_order(lm) -> torch.Tensor | None:
+    """(kept,) int64: the output rows in the order of the target ids they propose (`LoadedModel.proposable`, the
+    order `draw` reads its probabilities and draws in), or None where those are not the same ids; kept like
+    next_rows."""
+    lean = lm.lean
+    made = getattr(lean, "_chain_order", None)
+    if made is None or made[0] is not lean.kept:
+        ids = lm.vocab_map[lean.kept]
+        order = torch.argsort(ids, stable=True)
+        same = lm.proposable is not None and torch.equal(ids[order], lm.proposable.to(ids.device))
+        made = lean._chain_order = (lean.kept, order.contiguous() if same else None)
+    return made[1]
+
+
+def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None):
+    """The chain's call (llama_chain): the output rows chosen (k,), or None where it cannot run here. sampled: (1 / T,
+    uniforms (k,) float64, proposal_order, scores out (k, kept), probabilities out (k, kept)); None: greedy."""
     lean = lm.lean
     if lean is None or lean.lib is None or lean.kept is None or lm.vocab_map is None:
         return None
@@ -44,29 +60,39 @@ def greedy_chain(lm, cache, ids: torch.Tensor, k: int) -> torch.Tensor | None:
     lean._rope(end)
     hn, logits = torch.empty(L, lean.H), torch.empty(lean.head.shape[0])
     out, table = torch.empty(k, dtype=torch.long), next_rows(lm)
-    made = lean.lib.llama_greedy_chain(
-        *lean._layer_args,
-        x.data_ptr(),
-        L,
-        cache.k.data_ptr(),
-        cache.v.data_ptr(),
-        cache.k.shape[2],
-        base,
-        lean.cos.data_ptr(),
-        lean.sin.data_ptr(),
-        *lean._head_args,
-        hn.data_ptr(),
-        logits.data_ptr(),
-        cpus.threads(),
-        embed.data_ptr(),
-        int(embed.dtype == torch.float16),
-        table.data_ptr(),
-        k,
-        out.data_ptr(),
-    )
+    args = [*lean._layer_args, x.data_ptr(), L, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base]
+    args += [lean.cos.data_ptr(), lean.sin.data_ptr(), *lean._head_args, hn.data_ptr(), logits.data_ptr()]
+    args += [cpus.threads(), embed.data_ptr(), int(embed.dtype == torch.float16), table.data_ptr(), k, out.data_ptr()]
+    inv_t, *tensors = sampled or (0.0, None, None, None, None)  # greedy: no uniforms
+    made = lean.lib.llama_chain(*args, inv_t, *(None if t is None else t.data_ptr() for t in tensors))
     if made < 0:
-        raise RuntimeError("llama_greedy_chain refused its arguments")  # unreachable: checked above
+        raise RuntimeError("the draft's chain refused its arguments")  # unreachable: checked above
     cache.length = base + L + made - 1
-    if made < k or int(out[made - 1]) < 0:  # a call's scores were all NaN or -inf: greedy's error
+    if made < k or int(out[made - 1]) < 0:  # a call's scores were all NaN or -inf: greedy's and draw's error
         raise SpecvizError(BROKEN)
-    return lm.vocab_map[lean.kept[out]]
+    return out
+
+
+def greedy_chain(lm, cache, ids: torch.Tensor, k: int) -> torch.Tensor | None:
+    """Feed `ids` (L,) (target ids) then each guess but the last; return the k guesses as (k,) target ids, or None
+    where the chain cannot run here (no native library, no cut output layer, a call longer than llama.c's)."""
+    out = _run(lm, cache, ids, k, None)
+    return None if out is None else lm.vocab_map[lm.lean.kept[out]]
+
+
+def sampled_chain(lm, cache, ids: torch.Tensor, k: int, temperature: float, generator: torch.Generator):
+    """`greedy_chain` at temperature T > 0, as `drafters_base.draw` draws (no top-k, no top-p: the caller loops
+    for those): (the k guesses as (k,) target ids, their scores and the probabilities they were drawn from, each
+    (k, n) over `lm.proposable`'s n ids in its order), or None where the chain cannot run here. Takes k uniforms
+    from `generator`, as k draws would."""
+    lean = lm.lean
+    if lean is None or lean.kept is None or lm.vocab_map is None or (order := proposal_order(lm)) is None:
+        return None
+    n, before = order.numel(), generator.get_state()
+    u = torch.rand(k, generator=generator, dtype=torch.float64)  # what `sample` takes, one a draw, in turn
+    s, p = torch.empty(k, n), torch.empty(k, n)
+    out = _run(lm, cache, ids, k, (1.0 / temperature, u, order, s, p))
+    if out is None:  # nothing ran: the uniforms go back, so the loop that runs instead draws the same ones
+        generator.set_state(before)
+        return None
+    return lm.vocab_map[lean.kept[out]], s, p

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c", CSRC / "greedy.c", CSRC / "chain.c")  # the products; a Llama
-# model's forward pass (lean.py); greedy decoding's argmax (sampling.greedy); a draft's greedy chain (lean_chain.py)
+# model's forward pass (lean.py); greedy decoding's argmax (sampling.greedy); a draft's greedy and sampled chains
+# (lean_chain.py)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
 LIBS = ["-lm"]
 MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1, a tree)
@@ -112,7 +113,7 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,  # threads
     ]
     lib.llama_forward.restype = ctypes.c_int
-    lib.llama_greedy_chain.argtypes = [
+    lib.llama_chain.argtypes = [
         *lib.llama_forward.argtypes[:19],  # as llama_forward's, up to sin
         *lib.llama_forward.argtypes[20:25],  # then no mask; final norm, head, head scale, head wtype, V
         *[ctypes.c_void_p] * 2,  # hn, logits
@@ -122,8 +123,10 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_void_p,  # next_row
         ctypes.c_long,  # k
         ctypes.c_void_p,  # out
+        ctypes.c_float,  # 1 / T
+        *[ctypes.c_void_p] * 4,  # the uniforms (NULL: greedy), the proposal order, the scores and probabilities out
     ]
-    lib.llama_greedy_chain.restype = ctypes.c_long
+    lib.llama_chain.restype = ctypes.c_long
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]

@@ -101,11 +101,20 @@ class CachedModel:
         that call cannot run (the caller loops next_greedy)."""
         if not sampling.FAST_GREEDY or self.tree_rows:
             return None
-        tokens = lean_chain.greedy_chain(self.lm, self.cache, ids, k)
-        if tokens is not None:
+        return self._chained(ids, k, lean_chain.greedy_chain(self.lm, self.cache, ids, k))
+
+    def sampled_chain(self, ids: torch.Tensor, k: int, temperature: float, generator: torch.Generator):
+        """`greedy_chain` at T > 0, drawing as `drafters_base.draw` does (lean_chain.sampled_chain): (the k guesses,
+        their scores and the probabilities they were drawn from over `lm.proposable`), or None (the caller loops)."""
+        if self.tree_rows:
+            return None
+        return self._chained(ids, k, lean_chain.sampled_chain(self.lm, self.cache, ids, k, temperature, generator))
+
+    def _chained(self, ids: torch.Tensor, k: int, made):
+        if made is not None:
             self.length += ids.numel() + k - 1  # the last token is never fed
             self.calls += k
-        return tokens
+        return made
 
     def feed_tree(self, ids: torch.Tensor, parents: list[int], hidden: bool = False):
         """Feed tokens that branch: token i continues cache row parents[i] (-1: none, the very start; row

@@ -178,11 +178,13 @@ def llamacpp_target(tmp_path_factory):
         server.stop()
 
 
-def blocking_pair(pair: list[str], folder, blocked: list[int]) -> list[str]:
-    """The pair with its draft copied to `folder` and told never to propose `blocked` (specviz_vocab.json)."""
+def blocking_pair(pair: list[str], folder, blocked: list[int], reverse: bool = False) -> list[str]:
+    """The pair with its draft copied to `folder` and told never to propose `blocked` (specviz_vocab.json); reverse:
+    its row i read as target id (rows - 1 - i), a map whose order is not the target's."""
     shutil.copytree(pair[1], folder)
     rows = json.loads((folder / "config.json").read_text())["vocab_size"]
-    (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": list(range(rows)), "never_propose": blocked}))
+    ids = list(range(rows))[:: -1 if reverse else 1]
+    (folder / "specviz_vocab.json").write_text(json.dumps({"target_ids": ids, "never_propose": blocked}))
     return [pair[0], str(folder)]
 
 

@@ -197,7 +197,7 @@ def test_auto_times_a_draft_step_the_way_a_round_pays_it(loaded_pair, monkeypatc
     assert asked == [(p, q, True)] and policy.step_s == {"model": 0.123} and policy.next_s == {"model": 0.05}
     sampled = SpecConfig(gamma="auto", drafter="lookup+model", sampling=SamplingConfig(1.0))
     run_setup.make_run(p, q, [1, 2, 3], sampled, None)
-    assert asked[1:] == [(p, q, False)]  # a sampled round's draft steps are the V-wide feed
+    assert asked[1:] == [(p, q, False)]  # a sampled round's steps: this draft has no cut output layer, so feed
 
 
 def test_auto_prices_a_rounds_first_guess_cold_and_the_next_ones_warm():

@@ -1,5 +1,5 @@
-// chain.c: a draft's greedy guesses for one round in one call: k forward passes (llama.c), each fed the argmax
-// (greedy.c) of the one before.
+// chain.c: a draft's guesses for one round in one call: k forward passes (llama.c), each fed the argmax (greedy.c)
+// of the one before, or at T > 0 a draw from its softmax.
 //
 // Why: a lean draft's greedy step is about 1.2-1.4 ms of llama.c on a 2-core Zen 1, and the Python around each
 // call (the token's embedding, RoPE rows, buffers, the argmax's row mapped back to a token id, the proposal's
@@ -14,8 +14,16 @@
 //
 // Returns the number of calls made: k, or fewer where a call's scores had no maximum (every one NaN or -inf:
 // out[i] is then -1 and the caller raises greedy's error), or -1 where llama_forward refused its arguments.
+//
+// With uniforms u (not NULL) it is the same loop at T > 0 (drafters_base.draw called k times): each call's scores,
+// put in the order of the target ids the draft proposes (`order`), become probabilities as sampling.to_probs makes
+// them (NaN read as -inf, +inf entries sharing the mass, else a softmax of the scores times inv_t = 1 / T), and the
+// guess is drawn from them as sampling.sample draws (the first entry whose running sum, in double, passes u[i]
+// times the total; u[i] the caller took from the run's generator). It writes each call's scores and probabilities in
+// that order (logits_out, probs_out: k rows of V): the rows the guesses were drawn from, for the verify.
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
@@ -34,19 +42,63 @@ __attribute__((target("f16c"))) static void embed_row(const void* embed, int f16
     for (long h = 0; h < H; h++) x[h] = _cvtsh_ss(e[h]);
 }
 
-long llama_greedy_chain(const void* const* weights, const float* const* scales, const float* const* norms,
-                        long layers, int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L,
-                        float* kc, float* vc, long cap, long base, const float* cos, const float* sin,
-                        const float* fnorm, const void* head, const float* head_scale, int head_wtype, long V,
-                        float* hn, float* logits, int threads, const void* embed, int embed_f16,
-                        const long* next_row, long k, long* out) {
+
+// Probabilities of one call's scores s (V, in proposal order) at 1 / inv_t, into p; -1 where no score is above -inf.
+static int to_probs_row(const float* s, long V, float inv_t, float* p) {
+    float best = -INFINITY;
+    long inf = 0;
+    for (long j = 0; j < V; j++) {
+        if (s[j] == INFINITY) inf++;
+        if (s[j] > best) best = s[j];  // NaN never compares greater
+    }
+    if (inf) {
+        for (long j = 0; j < V; j++) p[j] = s[j] == INFINITY ? 1.0f / (float)inf : 0.0f;
+        return 0;
+    }
+    if (!(best > -INFINITY)) return -1;
+    float top = best * inv_t, sum = 0.0f;
+    for (long j = 0; j < V; j++) {
+        p[j] = s[j] > -INFINITY ? expf(s[j] * inv_t - top) : 0.0f;  // NaN and -inf: 0
+        sum += p[j];
+    }
+    for (long j = 0; j < V; j++) p[j] /= sum;
+    return 0;
+}
+
+// sampling.sample: the first j whose running sum (double) passes u * total; past the end, the last j of p > 0.
+static long draw_row(const float* p, long V, double u) {
+    double total = 0.0, run = 0.0;
+    for (long j = 0; j < V; j++) total += p[j];
+    double at = u * total;
+    for (long j = 0; j < V; j++) {
+        run += p[j];
+        if (run > at) return j;
+    }
+    for (long j = V - 1; j >= 0; j--)
+        if (p[j] > 0.0f) return j;
+    return -1;
+}
+
+long llama_chain(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
+                 int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc,
+                 long cap, long base, const float* cos, const float* sin, const float* fnorm, const void* head,
+                 const float* head_scale, int head_wtype, long V, float* hn, float* logits, int threads,
+                 const void* embed, int embed_f16, const long* next_row, long k, long* out, float inv_t,
+                 const double* u, const long* order, float* logits_out, float* probs_out) {
     for (long i = 0; i < k; i++) {
         if (llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
                           cos + base * d, sin + base * d, NULL, fnorm, head, head_scale, head_wtype, V, 1, hn, logits,
                           threads))
             return -1;
         base += L;
-        first_max(logits, 1, V, V, out + i);
+        if (u == NULL) {
+            first_max(logits, 1, V, V, out + i);
+        } else {
+            float *s = logits_out + i * V, *p = probs_out + i * V;
+            for (long j = 0; j < V; j++) s[j] = logits[order[j]];
+            long j = to_probs_row(s, V, inv_t, p) ? -1 : draw_row(p, V, u[i]);
+            out[i] = j < 0 ? -1 : order[j];  // the output row, as the greedy chain gives it
+        }
         if (out[i] < 0) return i + 1;
         if (i + 1 < k) embed_row(embed, embed_f16, next_row[out[i]], H, x);
         L = 1;

@@ -24,19 +24,19 @@ HF_ASSIST_TOKENS, HF_ASSIST_CONFIDENCE = 20, 0.4  # num_assistant_tokens, assist
 
 
 class _MapIds(torch.nn.Module):
-    """The draft's input embedding, fed target ids: target id -> draft row (unknown -> row 0)."""
+    """The draft's input embedding, fed target ids: each read as the draft's row, as our engine reads it
+    (LoadedModel.rows_of: unknown -> row 0)."""
 
-    def __init__(self, embed: torch.nn.Module, input_map: torch.Tensor):
+    def __init__(self, draft: LoadedModel):
         super().__init__()
-        self.embed = embed
-        self.register_buffer("input_map", input_map, persistent=False)
+        self.embed, self.draft = draft.model.get_input_embeddings(), draft
 
     @property
     def weight(self) -> torch.Tensor:
         return self.embed.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed(self.input_map[ids.clamp(max=self.input_map.numel() - 1)])
+        return self.embed(self.draft.rows_of(ids))
 
 
 class _FullVocab(torch.nn.Module):
@@ -83,10 +83,7 @@ def hf_assistant(draft: LoadedModel, target: LoadedModel, gamma: int) -> torch.n
         src, dst = getattr(m, prefix), getattr(view, prefix)
         for name, child in src.named_children():
             setattr(dst, name, child)
-        embed = m.get_input_embeddings()
-        if draft.input_map is not None:
-            embed = _MapIds(embed, draft.input_map)
-        view.set_input_embeddings(embed)
+        view.set_input_embeddings(_MapIds(draft) if draft.input_map is not None else m.get_input_embeddings())
         view.set_output_embeddings(_FullVocab(draft, V))
     except (AttributeError, TypeError, ValueError, RuntimeError) as e:
         raise SpecvizError(f"transformers' assisted generation cannot use this draft ({e}).") from None

@@ -42,7 +42,6 @@ __attribute__((target("f16c"))) static void embed_row(const void* embed, int f16
     for (long h = 0; h < H; h++) x[h] = _cvtsh_ss(e[h]);
 }
 
-
 // Probabilities of one call's scores s (V, in proposal order) at 1 / inv_t, into p; -1 where no score is above -inf.
 static int to_probs_row(const float* s, long V, float inv_t, float* p) {
     float best = -INFINITY;

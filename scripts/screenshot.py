@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="with --tab 'Pair check': run the check of the default pair")
     ap.add_argument("--width", type=int, default=1400)
     ap.add_argument("--drafter", default="", help="the speculative lane's drafter (model, lookup, lookup+model)")
+    ap.add_argument("--temperature", default="", help="the race's temperature (default: the page's, 0)")
     ap.add_argument("--policy", default="", help="its gamma policy (constant, heuristic, confidence, auto)")
     ap.add_argument("--lane3", default="", help="add a third lane with this drafter")
     ap.add_argument("--policy3", default="", help="the third lane's gamma policy (default auto)")
@@ -100,6 +101,12 @@ def main() -> None:
                 return
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)
+            if args.temperature:
+                box = page.locator(
+                    'input[type=number][aria-label="number input for temperature (0 = greedy: always the top token)"]'
+                ).first
+                box.fill(args.temperature)
+                box.press("Enter")
             for label, value in (
                 ("guesses from (drafter)", args.drafter),
                 ("gamma policy", args.policy),

@@ -163,8 +163,7 @@ class ModelDrafter(Drafter):
         """The Proposal of a sampled chain: its q rows and raw scores widened to V as `draw` and `feed` give them."""
         self.spec = chain[:-1].tolist()  # the last proposal was never fed
         ids, k = self._ids(ctx), chain.numel()
-        q = torch.zeros(k, ctx.V, device=ctx.device).scatter_(1, ids.view(1, -1).expand(k, -1), probs.to(ctx.device))
-        rows = scatter_rows(scores.to(ctx.device), ids, ctx.V)
+        q, rows = widen(probs.to(ctx.device), ids, ctx.V), scatter_rows(scores.to(ctx.device), ids, ctx.V)
         return Proposal(chain.to(ctx.device), q, (self.name,) * k, k, why, tuple(rows))
 
     def _ids(self, ctx: DraftContext) -> torch.Tensor | None:

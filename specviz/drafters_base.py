@@ -120,8 +120,11 @@ def draw(
 
 
 def widen(probs: torch.Tensor, ids: torch.Tensor | None, V: int) -> torch.Tensor:
-    """(n,) probabilities over `ids` (as `draw` computes them) -> (V,), 0 on every other id; ids None: as it is."""
-    return probs if ids is None else probs.new_zeros(V).scatter_(0, ids, probs)
+    """(..., n) probabilities over `ids` (as `draw` computes them) -> (..., V), 0 on every other id; ids None: as
+    it is."""
+    if ids is None:
+        return probs
+    return probs.new_zeros(*probs.shape[:-1], V).scatter_(-1, ids.expand_as(probs), probs)
 
 
 def draw_guess(logits: torch.Tensor, ctx: DraftContext) -> torch.Tensor | None:

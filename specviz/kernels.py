@@ -265,8 +265,8 @@ def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
     these (weight, scale) products (enough of a model's weights to stream from memory, in a forward's order): every
     count up to the most each size takes (native.pass_limits), alternating within each of 3 repetitions; a count
     other than the default is kept only where it beat the default by PASSES_MARGIN in every repetition (one burst of
-    other work must not decide a process's counts), the fastest such by its best time. A step's count (1 token) stays the compiled one, the best on
-    every CPU measured (Xeon, Zen 1, 3, 4). Leaves the chosen counts set."""
+    other work must not decide a process's counts), the fastest such by its best time. A step's count (1 token)
+    stays the compiled one, the best on every CPU measured (Xeon, Zen 1, 3, 4). Leaves the chosen counts set."""
     default, most = native.passes(wtype), native.pass_limits(wtype)[1]
     chosen = list(default)
     for m in range(2, 9):

@@ -31,9 +31,11 @@ def next_rows(lm) -> torch.Tensor:
 
 def proposal_order(lm) -> torch.Tensor | None:
     """(kept,) int64: the output rows in the order of the target ids they propose (`LoadedModel.proposable`, the
-    order `draw` reads its probabilities and draws in), or None where those are not the same ids; kept like
-    next_rows."""
+    order `draw` reads its probabilities and draws in), or None where those are not the same ids or there is no cut
+    output layer; kept like next_rows."""
     lean = lm.lean
+    if lean is None or lean.kept is None or lm.vocab_map is None:
+        return None
     made = getattr(lean, "_chain_order", None)
     if made is None or made[0] is not lean.kept:
         ids = lm.vocab_map[lean.kept]
@@ -85,8 +87,8 @@ def sampled_chain(lm, cache, ids: torch.Tensor, k: int, temperature: float, gene
     for those): (the k guesses as (k,) target ids, their scores and the probabilities they were drawn from, each
     (k, n) over `lm.proposable`'s n ids in its order), or None where the chain cannot run here. Takes k uniforms
     from `generator`, as k draws would."""
-    lean = lm.lean
-    if lean is None or lean.kept is None or lm.vocab_map is None or (order := proposal_order(lm)) is None:
+    order = proposal_order(lm)
+    if order is None:
         return None
     n, before = order.numel(), generator.get_state()
     u = torch.rand(k, generator=generator, dtype=torch.float64)  # what `sample` takes, one a draw, in turn
@@ -95,4 +97,4 @@ def sampled_chain(lm, cache, ids: torch.Tensor, k: int, temperature: float, gene
     if out is None:  # nothing ran: the uniforms go back, so the loop that runs instead draws the same ones
         generator.set_state(before)
         return None
-    return lm.vocab_map[lean.kept[out]], s, p
+    return lm.vocab_map[lm.lean.kept[out]], s, p

@@ -2,7 +2,7 @@
 not niced) showing the race as it streams, two thread rules for the models' calls alternating from prompt to
 prompt in one server process (the measurement behind cpus.threads' busy-neighbour rule).
 
-    python scripts/browser_race.py [--sets everyday,stories,code] [--limit 4] [--ways 2,auto]
+    python scripts/browser_race.py [--sets everyday,stories,code] [--limit 4] [--ways 2,auto] [--temperature 0.7]
 
 A way is a fixed thread count, or `auto` (cpus.threads: torch's count less the CPUs other programs keep busy).
 The app is served in this process at the page's defaults; chromium clicks Run race for each prompt, waits for the
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from specviz import ab, cpus  # noqa: E402
+from specviz import ab, compute, cpus  # noqa: E402
 from specviz.bench_inputs import load_prompts  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--sets", default="everyday,stories,code")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--ways", default="2,auto")
+    ap.add_argument("--temperature", default="", help="the race's temperature (default: the page's, 0)")
     args = ap.parse_args()
     ways = tuple(args.ways.split(","))
     demo = build_demo(UIContext())
@@ -52,7 +53,7 @@ def main() -> None:
     most = torch.get_num_threads()
 
     def use(way: str) -> None:
-        ab.thread_way(way, most)
+        compute.call(ab.thread_way, way, most)  # torch's count is per thread: set it where the models run
 
     rows = []
     try:
@@ -62,6 +63,12 @@ def main() -> None:
             page.goto(url, wait_until="load", timeout=SLOW_MS)
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
             note = page.locator("#sv-message .sv-note")
+            if args.temperature:
+                box = page.locator(
+                    'input[type=number][aria-label="number input for temperature (0 = greedy: always the top token)"]'
+                ).first
+                box.fill(args.temperature)
+                box.press("Enter")
 
             def race(prompt: str) -> tuple[tuple, float]:
                 page.get_by_label("Prompt", exact=True).fill(prompt)

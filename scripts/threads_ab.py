@@ -48,7 +48,7 @@ def main() -> None:
 
     def counted() -> int:
         n = chosen()
-        used[n] += cpus._adaptive
+        used[n] += cpus._most is not None
         return n
 
     cpus.threads = counted  # the native calls look it up on the module at each call

@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from . import cpus
 from .api import encode_prompt, load_for
 from .bench import timed_events
@@ -175,7 +173,7 @@ def differing_prompts(results: list[dict]) -> tuple[int, int]:
 
 def thread_way(way: str, most: int) -> None:
     """Run the models' native calls the A/B way `way`: a fixed thread count ("1", "2", ...), or "auto": `most`
-    threads, fewer for busy neighbours where the process's fit allows that rule (cpus.threads)."""
-    auto = way == "auto"
-    cpus._adaptive = auto and cpus.fitted().endswith("fewer while other programs keep a CPU busy")
-    torch.set_num_threads(most if auto else int(way))
+    threads, fewer for busy neighbours where the process's fit allows that rule (cpus.threads). Torch's count is
+    the calling thread's: call it on the thread that runs the models (the app's: compute.call)."""
+    adaptive = way == "auto" and cpus.fitted().endswith("fewer while other programs keep a CPU busy")
+    cpus.follow_neighbours(most if adaptive else None, most if way == "auto" else int(way))

@@ -15,9 +15,12 @@ step's rows or heads between threads, each computed whole by one.
 The same barriers make a busy neighbour costly where there is no quota: a program that keeps one of two cores busy
 stops one of the two threads for a scheduler slice at a time, and every barrier waits for it. On that Zen 4 beside a
 busy loop, plain decoding ran 21-23 tokens/s on 2 threads and 43-45 with this rule (1 thread). So without a quota
-the native calls (llama.c, few_rows.c) take `threads()`: torch's count less the CPUs other programs kept busy over
-the last half second (/proc/stat for the CPUs of the affinity mask, less this process's own CPU time; a hypervisor's
-steal counts as busy), looked at most twice a second.
+the native calls (llama.c, few_rows.c) take `threads()`: the fitted count less the CPUs other programs kept busy
+over the last half second (/proc/stat for the CPUs of the affinity mask, less this process's own CPU time; a
+hypervisor's steal counts as busy), looked at most twice a second. Torch's own count follows it (set by `threads()`
+on the thread that asks), since PyTorch's OpenMP regions wait at the same kind of barrier: a sampled round's
+49,152-wide probability rows, draws and scatters ran on 2 threads beside the native calls' 1, and with chromium
+drawing the race on one of a Zen 1's two cores a draft step at T = 0.7 took 20 ms instead of 5.
 
 SPECVIZ_THREADS: a number forces that many threads, always; unset (or `auto`), the fit above and the neighbours'
 share, unless OMP_NUM_THREADS is set (then torch's count is the operator's, as OpenMP programs take it).
@@ -40,7 +43,7 @@ SELF = Path("/proc/self/cgroup")
 STAT = Path("/proc/stat")
 WINDOW_S = 0.5  # how often threads() looks at the neighbours' load
 _fitted: str | None = None
-_adaptive = False
+_most: int | None = None  # the fitted count threads() lowers for busy neighbours; None: a fixed count
 
 
 def _v2(folder: Path) -> float | None:
@@ -123,15 +126,23 @@ def fit_threads() -> str:
     """Set torch's thread count once per process (threads_wanted) and whether `threads()` may lower it for busy
     neighbours; returns why, in words. The models' calls ask `threads()` each time, so everything after this
     runs with the fitted count."""
-    global _fitted, _adaptive
+    global _fitted
     if _fitted is None:
         quota = cpu_quota()
         n, why = threads_wanted(torch.get_num_threads(), usable=cpus_for(quota, len(affinity())))
-        if n != torch.get_num_threads():
-            torch.set_num_threads(n)
-        _adaptive = not why.startswith("set by") and quota is None and _NEIGHBOURS.update() is not None
-        _fitted = why + (", fewer while other programs keep a CPU busy" if _adaptive else "")
+        adaptive = not why.startswith("set by") and quota is None and _NEIGHBOURS.update() is not None
+        follow_neighbours(n if adaptive else None, n)
+        _fitted = why + (", fewer while other programs keep a CPU busy" if adaptive else "")
     return _fitted
+
+
+def follow_neighbours(most: int | None, fixed: int = 1) -> None:
+    """Let `threads()` run up to `most` threads, fewer for busy neighbours; None: always `fixed`. Torch's count is
+    set to the one or the other on the calling thread (OpenMP's count is per thread; a thread that has not used
+    torch yet starts from the last count set anywhere)."""
+    global _most
+    _most = most
+    torch.set_num_threads(fixed if most is None else most)
 
 
 def fitted() -> str:
@@ -199,11 +210,14 @@ _NEIGHBOURS = _Neighbours()
 
 
 def threads() -> int:
-    """Threads for the next native call: torch's count, less the CPUs other programs kept busy over the last
-    WINDOW_S where the count is specviz's own choice (fit_threads) and no quota applies."""
-    n = torch.get_num_threads()
-    if not _adaptive or n == 1:
-        return n
-    if _NEIGHBOURS.last is None or time.monotonic() - _NEIGHBOURS.last[0] >= WINDOW_S:
+    """Threads for the next native call: torch's count, or where the count is specviz's own choice (fit_threads)
+    and no quota applies, the fitted count less the CPUs other programs kept busy over the last WINDOW_S; torch's
+    count on this thread is set to match, so PyTorch's ops between the native calls run as many."""
+    if _most is None:
+        return torch.get_num_threads()
+    if _most > 1 and (_NEIGHBOURS.last is None or time.monotonic() - _NEIGHBOURS.last[0] >= WINDOW_S):
         _NEIGHBOURS.update()
-    return min(n, _NEIGHBOURS.free)
+    n = min(_most, _NEIGHBOURS.free)
+    if n != torch.get_num_threads():
+        torch.set_num_threads(n)
+    return n

@@ -120,8 +120,9 @@ def test_a_neighbour_that_keeps_most_of_a_cpu_busy_takes_a_thread(n, others, fre
 
 
 def test_threads_follow_the_neighbours_load_only_where_specviz_chose_the_count(monkeypatch):
-    """Ticks of another program's busy loop on one of two CPUs: auto runs one thread; a forced count, or a
-    quota's fit, is never lowered; never more than torch's count."""
+    """Ticks of another program's busy loop on one of two CPUs: auto runs one thread, and torch's own count on the
+    asking thread follows (PyTorch's ops between the native calls); a forced count, or a quota's fit, is never
+    lowered; never more than the fitted count."""
     clock = {"wall": 100.0, "busy": 0.0, "own": 0.0}
     n = cpus._Neighbours()
     n.cpus = {0, 1}
@@ -134,26 +135,30 @@ def test_threads_follow_the_neighbours_load_only_where_specviz_chose_the_count(m
         clock["busy"] += (others + own) * s
         clock["own"] += own * s
 
-    torch.set_num_threads(2)
+    def both() -> tuple[int, int]:
+        return cpus.threads(), torch.get_num_threads()
+
     try:
-        monkeypatch.setattr(cpus, "_adaptive", True)
-        assert cpus.threads() == 2  # the first look only starts the window
+        cpus.follow_neighbours(2)
+        assert both() == (2, 2)  # the first look only starts the window
         tick(others=0.95, own=1.0)
-        assert cpus.threads() == 1
+        assert both() == (1, 1)
         tick(others=0.1, own=2.0)
-        assert cpus.threads() == 2
+        assert both() == (2, 2)
         tick(others=0.9, own=1.0, s=0.2)  # within the window: no new look
-        assert cpus.threads() == 2
+        assert both() == (2, 2)
         tick(others=0.9, own=1.0, s=0.4)
-        assert cpus.threads() == 1
-        torch.set_num_threads(1)
+        assert both() == (1, 1)
+        cpus.follow_neighbours(1)
         tick(others=0.0, own=1.0)
-        assert cpus.threads() == 1  # never more than torch's count
-        torch.set_num_threads(2)
-        monkeypatch.setattr(cpus, "_adaptive", False)
+        assert both() == (1, 1)  # never more than the fitted count
+        cpus.follow_neighbours(None, 2)
         tick(others=1.5, own=0.5)
-        assert cpus.threads() == 2
+        assert both() == (2, 2)
+        torch.set_num_threads(3)  # a count set by hand stays where nothing adapts
+        assert both() == (3, 3)
     finally:
+        monkeypatch.setattr(cpus, "_most", None)
         torch.set_num_threads(1)
 
 
@@ -173,10 +178,10 @@ def test_only_specvizs_own_count_without_a_quota_follows_the_neighbours(monkeypa
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(cpus, "cpu_quota", lambda *a: quota)
     monkeypatch.setattr(cpus, "_fitted", None)
-    monkeypatch.setattr(cpus, "_adaptive", False)
+    monkeypatch.setattr(cpus, "_most", None)
     try:
         why = cpus.fit_threads()
-        assert cpus._adaptive is adaptive
+        assert (cpus._most is not None) is adaptive
         assert why.endswith("fewer while other programs keep a CPU busy") is adaptive
     finally:
         torch.set_num_threads(1)

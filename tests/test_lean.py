@@ -142,7 +142,7 @@ def test_on_llama_c_a_tree_nodes_logits_are_the_same_bits_as_its_line_fed_as_a_c
 def threads(monkeypatch):
     """Run a test at other thread counts than the suite's one (conftest), restored after it; the count as set,
     never lowered for a busy neighbour (cpus.threads)."""
-    monkeypatch.setattr(cpus, "_adaptive", False)
+    monkeypatch.setattr(cpus, "_most", None)
     yield torch.set_num_threads
     torch.set_num_threads(1)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -142,7 +143,8 @@ def follow_neighbours(most: int | None, fixed: int = 1) -> None:
     torch yet starts from the last count set anywhere)."""
     global _most
     _most = most
-    torch.set_num_threads(fixed if most is None else most)
+    _asked.n = fixed if most is None else most
+    torch.set_num_threads(_asked.n)
 
 
 def fitted() -> str:
@@ -207,17 +209,23 @@ class _Neighbours:
 
 
 _NEIGHBOURS = _Neighbours()
+_asked = threading.local()  # .n: the count threads() or follow_neighbours last set on this thread
 
 
 def threads() -> int:
     """Threads for the next native call: torch's count, or where the count is specviz's own choice (fit_threads)
     and no quota applies, the fitted count less the CPUs other programs kept busy over the last WINDOW_S; torch's
-    count on this thread is set to match, so PyTorch's ops between the native calls run as many."""
+    count on this thread is set to match, so PyTorch's ops between the native calls run as many. A count set by
+    hand (torch.set_num_threads) since this thread's last call becomes the most it runs."""
+    global _most
+    now = torch.get_num_threads()
     if _most is None:
-        return torch.get_num_threads()
+        return now
+    if now != getattr(_asked, "n", now):
+        _most = now
     if _most > 1 and (_NEIGHBOURS.last is None or time.monotonic() - _NEIGHBOURS.last[0] >= WINDOW_S):
         _NEIGHBOURS.update()
-    n = min(_most, _NEIGHBOURS.free)
-    if n != torch.get_num_threads():
+    n = _asked.n = min(_most, _NEIGHBOURS.free)
+    if n != now:
         torch.set_num_threads(n)
     return n

@@ -152,6 +152,15 @@ def test_threads_follow_the_neighbours_load_only_where_specviz_chose_the_count(m
         cpus.follow_neighbours(1)
         tick(others=0.0, own=1.0)
         assert both() == (1, 1)  # never more than the fitted count
+        cpus.follow_neighbours(2)
+        torch.set_num_threads(1)  # by hand: the new most
+        tick(others=0.0, own=1.0)
+        assert both() == (1, 1)
+        torch.set_num_threads(2)
+        tick(others=1.9, own=0.1)  # the window since the last look (at 1 thread, none) spans both ticks: 0.95
+        assert both() == (1, 1)
+        tick(others=0.0, own=2.0)
+        assert both() == (2, 2)
         cpus.follow_neighbours(None, 2)
         tick(others=1.5, own=0.5)
         assert both() == (2, 2)

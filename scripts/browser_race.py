@@ -32,6 +32,7 @@ from specviz.bench_inputs import load_prompts  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
+from specviz.ui.inputs import TEMPERATURE_LABEL, number_box  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 SLOW_MS = 600_000
@@ -64,9 +65,7 @@ def main() -> None:
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)
             note = page.locator("#sv-message .sv-note")
             if args.temperature:
-                box = page.locator(
-                    'input[type=number][aria-label="number input for temperature (0 = greedy: always the top token)"]'
-                ).first
+                box = page.locator(number_box(TEMPERATURE_LABEL)).first
                 box.fill(args.temperature)
                 box.press("Enter")
 

@@ -23,6 +23,7 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
+from specviz.ui.inputs import TEMPERATURE_LABEL, number_box  # noqa: E402
 
 ARGS = [
     "--headless",
@@ -102,9 +103,7 @@ def main() -> None:
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)
             if args.temperature:
-                box = page.locator(
-                    'input[type=number][aria-label="number input for temperature (0 = greedy: always the top token)"]'
-                ).first
+                box = page.locator(number_box(TEMPERATURE_LABEL)).first
                 box.fill(args.temperature)
                 box.press("Enter")
             for label, value in (

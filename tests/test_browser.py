@@ -18,6 +18,7 @@ from playwright.sync_api import expect  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
+from specviz.ui.inputs import number_box  # noqa: E402
 
 pytestmark = pytest.mark.browser
 PROMPT = "the cat sat on the mat"  # greedy with the tiny pair: accepted, rejected, resampled and bonus tokens
@@ -116,7 +117,7 @@ def test_three_lane_race_in_the_browser(page):
 
 
 def _step_number(page, label: str, value: str) -> None:
-    box = page.locator(f'input[type=number][aria-label="number input for {label}"]').last
+    box = page.locator(number_box(label)).last
     box.fill(value)
     box.press("Enter")
 

@@ -38,6 +38,13 @@ def _choice(name: str, value, choices: tuple[str, ...]) -> str:
 
 TREES = ("off", "4", "8", "auto")  # the page's token-tree choices (the API takes any budget SpecConfig does)
 PAGE = RunRequest()  # the page's controls start at the one set of defaults (gamma "auto": the auto policy, ≤ 8)
+TEMPERATURE_LABEL = "temperature (0 = greedy: always the top token)"  # the Race tab's slider
+
+
+def number_box(label: str) -> str:
+    """The CSS selector of the number box gradio puts beside the slider labelled `label` (for browser scripts)."""
+    return f'input[type=number][aria-label="number input for {label}"]'
+
 
 # The Race tab's inputs in the order its /race endpoint takes them (API clients send them so: new ones go at the
 # end), and the sweep's: the one place that knows the positions; handlers read the values by these names.

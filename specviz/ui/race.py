@@ -21,7 +21,19 @@ from ..served import EngineSpec, ServedTarget, engine_spec
 from ..tally import Tally
 from ..theory import position_alphas
 from .common import HTML_EVERY_S, UIContext, error_html, gpu
-from .inputs import NO_LANE, PAGE, RACE_INPUTS, SWEEP_INPUTS, TREES, check_caps, named, note, prepare, race_requests
+from .inputs import (
+    NO_LANE,
+    PAGE,
+    RACE_INPUTS,
+    SWEEP_INPUTS,
+    TEMPERATURE_LABEL,
+    TREES,
+    check_caps,
+    named,
+    note,
+    prepare,
+    race_requests,
+)
 from .keep import download_buttons, downloads, race_recording, sweep_recording, with_result
 from .sweep import EMPTY_SWEEP, sweep_page
 
@@ -253,14 +265,7 @@ def build_race_tab(ctx: UIContext) -> None:
             scale=2,
             label="gamma: guesses per round (the most per round under confidence and auto)",
         )
-        temperature = gr.Slider(
-            0,
-            TEMPERATURE_MAX,
-            value=PAGE.temperature,
-            step=0.05,
-            scale=2,
-            label="temperature (0 = greedy: always the top token)",
-        )
+        temperature = gr.Slider(0, TEMPERATURE_MAX, value=PAGE.temperature, step=0.05, scale=2, label=TEMPERATURE_LABEL)
         tree = gr.Dropdown(list(TREES), value=str(PAGE.tree), label="token tree (model drafters)", scale=1)
     with gr.Accordion("Race a third lane (another drafter, policy or tree on the same clock)", open=False):
         with gr.Row():

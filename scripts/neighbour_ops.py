@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from specviz import ab  # noqa: E402
 from specviz.machine import machine_info  # noqa: E402
 
 
@@ -44,17 +44,9 @@ def main() -> None:
     print(f"CPU: {m['cpu']} ({m['cpu_id']}; {m['cpu_vector']})")
     x = torch.randn(args.rows, 49152)
     for duty in (float(d) for d in args.duties.split(",")):
-        busy = (
-            "import time\nt = time.time()\nwhile time.time() - t < 600:\n    s = time.time()\n"
-            f"    while time.time() - s < {0.01 * duty}: pass\n    time.sleep({0.01 * (1 - duty)})"
-        )
-        neighbour = subprocess.Popen([sys.executable, "-c", busy]) if duty > 0 else None
-        try:
+        with ab.busy_neighbour(duty):
             time.sleep(0.5)
             times = {n: per_call_us(x, n) for n in (2, 1)}
-        finally:
-            if neighbour is not None:
-                neighbour.kill()
         print(
             f"neighbour busy {duty:.0%}: softmax of {args.rows} x 49,152 "
             + ", ".join(f"{n} thread{'s' if n > 1 else ''} {us:.0f} us" for n, us in times.items())

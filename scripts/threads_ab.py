@@ -18,7 +18,6 @@ tokens per second of each lane.
 from __future__ import annotations
 
 import collections
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,16 +56,8 @@ def main() -> None:
         ab.thread_way(way, most)
 
     duty = 1.0 if args.neighbour == "busy" else 0.0 if args.neighbour == "none" else float(args.neighbour)
-    busy = (
-        "import time\nt = time.time()\nwhile time.time() - t < 3600:\n    s = time.time()\n"
-        f"    while time.time() - s < {0.01 * duty}: pass\n    time.sleep({0.01 * (1 - duty)})"
-    )
-    neighbour = subprocess.Popen([sys.executable, "-c", busy]) if duty > 0 else None
-    try:
+    with ab.busy_neighbour(duty):
         results = ab.both_lanes(p, q, args, base.replace(mode="ar").spec, config.request(base).spec, ways, use)
-    finally:
-        if neighbour is not None:
-            neighbour.kill()
     ab.per_set(results, args.sets, ways, ab.lanes, config.label)
     if "auto" in ways:
         print("auto's native calls by thread count:", dict(sorted(used.items())))

@@ -7,8 +7,11 @@ lines and the output check."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,3 +180,19 @@ def thread_way(way: str, most: int) -> None:
     the calling thread's: call it on the thread that runs the models (the app's: compute.call)."""
     adaptive = way == "auto" and cpus.fitted().endswith("fewer while other programs keep a CPU busy")
     cpus.follow_neighbours(most if adaptive else None, most if way == "auto" else int(way))
+
+
+@contextlib.contextmanager
+def busy_neighbour(duty: float) -> Iterator[None]:
+    """A second program keeping one CPU busy `duty` of every 10 ms (1: the whole time; 0: none) while the block
+    runs."""
+    loop = (
+        "import time\nt = time.time()\nwhile time.time() - t < 3600:\n    s = time.time()\n"
+        f"    while time.time() - s < {0.01 * duty}: pass\n    time.sleep({0.01 * (1 - duty)})"
+    )
+    neighbour = subprocess.Popen([sys.executable, "-c", loop]) if duty > 0 else None
+    try:
+        yield
+    finally:
+        if neighbour is not None:
+            neighbour.kill()

@@ -520,6 +520,43 @@ def test_rows_new_to_the_earlier_draft_follow_its_map_of_the_shared_rows(tmp_pat
     assert torch.equal(draft.lm_head.weight, E)
 
 
+def test_a_draft_grown_by_a_block_starts_out_guessing_as_the_earlier_one(tmp_path, target_dir):
+    """--layers above the --init draft's: the earlier blocks are copied, the new one comes after them as the target's
+    block of its index with its output projections zeroed, so the logits equal the earlier draft's; and a draft
+    with fewer blocks than the earlier one is refused."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    ids = list(train_draft.SPECIAL_IDS) + sorted(set(range(target.config.vocab_size)) - set(train_draft.SPECIAL_IDS))
+    old = train_draft.build_draft(target, ids, train_draft.TrainConfig(layers=1))
+    with torch.no_grad():  # an earlier draft that training moved away from the target's init
+        for p in old.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    old.save_pretrained(tmp_path / "old")
+    (tmp_path / "old" / "specviz_vocab.json").write_text(json.dumps({"target_ids": ids}))
+
+    grown = train_draft.build_draft(target, ids, train_draft.TrainConfig(layers=2))
+    train_draft.start_from(grown, ids, tmp_path / "old")
+    x = torch.randint(0, len(ids), (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(grown(x).logits, old(x).logits, atol=1e-5)
+    new = grown.model.layers[1]
+    assert not new.self_attn.o_proj.weight.any() and not new.mlp.down_proj.weight.any()
+    assert torch.equal(new.self_attn.q_proj.weight, target.model.layers[1].self_attn.q_proj.weight)  # trainable
+    for k, v in old.model.layers[0].state_dict().items():
+        assert torch.equal(grown.model.layers[0].state_dict()[k], v)
+
+    grown.train()  # the zeroed projections get gradients, so the new block does learn
+    grown(x, labels=x).loss.backward()
+    assert new.self_attn.o_proj.weight.grad.abs().sum() > 0 and new.mlp.down_proj.weight.grad.abs().sum() > 0
+
+    grown.save_pretrained(tmp_path / "grown")
+    (tmp_path / "grown" / "specviz_vocab.json").write_text(json.dumps({"target_ids": ids}))
+    smaller = train_draft.build_draft(target, ids, train_draft.TrainConfig(layers=1))
+    with pytest.raises(ValueError, match="2 blocks, more than this draft's 1"):
+        train_draft.start_from(smaller, ids, tmp_path / "grown")
+
+
 def test_split_rows_drops_prompts_that_share_a_passage_with_a_prompt_set(tmp_path):
     sets = tmp_path / "sets"
     sets.mkdir()

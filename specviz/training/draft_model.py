@@ -73,15 +73,27 @@ def start_from(draft, target_ids: list[int], folder: Path) -> None:
     both vocabularies have. Shapes must match. The rows of tokens the earlier draft lacked keep their init mapped
     by the least-squares linear fit of the shared rows' init to the earlier draft's rows: left as the target's
     rows they were about 8 % longer than trained ones, so the tied output layer gave the new tokens most of the
-    probability and the first steps' loss was 7 (2.9 forty steps later)."""
+    probability and the first steps' loss was 7 (2.9 forty steps later).
+
+    A draft with more blocks than the earlier one (more capacity, trained on): the extra blocks come after the
+    earlier ones, each as `build_draft` left it (the target's block of that index) with its attention's and MLP's
+    output projections zeroed, so it adds nothing to the residual stream and the grown draft starts out computing
+    the earlier draft's guesses exactly; training then grows the blocks in."""
     from transformers import AutoModelForCausalLM
 
     old = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     old_ids = json.loads((folder / "specviz_vocab.json").read_text())["target_ids"]
+    n_old, n_new = len(old.model.layers), len(draft.model.layers)
+    if n_old > n_new:
+        raise ValueError(f"{folder} has {n_old} blocks, more than this draft's {n_new}")
     state = {k: v for k, v in old.state_dict().items() if "embed_tokens" not in k and "lm_head" not in k}
     missing = draft.load_state_dict(state, strict=False).missing_keys
-    if [k for k in missing if "embed_tokens" not in k and "lm_head" not in k]:
+    grown = tuple(f"model.layers.{i}." for i in range(n_old, n_new))
+    if [k for k in missing if "embed_tokens" not in k and "lm_head" not in k and not k.startswith(grown)]:
         raise ValueError(f"{folder} does not have this draft's shape")
+    for block in draft.model.layers[n_old:]:
+        block.self_attn.o_proj.weight.zero_()
+        block.mlp.down_proj.weight.zero_()
     where = {t: i for i, t in enumerate(old_ids)}
     shared = [i for i, t in enumerate(target_ids) if t in where]
     fresh = [i for i, t in enumerate(target_ids) if t not in where]

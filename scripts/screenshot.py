@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -22,18 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 from specviz.ui import build_demo, serve_locally  # noqa: E402
+from specviz.ui.browser import launch as browser_launch  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.inputs import TEMPERATURE_LABEL, number_box  # noqa: E402
 
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-quic",
-]
 SLOW_MS = 600_000  # real models on a small shared CPU
 
 
@@ -87,11 +78,7 @@ def main() -> None:
     url = serve_locally(demo)
     try:
         with sync_playwright() as pw:
-            # the browser runs niced: on a 2-core machine its rendering would otherwise slow the models' calls
-            wrapper = Path(tempfile.mkdtemp()) / "chromium"
-            wrapper.write_text('#!/bin/sh\nexec nice -n 19 /usr/bin/chromium "$@"\n')
-            wrapper.chmod(0o755)
-            browser = pw.chromium.launch(executable_path=str(wrapper), args=ARGS)
+            browser = browser_launch(pw, niced=True)  # its drawing would otherwise slow the models' calls
             page = browser.new_page(viewport={"width": args.width, "height": args.height})
             page.goto(url, wait_until="load", timeout=SLOW_MS)
             expect(page.locator("#sv-status")).to_contain_text("Ready", timeout=SLOW_MS)

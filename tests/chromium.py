@@ -7,16 +7,7 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"  # apt-get install chromium; `playwright install` cannot download a browser here
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--disable-quic",
-]
+from specviz.ui.browser import CHROMIUM, launch
 
 
 def require_chromium() -> None:
@@ -33,6 +24,6 @@ def launched():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        b = launch(p)
         yield b
         b.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from chromium import ARGS, CHROMIUM, require_chromium
+from chromium import require_chromium
 
 require_chromium()
 
@@ -17,6 +17,7 @@ from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
+from specviz.ui.browser import launch  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -43,7 +44,7 @@ def page(tiny_pair, models):
     demo = build_demo(ctx)
     url = serve_locally(demo)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.dialogs = []
         page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))

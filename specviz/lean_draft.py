@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU's caches between rounds anyway
 # int8 is kept where its cold step takes under this share of the float one: it guesses as the float draft does
 # (alpha 0.50 either way, BENCHMARKS "An int8 draft"), so any gain beyond the timing's noise is one. At 0.85 a Zen 1,
-# where a draw's share is 0.73-0.86, kept float weights in about one process of ten (c 0.06-0.07, not 0.04-0.05)
+# where a draw's share is 0.73-0.86, kept float weights in 1 of 18 processes timed (c 0.06-0.07, not 0.04-0.05)
 INT8_PAYS = 0.95
 CLOSE = 0.1  # a first draw within this of INT8_PAYS is too close to call: a second draw, the best of both
 

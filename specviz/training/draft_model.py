@@ -76,9 +76,9 @@ def start_from(draft, target_ids: list[int], folder: Path) -> None:
     probability and the first steps' loss was 7 (2.9 forty steps later).
 
     A draft with more blocks than the earlier one (more capacity, trained on): the extra blocks come after the
-    earlier ones, each as `build_draft` left it (the target's block of that index) with its attention's and MLP's
-    output projections zeroed, so it adds nothing to the residual stream and the grown draft starts out computing
-    the earlier draft's guesses exactly; training then grows the blocks in."""
+    earlier ones, each as `build_draft` left it (the target's block of that index where shapes allow) with its
+    attention's and MLP's output projections zeroed, so it adds nothing to the residual stream and the grown draft
+    starts out computing the earlier draft's guesses exactly; training then grows the blocks in."""
     from transformers import AutoModelForCausalLM
 
     old = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)

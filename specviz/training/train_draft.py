@@ -19,7 +19,8 @@ Why it looks the way it does (measured on a 2-core CPU, float32, one cached toke
     label_teacher.py) a share --soft-weight of it is the cross-entropy to p's top k itself (renormalised):
     the same target with far less noise, the cheapest known improvement over hard labels for a distilled draft;
   * --init starts from an earlier draft folder (its blocks, norm and the embedding rows of the tokens both
-    vocabularies share), so more data continues a draft instead of starting over.
+    vocabularies share), so more data continues a draft instead of starting over; with --layers above its
+    count the extra blocks come after its own, starting out as no-ops (draft_model.start_from).
 
 Usage (the shipped draft; see assets/draft/MODEL_CARD.md for the exact command):
     nice -n 15 python scripts/train_draft.py --data /path/teacher.jsonl.gz --out runs/draft --minutes 90

@@ -221,7 +221,12 @@ def half_is_faster() -> bool:
 
 
 def draft_dtype(device: torch.device) -> torch.dtype | None:
-    """The dtype for a draft loaded without an explicit one: float16 on a CPU where that pays, else None (as p)."""
+    """The dtype for a draft loaded without an explicit one: bfloat16 on a GPU that has it (else float16), float16 on
+    MPS and on a CPU where that pays, else None (as p: float32). A draft's dtype changes only its guesses."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
     how = half_mode()
     if device.type != "cpu" or how == "0":
         return None

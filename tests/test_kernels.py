@@ -220,6 +220,21 @@ def test_a_draft_takes_float16_on_the_cpu_only_where_it_was_timed_faster(monkeyp
     kernels.half_is_faster.cache_clear()
 
 
+@pytest.mark.parametrize("bf16", [True, False])
+def test_on_a_gpu_the_target_keeps_float32_and_only_the_draft_takes_half(monkeypatch, bf16):
+    """A verify of several tokens in bfloat16 rounds apart from one-token steps (argmax parted at 0.6 % of positions
+    on an H200), so a target loaded without a dtype is float32 on every device; the draft, whose dtype changes only
+    the guesses, takes the GPU's half dtype."""
+    from specviz.models import _resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    for dev in ("cuda", "mps", "cpu"):
+        assert _resolve_dtype(None, torch.device(dev)) == _resolve_dtype("auto", torch.device(dev)) == torch.float32
+    assert kernels.draft_dtype(torch.device("cuda")) == (torch.bfloat16 if bf16 else torch.float16)
+    assert kernels.draft_dtype(torch.device("mps")) == torch.float16
+    assert _resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16  # an explicit dtype wins
+
+
 def test_timings_keep_their_dtypes_while_another_thread_builds_a_float16_model(monkeypatch):
     """transformers sets the process-wide default dtype while it builds a model, and the app builds the float16
     draft on one thread while the target's layers are timed on another: the timings must not take that dtype

@@ -1,5 +1,6 @@
 """Model loading: every mistake a user can make is one quick SpecvizError; the cache keeps what it should."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import specviz.hub as hub
 import specviz.models as models
 from specviz import SpecvizError, load_model, load_pair
 from specviz.model_cache import ModelCache
-from specviz.models import LoadedModel
+from specviz.models import LoadedModel, pair_dtypes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -170,6 +171,12 @@ def test_dtype_is_applied_and_memory_is_reported(tiny_pair, fresh_cache):
         tensors = list(lm.model.parameters()) + list(lm.model.buffers())
         assert lm.memory_bytes == sum(x.numel() * x.element_size() for x in tensors)
     assert f32.n_params * 4 <= f32.memory_bytes and bf16.memory_bytes < 0.6 * f32.memory_bytes
+    p, q = load_pair(tiny_pair[0], tiny_pair[1], device="cpu", dtype="bfloat16")
+    assert pair_dtypes(p, q).startswith("bfloat16 (rounds apart from one-token steps: greedy output can part")
+    assert "rounds apart" not in pair_dtypes(f32, f32)  # float32: a verify and a step pick alike
+    nf4 = dataclasses.replace(f32, quantize="4bit")  # the words only: bitsandbytes multiplies in bfloat16 on GPUs
+    assert "rounds apart" in pair_dtypes(dataclasses.replace(nf4, device=torch.device("cuda")), f32)
+    assert "rounds apart" not in pair_dtypes(nf4, f32)  # on the CPU its layers multiply in float32
 
 
 # --- the cache -----------------------------------------------------------------------------------

@@ -68,8 +68,11 @@ def test_unreachable_hub_is_probed_once_and_quickly(monkeypatch):
     """A network that hangs (no answer at all) costs the probe's timeout, not huggingface_hub's retries."""
     import huggingface_hub
 
+    asked = []
+
     class Hanging:
         def head(self, *a, **k):
+            asked.append(a)
             time.sleep(30)
 
     monkeypatch.setattr(hub, "_offline", lambda: False)
@@ -79,9 +82,7 @@ def test_unreachable_hub_is_probed_once_and_quickly(monkeypatch):
     t0 = time.perf_counter()
     assert hub.hub_reachable() is False
     assert time.perf_counter() - t0 < 1.5
-    t0 = time.perf_counter()
-    assert hub.hub_reachable() is False  # remembered: no second wait
-    assert time.perf_counter() - t0 < 0.05
+    assert hub.hub_reachable() is False and len(asked) == 1  # remembered: no second probe, no second wait
     msg = fails("could not be found", "nobody/no-such-model-anywhere", seconds=3.0)
     assert "cannot be reached" in msg
 

@@ -155,14 +155,16 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """The dtype asked for; without one float32 on every device, so a verify of several tokens picks what one-token
+    steps pick (in bfloat16 they parted at 0.6 % of positions on an H200: `pair_dtypes`). A draft's half dtype, which
+    changes only its guesses, comes from kernels.draft_dtype."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise SpecvizError(f"Unsupported dtype {dtype}; use float32, float16 or bfloat16.")
         return dtype
-    if dtype in (None, "", "auto"):  # float32 on every device, so a verify of several tokens picks what one-token
-        return torch.float32  # steps pick (bfloat16 parted them at 0.6 % of positions on an H200); a draft's
-        # half dtype, which changes only the guesses, comes from kernels.draft_dtype
+    if dtype in (None, "", "auto"):
+        return torch.float32
     if dtype not in DTYPES:
         raise SpecvizError(f"Unknown dtype {dtype!r}; use auto, float32, float16 or bfloat16.")
     return DTYPES[dtype]
@@ -177,7 +179,7 @@ def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, o
         raise SpecvizError("A model must be named by a Hugging Face id or a folder.")
     name = name.strip()
     dev = _resolve_device(device)
-    dt = _resolve_dtype(dtype, dev)
+    dt = _resolve_dtype(dtype)
     _quant_config(quantize, dev)  # a bad --quantize fails here, before anything is read
 
     def make() -> LoadedModel:

@@ -44,12 +44,11 @@ def logits_by(model, ids: torch.Tensor, start: int, k: int) -> torch.Tensor:
     """Logits for positions start.. of ids, fed after a prefill of ids[:start] in calls of k tokens each."""
     from transformers import DynamicCache
 
-    cache = DynamicCache()
-    model(ids[:, :start], past_key_values=cache, use_cache=True)
-    outs = [
-        model(ids[:, i : i + k], past_key_values=cache, use_cache=True).logits[0].float()
-        for i in range(start, ids.shape[1], k)
-    ]
+    from specviz.runtime import cache_kwargs
+
+    kw = cache_kwargs(model, DynamicCache())
+    model(ids[:, :start], use_cache=True, **kw)
+    outs = [model(ids[:, i : i + k], use_cache=True, **kw).logits[0].float() for i in range(start, ids.shape[1], k)]
     return torch.cat(outs)
 
 
@@ -74,16 +73,11 @@ def main() -> None:
     print(
         f"{a.model} on {a.device} ({name}), torch {torch.__version__}, {len(texts)} texts; steps of 1 against calls of k"
     )
+    ks = [int(k) for k in a.ks.split(",")]
     for dtype in a.dtypes.split(","):
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, dtype)).to(a.device).eval()
-        ks = [int(k) for k in a.ks.split(",")]
-        t0, n, flips, ties, worst = (
-            time.perf_counter(),
-            0,
-            dict.fromkeys(ks, 0),
-            dict.fromkeys(ks, 0),
-            dict.fromkeys(ks, 0.0),
-        )
+        t0, n = time.perf_counter(), 0
+        flips, ties, worst = dict.fromkeys(ks, 0), dict.fromkeys(ks, 0), dict.fromkeys(ks, 0.0)
         with torch.inference_mode():
             for ids in texts:
                 x = torch.tensor([ids], device=a.device)

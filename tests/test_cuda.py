@@ -8,15 +8,15 @@ same checks on the CPU, which is how their logic is checked without one.
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
 import torch
 from conftest import save_pair
+from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import SamplingConfig, SpecConfig, generate, load_pair
-from specviz.engine import eos_ids, speculative_decode
+from specviz import generate, load_pair
+from specviz.runtime import CachedModel
 
 DEVICE = os.environ.get("SPECVIZ_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(
@@ -58,19 +58,14 @@ def test_greedy_spec_equals_greedy_plain_on_the_device(pairs, name, dtype):
 
 def _call_against_steps(p, prompt: str) -> float:
     """The largest difference between the target's logits for 8 tokens computed in one cached call and in 8
-    one-token steps (what a verify and the plain lane compute): zero where the kernels sum in the same order."""
-    from transformers import DynamicCache
-
-    ids = torch.tensor([p.tokenizer(prompt)["input_ids"] + list(range(10, 18))], device=p.model.device)
-    head, tail = ids[:, :-8], ids[:, -8:]
+    one-token steps, through the engine's own `CachedModel`: zero where the kernels sum in the same order."""
+    ids = torch.tensor(p.tokenizer(prompt)["input_ids"] + list(range(10, 18)), device=p.model.device)
+    by_call, by_step = CachedModel(p, p.vocab_size), CachedModel(p, p.vocab_size)
     with torch.inference_mode():
-        cache = DynamicCache()
-        p.model(head, past_key_values=cache, use_cache=True)
-        call = p.model(tail, past_key_values=cache, use_cache=True).logits[0].float()
-        cache = DynamicCache()
-        p.model(head, past_key_values=cache, use_cache=True)
-        steps = torch.cat([p.model(tail[:, i : i + 1], past_key_values=cache, use_cache=True).logits[0] for i in
-                           range(8)]).float()  # fmt: skip
+        by_call.prefill(ids[:-7])  # caches all but the last of these: the 8 compared tokens come after
+        by_step.prefill(ids[:-7])
+        call = by_call.feed(ids[-8:])
+        steps = torch.cat([by_step.feed(ids[i : i + 1]) for i in range(len(ids) - 8, len(ids))])
     return float((call - steps).abs().max())
 
 
@@ -79,28 +74,15 @@ def test_sampled_spec_follows_the_target_on_the_device(tmp_path, dtype):
     """Vocabulary 8: the joint law of the first two tokens (64 outcomes, EOS pooled) computed from the target on the
     device, against speculative draws at gamma 1 (kept, resampled and bonus tokens all occur)."""
     p, q = load_pair(*save_pair(tmp_path, 8, chat=False, draft_noise=1.0), device=DEVICE, dtype=dtype)
-    ids, V = [1, 5, 6], p.vocab_size
-    with torch.inference_mode():
-        first = torch.tensor([ids], device=p.model.device)
-        p1 = torch.softmax(p.model(first).logits[0, -1].double(), -1).cpu()
-        after = torch.tensor([ids + [a] for a in range(V)], device=p.model.device)
-        p2 = torch.softmax(p.model(after).logits[:, -1].double(), -1).cpu()
-        q1 = torch.softmax(q.model(first).logits[0, -1].double(), -1).cpu()
-    law = torch.cat([(p1[:, None] * p2).flatten(), torch.zeros(V, dtype=torch.float64)])
-    for a in eos_ids(p):  # nothing follows EOS: its mass sits on (eos, -)
-        law[a * V : a * V + V] = 0
-        law[V * V + a] = p1[a]
-    n = 3000
-    counts = torch.zeros(V * V + V, dtype=torch.float64)
-    for seed in range(n):
-        cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
-        t = list(speculative_decode(p, q, ids, cfg))[-1].token_ids
-        counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
-    keep = law * n >= 5
-    chi2 = float(((counts[keep] - n * law[keep]) ** 2 / (n * law[keep])).sum())
-    dof = int(keep.sum()) - 1
-    assert (chi2 - dof) / math.sqrt(2 * dof) < 4.0, (chi2, dof)
-    firsts = counts[: V * V].view(V, V).sum(1) + counts[V * V :]
-    tv_p, tv_q = (0.5 * float((firsts / n - x).abs().sum()) for x in (p1, q1))
+    ids, V, n = [1, 5, 6], p.vocab_size, 3000
+    law = exact_two_token_law(p, ids)
+    counts, _ = two_token_counts(p, q, ids, n, gamma=1)
+    z = chi2_z(counts, law, n)
+    assert z < 4.0, z
+
+    def first(x):  # the law of the first token alone: the pairs it starts, and its ending alone
+        return x[: V * V].view(V, V).sum(1) + x[V * V :]
+
+    tv_p, tv_q = (0.5 * float((first(counts) / n - first(x)).abs().sum()) for x in (law, exact_two_token_law(q, ids)))
     assert tv_q > tv_p + 0.05, (tv_p, tv_q)  # the draft's own law is another: the test can tell them apart
-    print(f"{dtype} on {DEVICE}: chi-square {chi2:.1f} on {dof} degrees of freedom")
+    print(f"{dtype} on {DEVICE}: chi-square z {z:.2f}")

@@ -1,5 +1,5 @@
 """The chi-square test of sampled speculative output on its first two tokens, shared by the test files that run it
-(test_drafters, test_lean, test_kernels): the target's exact law of those two tokens, their counts over seeded
+(test_drafters, test_lean, test_kernels, test_cuda ...): the target's exact law of those two tokens, their counts over seeded
 runs, and the statistic."""
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from specviz.served_target import eos_ids
 
 
 def exact_two_token_law(m, ids):
-    """The exact law of a model's first two tokens after ids: V*V pairs, then V one-token (EOS) endings."""
-    V = m.vocab_size
+    """The exact law of a model's first two tokens after ids: V*V pairs, then V one-token (EOS) endings; computed on
+    the model's device, returned on the CPU."""
+    V, dev = m.vocab_size, m.model.device
     with torch.no_grad():
-        p1 = torch.softmax(m.model(torch.tensor([ids])).logits[0, -1].float(), -1)
-        nxt = torch.tensor([ids + [a] for a in range(V)])
-        p2 = torch.softmax(m.model(nxt).logits[:, -1].float(), -1)  # (V, V)
+        p1 = torch.softmax(m.model(torch.tensor([ids], device=dev)).logits[0, -1].float(), -1).cpu()
+        nxt = torch.tensor([ids + [a] for a in range(V)], device=dev)
+        p2 = torch.softmax(m.model(nxt).logits[:, -1].float(), -1).cpu()  # (V, V)
     eos = eos_ids(m)
     exact = (p1[:, None] * p2).flatten()
     for a in eos:  # after EOS nothing follows: its mass sits on (eos, -)

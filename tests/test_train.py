@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.training import draft_rows, make_teacher_data, teacher_io, train_draft
+from specviz.training import common, draft_rows, make_teacher_data, teacher_io, train_draft
 
 WORDS = [f"w{i}" for i in range(40)] + ["hello", "world", "tell", "me", "about", "cats", "dogs", "write", "a", "poem"]
 TEMPLATE = (
@@ -159,6 +159,10 @@ def test_train_saves_a_loadable_draft_and_resumes(tmp_path, target_dir):
     train_draft.train(train_draft.parse_args(resumed), log=lambda *a: None)
     meta = json.loads((tmp_path / "run" / "final" / "train_meta.json").read_text())
     assert meta["step"] == 45
+    # the validation prompt ("hello world") shares no word with a training prompt: its greedy reply is novel, and
+    # the novel figure is measured on it alone
+    assert {r["prompt"] for r in val_rows} == {"hello world"}
+    assert meta["val_novel_greedy_acc"] == meta["val_greedy_acc"] and meta["val_novel_greedy_loss"] > 0
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log if "loss" in r].count(1) == 1  # step 1 was logged once: no restart
 
@@ -555,6 +559,40 @@ def test_a_draft_grown_by_a_block_starts_out_guessing_as_the_earlier_one(tmp_pat
     smaller = train_draft.build_draft(target, ids, train_draft.TrainConfig(layers=1))
     with pytest.raises(ValueError, match="2 blocks, more than this draft's 1"):
         train_draft.start_from(smaller, ids, tmp_path / "grown")
+
+
+def test_a_prompt_s_nearest_overlap_finds_the_sibling_a_template_wrote():
+    pool = [
+        "Write a short story about a magic paintbrush on the first day of winter.",
+        "Explain tunnels in simple terms.",
+    ]
+    sibling = "Write a short story about a magic paintbrush who comes alive in winter."
+    near, same, new, none = common.nearest_overlap([sibling, pool[1].upper(), "Cite 20 famous people.", ""], pool)
+    # {write a short story about magic paintbrush winter}: 8 shared of 17 distinct words
+    assert near == pytest.approx(8 / 17) and near >= train_draft.NOVEL_BELOW
+    assert same == 1.0 and new == 0.0 and none == 0.0
+    assert common.nearest_overlap(["Tell me about cats."], []) == [0.0]
+
+
+def test_the_novel_figure_is_measured_on_the_novel_prompts_greedy_replies_alone(tmp_path, target_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    rows = fake_teacher(tmp_path / "teacher.jsonl.gz", tok)
+    prompts = {r["prompt"]: train_draft.prompt_ids(tok, r["prompt"]) for r in rows}
+    cfg = train_draft.TrainConfig(layers=1)
+    ids = train_draft.build_vocab(rows, prompts, cfg)
+    lookup = torch.zeros(len(tok), dtype=torch.long)
+    lookup[torch.tensor(ids)] = torch.arange(len(ids))
+    draft = train_draft.build_draft(AutoModelForCausalLM.from_pretrained(target_dir), ids, cfg)
+    val = train_draft.encode(rows, prompts, lookup, 64)
+    novel = train_draft.encode([r for r in rows if r["prompt"] == "hello world"], prompts, lookup, 64)
+    both = train_draft.evaluate(draft, val, "cpu", 4, novel)
+    alone = train_draft.evaluate(draft, novel, "cpu", 4)
+    assert both["val_novel_greedy_loss"] == pytest.approx(alone["val_greedy_loss"])
+    assert both["val_novel_greedy_acc"] == pytest.approx(alone["val_greedy_acc"])
+    assert both["val_greedy_loss"] != pytest.approx(alone["val_greedy_loss"])  # the other prompts' replies differ
+    assert "val_novel_greedy_loss" not in train_draft.evaluate(draft, val, "cpu", 4)  # no novel prompt, no figure
 
 
 def test_split_rows_drops_prompts_that_share_a_passage_with_a_prompt_set(tmp_path):

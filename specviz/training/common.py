@@ -53,6 +53,30 @@ class HeldOut:
         return any(tuple(w[i : i + SHINGLE]) in self.shingles for i in range(len(w) - SHINGLE + 1))
 
 
+def nearest_overlap(prompts: list[str], pool: list[str]) -> list[float]:
+    """For each prompt, the largest word-set Jaccard overlap with a prompt of `pool` (0 for an empty pool).
+
+    Why: the prompt builder writes many prompts from one template and topic ("Write a short story about a magic
+    paintbrush who ..."), so a validation prompt usually has a sibling in the training split whose reply the draft
+    has all but seen. On draft v6's validation split (measured 29 Nov 2026) the greedy replies of prompts with a sibling at
+    overlap >= 0.4 were guessed 0.61-0.63 of the time, those without one 0.47, about the held-out prompts' 0.50:
+    only the second kind measures what a new prompt gets."""
+    index: dict[str, list[int]] = {}
+    sets = [set(_words(p)) for p in pool]
+    for i, words in enumerate(sets):
+        for w in words:
+            index.setdefault(w, []).append(i)
+    out = []
+    for prompt in prompts:
+        words = set(_words(prompt))
+        shared: dict[int, int] = {}
+        for w in words:
+            for i in index.get(w, ()):
+                shared[i] = shared.get(i, 0) + 1
+        out.append(max((n / len(words | sets[i]) for i, n in shared.items()), default=0.0))
+    return out
+
+
 def read_heldout(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():

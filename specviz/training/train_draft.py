@@ -41,11 +41,12 @@ from pathlib import Path
 
 import torch
 
-from .common import HELDOUT, HeldOut, norm_prompt, prompt_ids, read_heldout, target_folder
+from .common import HELDOUT, HeldOut, nearest_overlap, norm_prompt, prompt_ids, read_heldout, target_folder
 from .draft_model import TOKENIZER_FILES, build_draft, save_draft, start_from  # noqa: F401 (TOKENIZER_FILES)
 from .draft_rows import KEEP, never_propose
 from .teacher_io import decode_topk, read_jsonl, reply_key
 
+NOVEL_BELOW = 0.4  # a validation prompt whose nearest training prompt overlaps less (common.nearest_overlap) is novel
 SPECIAL_IDS = (0, 1, 2)  # <|endoftext|> (also the row for unknown tokens), <|im_start|>, <|im_end|> (= eos)
 
 
@@ -218,12 +219,14 @@ def reply_loss(
 
 
 @torch.no_grad()
-def evaluate(draft, val: list[tuple], device, batch_size: int) -> dict:
-    """Validation loss on all held-aside replies, and greedy acceptance on the greedy (temperature 0) ones.
-    Acceptance counts a miss where the target's token has no row in the draft (it maps to row 0)."""
+def evaluate(draft, val: list[tuple], device, batch_size: int, novel: list[tuple] = ()) -> dict:
+    """Validation loss on all held-aside replies, and greedy acceptance on the greedy (temperature 0) ones, and on
+    the greedy ones of `novel` prompts (no near sibling in the training split: NOVEL_BELOW), the figure that follows
+    held-out prompts. Acceptance counts a miss where the target's token has no row in the draft (it maps to row 0)."""
     draft.eval()
     out = {}
-    for name, items in (("val", val), ("val_greedy", [v for v in val if v[2] == 0.0])):
+    greedy = [("val_greedy", [v for v in val if v[2] == 0.0]), ("val_novel_greedy", [v for v in novel if v[2] == 0.0])]
+    for name, items in (("val", val), *greedy):
         tot_loss = tot_hit = n = 0.0
         for i in range(0, len(items), batch_size):
             ids, mask, _ = make_batch(items[i : i + batch_size], device)
@@ -264,11 +267,16 @@ def train(cfg: TrainConfig, log=print) -> Path:
     soft = read_soft(cfg.topk) if cfg.topk else None
     train_items = encode(train_rows, prompts, lookup, cfg.max_len, soft)
     val_items = encode(val_rows, prompts, lookup, cfg.max_len)
+    val_prompts = sorted({r["prompt"] for r in val_rows})
+    overlap = nearest_overlap(val_prompts, sorted({r["prompt"] for r in train_rows}))
+    novel = {p for p, j in zip(val_prompts, overlap) if j < NOVEL_BELOW}
+    novel_items = encode([r for r in val_rows if r["prompt"] in novel], prompts, lookup, cfg.max_len)
     n_tok = sum(x.numel() - s for x, s, *_ in train_items)
     n_soft = sum(1 for it in train_items if it[3] is not None)
     log(
         f"data: {len(train_items)} train replies ({n_tok} reply tokens; {n_soft} with soft labels), "
-        f"{len(val_items)} val, {n_banned} held-out dropped; vocab {len(target_ids)} rows"
+        f"{len(val_items)} val ({len(novel_items)} of {len(novel)} novel prompts), {n_banned} held-out dropped; "
+        f"vocab {len(target_ids)} rows"
     )
 
     # 2. model + optimiser (fresh from the target, or resumed)
@@ -338,14 +346,14 @@ def train(cfg: TrainConfig, log=print) -> Path:
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
         if elapsed - last_ckpt >= 60 * cfg.ckpt_minutes:
-            metrics = evaluate(draft, val_items, device, cfg.batch_size)
+            metrics = evaluate(draft, val_items, device, cfg.batch_size, novel_items)
             log(f"checkpoint at step {step}: {metrics}")
             elapsed = time.time() - t0
             checkpoint("latest", {"train_loss_ema": ema, **metrics})
             last_ckpt = elapsed
 
     # 4. final: evaluate, save the last state and the draft folder
-    metrics = evaluate(draft, val_items, device, cfg.batch_size)
+    metrics = evaluate(draft, val_items, device, cfg.batch_size, novel_items)
     log(f"final at step {step}: {metrics}")
     checkpoint("latest", {"train_loss_ema": ema, **metrics})
     save_draft(

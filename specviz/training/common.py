@@ -58,9 +58,10 @@ def nearest_overlap(prompts: list[str], pool: list[str]) -> list[float]:
 
     Why: the prompt builder writes many prompts from one template and topic ("Write a short story about a magic
     paintbrush who ..."), so a validation prompt usually has a sibling in the training split whose reply the draft
-    has all but seen. On draft v6's validation split (measured 29 Nov 2026) the greedy replies of prompts with a sibling at
-    overlap >= 0.4 were guessed 0.61-0.63 of the time, those without one 0.47, about the held-out prompts' 0.50:
-    only the second kind measures what a new prompt gets."""
+    has all but seen. Along the greedy replies to 1,913 builder prompts draft v6 never saw (29 Nov 2026, 100 replies
+    a row), its first guess was right 0.39 of the time where the nearest prompt it trained on overlapped under 0.4,
+    0.52 at 0.4-0.6, 0.55 at 0.6-0.8 and 0.58 above (part of it is kind: the pasted-text kinds have few siblings);
+    its held-out prompts get 0.50."""
     index: dict[str, list[int]] = {}
     sets = [set(_words(p)) for p in pool]
     for i, words in enumerate(sets):

@@ -221,8 +221,8 @@ def reply_loss(
 @torch.no_grad()
 def evaluate(draft, val: list[tuple], device, batch_size: int, novel: list[tuple] = ()) -> dict:
     """Validation loss on all held-aside replies, and greedy acceptance on the greedy (temperature 0) ones, and on
-    the greedy ones of `novel` prompts (no near sibling in the training split: NOVEL_BELOW), the figure that follows
-    held-out prompts. Acceptance counts a miss where the target's token has no row in the draft (it maps to row 0)."""
+    the greedy ones of `novel` prompts (no near sibling in the training split: NOVEL_BELOW), the stricter figure: what
+    a prompt unlike the trained ones gets. Acceptance counts a miss where the target's token has no row in the draft (it maps to row 0)."""
     draft.eval()
     out = {}
     greedy = [("val_greedy", [v for v in val if v[2] == 0.0]), ("val_novel_greedy", [v for v in novel if v[2] == 0.0])]
@@ -275,7 +275,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     n_soft = sum(1 for it in train_items if it[3] is not None)
     log(
         f"data: {len(train_items)} train replies ({n_tok} reply tokens; {n_soft} with soft labels), "
-        f"{len(val_items)} val ({len(novel_items)} of {len(novel)} novel prompts), {n_banned} held-out dropped; "
+        f"{len(val_items)} val ({len(novel_items)} of them to {len(novel)} novel prompts), {n_banned} held-out dropped; "
         f"vocab {len(target_ids)} rows"
     )
 

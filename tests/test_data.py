@@ -74,13 +74,17 @@ def test_the_prompts_written_by_hand_and_their_replies_hold_no_held_out_prompt()
     a pasted run of words, and none a near copy of one (the held-out prompts are what alpha is claimed on)."""
     from specviz.training.common import nearest_overlap
 
-    written = [line.strip() for line in (ROOT / "data" / "prompts_written.txt").read_text().splitlines() if line.strip()]
+    written = [
+        line.strip() for line in (ROOT / "data" / "prompts_written.txt").read_text().splitlines() if line.strip()
+    ]
     replies = list(teacher_io.read_jsonl(ROOT / "data" / "teacher_written.jsonl.gz"))
     held = build_prompts.HeldOut.from_dir(build_prompts.HELDOUT_DIR)
     assert len(written) == len(set(written)) >= 300
     assert {r["prompt"] for r in replies} <= set(written) and len(replies) == 2 * len(written)
     assert [p for p in written if held.blocks(p)] == []
-    sets = [line.strip() for f in sorted(build_prompts.HELDOUT_DIR.glob("*.txt")) for line in f.read_text().splitlines()]
+    sets = [
+        line.strip() for f in sorted(build_prompts.HELDOUT_DIR.glob("*.txt")) for line in f.read_text().splitlines()
+    ]
     overlap = nearest_overlap(written, [p for p in sets if p])
     # the nearest share a form, not a topic: "How can I improve my handwriting?" / "... my sleep?" (0.71),
     # "Write a Python function that flattens a nested list." / "... reverses a linked list." (0.60)

@@ -82,10 +82,7 @@ def test_the_prompts_written_by_hand_and_their_replies_hold_no_held_out_prompt()
     assert len(written) == len(set(written)) >= 300
     assert {r["prompt"] for r in replies} <= set(written) and len(replies) == 2 * len(written)
     assert [p for p in written if held.blocks(p)] == []
-    sets = [
-        line.strip() for f in sorted(build_prompts.HELDOUT_DIR.glob("*.txt")) for line in f.read_text().splitlines()
-    ]
-    overlap = nearest_overlap(written, [p for p in sets if p])
+    overlap = nearest_overlap(written, held.prompts)
     # the nearest share a form, not a topic: "How can I improve my handwriting?" / "... my sleep?" (0.71),
     # "Write a Python function that flattens a nested list." / "... reverses a linked list." (0.60)
     assert max(overlap) < 0.75, [w for w, j in zip(written, overlap) if j >= 0.75]

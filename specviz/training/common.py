@@ -32,6 +32,7 @@ class HeldOut:
     """Every prompt of the held-out and benchmark sets, and every run of SHINGLE words in them."""
 
     def __init__(self, prompts: list[str]):
+        self.prompts = list(prompts)
         self.exact = {norm_prompt(p) for p in prompts}
         self.shingles = {
             tuple(w[i : i + SHINGLE]) for p in prompts for w in [_words(p)] for i in range(len(w) - SHINGLE + 1)

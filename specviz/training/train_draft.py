@@ -222,7 +222,8 @@ def reply_loss(
 def evaluate(draft, val: list[tuple], device, batch_size: int, novel: list[tuple] = ()) -> dict:
     """Validation loss on all held-aside replies, and greedy acceptance on the greedy (temperature 0) ones, and on
     the greedy ones of `novel` prompts (no near sibling in the training split: NOVEL_BELOW), the stricter figure: what
-    a prompt unlike the trained ones gets. Acceptance counts a miss where the target's token has no row in the draft (it maps to row 0)."""
+    a prompt unlike the trained ones gets. Acceptance counts a miss where the target's token has no row in the draft
+    (it maps to row 0)."""
     draft.eval()
     out = {}
     greedy = [("val_greedy", [v for v in val if v[2] == 0.0]), ("val_novel_greedy", [v for v in novel if v[2] == 0.0])]

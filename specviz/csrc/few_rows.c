@@ -302,10 +302,18 @@ int few_rows_passes(int wtype, const int* r, int* out) {
 // over k in order, in a lane of its own: no horizontal sums, and a thread reads its panels front to back, one
 // stream per panel. Why: on the 2-core Zen 4 of 27 Nov 2026 a step of the built-in target took 17.1-18.5 ms this
 // way against 20.9-22.0 ms by rows, and a call of 2-6 tokens 0.98-1.07 steps against 1.04-1.19
-// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels`, two runs). Up to 6 rows of x go through a
-// group of panels at a time; more take another pass over the same panels, from the core's cache. Same numbers
+// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels`, two runs). Up to 6 rows of x (AVX-512: 8, below) go
+// through a group of panels at a time; more take another pass over the same panels, from the core's cache. Same numbers
 // whatever M (each output is the same chain), though not the rows layout's (another order of additions): a model
 // keeps one layout for every call (lean_panels.py).
+// AVX-512, as measured on the 2-core Zen 5 of 29 Nov 2026 (the built-in target's 151 products in one parallel region,
+// interleaved, /tmp harness): a call of 2 or more rows prefetches each panel PANEL_AHEAD rows of k ahead: while the
+// core does M multiply-adds per weight, the hardware prefetchers alone left the memory idle (3-6 rows 1.20-1.35 steps
+// -> 1.15-1.19 when this VM got 78 GB/s; a tie at 51 GB/s); a one-token step does not (its loop is loads, 5 % slower
+// with the prefetches). 7-8 rows go through 3 panels at a time in one pass (8 x 3 accumulators + 3 weights + a
+// broadcast: 28 of 32 registers) rather than 6 rows and then the rest again: 7-8 rows 1.29-1.57 steps -> 1.05-1.22,
+// and 9-16 rows take passes of 8 (1.32-1.57 -> 1.16-1.35).
+#define PANEL_AHEAD 32
 #define PANEL_512(MM, G)                                                                                   \
     {                                                                                                      \
         __m512 acc[MM][G];                                                                                 \
@@ -313,6 +321,8 @@ int few_rows_passes(int wtype, const int* r, int* out) {
             PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) acc[m][g] = _mm512_setzero_ps();              \
         for (long k = 0; k < K; k++) {                                                                     \
             __m512 wv[G];                                                                                  \
+            if (MM > 1) PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++)                                    \
+                _mm_prefetch((const char*)(w + ((p + g) * K + k + PANEL_AHEAD) * 16), _MM_HINT_T0);        \
             PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) wv[g] = LOADW(w + ((p + g) * K + k) * 16);    \
             PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
                 __m512 b = _mm512_set1_ps(x[m * K + k]);                                                   \
@@ -330,6 +340,17 @@ int few_rows_passes(int wtype, const int* r, int* out) {
         case 4: PANEL_512(4, G) break;                                                                     \
         case 5: PANEL_512(5, G) break;                                                                     \
         default: PANEL_512(6, G) break;                                                                    \
+    }
+#define PANEL_512_M8(G)                                                                                    \
+    switch (mm) {                                                                                          \
+        case 1: PANEL_512(1, G) break;                                                                     \
+        case 2: PANEL_512(2, G) break;                                                                     \
+        case 3: PANEL_512(3, G) break;                                                                     \
+        case 4: PANEL_512(4, G) break;                                                                     \
+        case 5: PANEL_512(5, G) break;                                                                     \
+        case 6: PANEL_512(6, G) break;                                                                     \
+        case 7: PANEL_512(7, G) break;                                                                     \
+        default: PANEL_512(8, G) break;                                                                    \
     }
 // AVX2: one panel at a time, as two 8-lane halves (2 weight registers, 2 x 6 accumulators, a broadcast <= 16).
 #define PANEL_256(MM)                                                                                      \
@@ -352,14 +373,17 @@ int few_rows_passes(int wtype, const int* r, int* out) {
 #define PANELS(SUF, WT, ATTR)                                                                              \
     ATTR static void panels_##SUF##_512(const WT* restrict w, const float* restrict x0, long M, long K, long N, \
                                         float* restrict y0, long p0, long p1) {                            \
+        long most = M > 6 ? 3 : 4, part = M > 6 ? 8 : 6; /* panels at a time, rows of x a pass */         \
         for (long p = p0; p < p1;) {                                                                       \
-            long g = p1 - p < 4 ? p1 - p : 4;                                                              \
-            for (long m0 = 0; m0 < M; m0 += 6) {                                                           \
-                long mm = M - m0 < 6 ? M - m0 : 6;                                                         \
+            long g = p1 - p < most ? p1 - p : most;                                                        \
+            for (long m0 = 0; m0 < M; m0 += part) {                                                        \
+                long mm = M - m0 < part ? M - m0 : part;                                                   \
                 const float* x = x0 + m0 * K;                                                              \
                 float* y = y0 + m0 * N;                                                                    \
-                if (g == 4) PANEL_512_M(4) else if (g == 3) PANEL_512_M(3) else if (g == 2) PANEL_512_M(2) \
-                else PANEL_512_M(1)                                                                        \
+                if (part == 8) {                                                                           \
+                    if (g == 3) PANEL_512_M8(3) else if (g == 2) PANEL_512_M8(2) else PANEL_512_M8(1)      \
+                } else if (g == 4) PANEL_512_M(4) else if (g == 3) PANEL_512_M(3)                          \
+                else if (g == 2) PANEL_512_M(2) else PANEL_512_M(1)                                        \
             }                                                                                              \
             p += g;                                                                                        \
         }                                                                                                  \

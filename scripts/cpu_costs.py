@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,10 +37,9 @@ def one(path: str, tokens: int) -> dict:
     os.environ["SPECVIZ_KERNEL_LAYOUT"] = layout or "auto"
     os.environ["SPECVIZ_CPU_GEMM"] = gemm
     os.environ["SPECVIZ_FORWARD"] = forward or "auto"
-    import torch
 
     from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
-    from specviz.costs import forward_times
+    from specviz.costs import forward_times, read_bandwidth
     from specviz.models import load_model, pair_backend
 
     p = load_model(BUILTIN_TARGET, device="cpu")
@@ -54,18 +52,9 @@ def one(path: str, tokens: int) -> dict:
         out[f"draft_{dtype}_ms"], out[f"c_{dtype}"] = d * 1e3, d / t[0]
     out["backend"] = pair_backend(p, q)
     out["weights_mb"] = sum(x.numel() * x.element_size() for x in p.model.parameters()) / 1e6
-    big = torch.ones(int(out["weights_mb"] * 1e6 / 4))
-    big.sum()
-    best = min(_timed(big.sum) for _ in range(7))
-    out["bandwidth_gb_s"] = out["weights_mb"] / 1e3 / best
-    out["limit_ms"] = best * 1e3
+    out["bandwidth_gb_s"] = read_bandwidth(int(out["weights_mb"] * 1e6), reps=7)
+    out["limit_ms"] = out["weights_mb"] / out["bandwidth_gb_s"]
     return out
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from .bench import draft_ranks, measure, ranks_line
 from .bench_inputs import grid, load_prompts, parse_configs, parse_grid, parse_trees
 from .bench_plots import write_plots
 from .bench_summary import summarise_runs
+from .costs import read_bandwidth
 from .machine import machine_info
 from .models import LoadedModel
 from .request import RunRequest
@@ -99,7 +100,10 @@ def main(args) -> dict:
     # both lanes through the same endpoint, and no transformers peers
     p, q = load_for(request.replace(drafter="model"))
     hf = not args.no_hf and not is_url(args.target)
+    local_cpu = not is_url(args.target) and p.device.type == "cpu"  # whose memory streams the target's weights
+    memory = [read_bandwidth()] if local_cpu else []
     runs = measure(p, q, prompts, configs, temperatures, args.repeats, request=request, hf=hf, progress=True)
+    memory += [read_bandwidth()] if local_cpu else []
     table = summarise_runs(runs)
     ranks = _ranks_of(p, q, prompts, runs) if any(c.tree != "off" for c in configs) else None
     facts = machine_info()
@@ -113,6 +117,7 @@ def main(args) -> dict:
         n_prompts=len(prompts),
         max_new_tokens=request.max_new_tokens,
         command="python -m specviz " + " ".join(sys.argv[1:]),
+        memory_gb_s=[round(b, 1) for b in memory],  # read-only bandwidth before and after the run
     )
     if any(c.drafter.endswith("head") for c in configs):  # the head's own path (head_native.py's choice)
         from .head import head_backend
@@ -144,6 +149,7 @@ def main(args) -> dict:
             f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']}) · GPU {facts['gpu']} · torch {facts['torch']} "
             f"({facts['torch_threads']} thread{'s' * (facts['torch_threads'] != 1)}{_why(facts)}) · "
             f"transformers {facts['transformers']}"
+            + (" · memory read {:.0f} GB/s before the run, {:.0f} after".format(*memory) if memory else "")
         )
         print(f"On this CPU: {facts['backend']}")
         print(f"Prompts: {facts['opening']} (transformers' peers encode every token)")

@@ -30,6 +30,23 @@ def forward_times(
     return [statistics.median(s) for s in forward_samples(lm, prompt_ids, max_tokens, reps, vocab_size)]
 
 
+def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """GB/s of one pass that only reads `nbytes` of memory (a sum over a float32 buffer that large, the best of `reps`
+    after one untimed): the fastest a step can stream a model's weights at this moment, so a step's time over it is
+    the memory-bound limit (scripts/cpu_costs.py). The bench prints it before and after a run: on a VM it moves with
+    the neighbours, and with it every ratio (the 2-core Zen 5 of 29 Nov 2026 read 51 GB/s in some minutes and 78 in
+    others; a verify of 4 tokens cost 1.10 steps at the first and 1.20 at the second, and the bench's default 1.43x
+    against 1.16x)."""
+    big = torch.ones(nbytes // 4)
+    big.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        big.sum()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / 1e9 / best
+
+
 def relative_times(samples: list[list[float]]) -> list[float]:
     """Seconds per size from `forward_samples`, read against the one-token call of the same repetition: the median
     over repetitions of size / one-token, times the one-token call's median. What the bandwidth a VM gets does

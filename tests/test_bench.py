@@ -133,6 +133,8 @@ def test_cli_writes_csv_json_and_html_plots(tiny_pair, tmp_path, monkeypatch, ca
     assert main(args + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["machine"]["torch"] == torch.__version__ and out["machine"]["cpu"]
+    before, after = out["machine"]["memory_gb_s"]  # the memory's speed at both ends of the run, read on this CPU
+    assert 0.1 < before < 10_000 and 0.1 < after < 10_000
     assert out["table"][0]["identical"] is True
     saved = json.loads(js.read_text())
     assert len(saved["runs"]) == 2 * len(bench.METHODS)

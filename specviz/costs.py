@@ -34,9 +34,9 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
     """GB/s of one pass that only reads `nbytes` of memory (a sum over a float32 buffer that large, the best of `reps`
     after one untimed): the fastest a step can stream a model's weights at this moment, so a step's time over it is
     the memory-bound limit (scripts/cpu_costs.py). The bench prints it before and after a run: on a VM it moves with
-    the neighbours, and with it every ratio (the 2-core Zen 5 of 29 Nov 2026 read 51 GB/s in some minutes and 78 in
-    others; a verify of 4 tokens cost 1.10 steps at the first and 1.20 at the second, and the bench's default 1.43x
-    against 1.16x)."""
+    the neighbours, and with it every ratio (the 2-core Zen 5 of 29 Nov 2026 read 41-80 GB/s within an hour,
+    and the bench's default ran from 1.16x to 1.55x plain decoding: a verify's extra tokens are arithmetic, which
+    slow memory hides and fast memory shows; BENCHMARKS.md, "Per CPU: AMD EPYC Zen 5")."""
     big = torch.ones(nbytes // 4)
     big.sum()
     best = float("inf")

@@ -343,14 +343,9 @@ int few_rows_passes(int wtype, const int* r, int* out) {
     }
 #define PANEL_512_M8(G)                                                                                    \
     switch (mm) {                                                                                          \
-        case 1: PANEL_512(1, G) break;                                                                     \
-        case 2: PANEL_512(2, G) break;                                                                     \
-        case 3: PANEL_512(3, G) break;                                                                     \
-        case 4: PANEL_512(4, G) break;                                                                     \
-        case 5: PANEL_512(5, G) break;                                                                     \
-        case 6: PANEL_512(6, G) break;                                                                     \
         case 7: PANEL_512(7, G) break;                                                                     \
-        default: PANEL_512(8, G) break;                                                                    \
+        case 8: PANEL_512(8, G) break;                                                                     \
+        default: PANEL_512_M(G) break;                                                                     \
     }
 // AVX2: one panel at a time, as two 8-lane halves (2 weight registers, 2 x 6 accumulators, a broadcast <= 16).
 #define PANEL_256(MM)                                                                                      \

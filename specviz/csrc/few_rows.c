@@ -302,17 +302,18 @@ int few_rows_passes(int wtype, const int* r, int* out) {
 // over k in order, in a lane of its own: no horizontal sums, and a thread reads its panels front to back, one
 // stream per panel. Why: on the 2-core Zen 4 of 27 Nov 2026 a step of the built-in target took 17.1-18.5 ms this
 // way against 20.9-22.0 ms by rows, and a call of 2-6 tokens 0.98-1.07 steps against 1.04-1.19
-// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels`, two runs). Up to 6 rows of x (AVX-512: 8, below) go
-// through a group of panels at a time; more take another pass over the same panels, from the core's cache. Same numbers
-// whatever M (each output is the same chain), though not the rows layout's (another order of additions): a model
-// keeps one layout for every call (lean_panels.py).
+// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels`, two runs). Up to 6 rows of x (AVX-512: 8,
+// below) go through a group of panels at a time; more take another pass over the same panels, from the core's cache.
+// Same numbers whatever M (each output is the same chain), though not the rows layout's (another order of
+// additions): a model keeps one layout for every call (lean_panels.py).
 // AVX-512, as measured on the 2-core Zen 5 of 29 Nov 2026 (the built-in target's 151 products in one parallel region,
-// interleaved, /tmp harness): a call of 2 or more rows prefetches each panel PANEL_AHEAD rows of k ahead: while the
-// core does M multiply-adds per weight, the hardware prefetchers alone left the memory idle (3-6 rows 1.20-1.35 steps
-// -> 1.15-1.19 when this VM got 78 GB/s; a tie at 51 GB/s); a one-token step does not (its loop is loads, 5 % slower
-// with the prefetches). 7-8 rows go through 3 panels at a time in one pass (8 x 3 accumulators + 3 weights + a
-// broadcast: 28 of 32 registers) rather than 6 rows and then the rest again: 7-8 rows 1.29-1.57 steps -> 1.05-1.22,
-// and 9-16 rows take passes of 8 (1.32-1.57 -> 1.16-1.35).
+// variants alternated in one process; BENCHMARKS.md "Per CPU: AMD EPYC Zen 5"): a call of 2 or more rows prefetches
+// each panel PANEL_AHEAD rows of k ahead, since while the core does M multiply-adds per weight the hardware
+// prefetchers alone let fast memory idle (3-6 rows 1.23-1.28 -> 1.17-1.20 steps in a fast minute; a tie in a slow
+// one); a one-token step does not (its loop is loads: 2-10 % slower with them). 7-8 rows go through 3 panels at a
+// time in one pass (8 x 3 accumulators + 3 weights + a broadcast: 28 of 32 registers), not 6 rows and then the rest
+// again: 1.27-1.30 -> 1.10-1.12 steps in a slow minute, 1.59-1.63 -> 1.18-1.21 in a fast one; 9-16 rows take passes
+// of 8 (1.31-1.53 -> 1.22-1.38).
 #define PANEL_AHEAD 32
 #define PANEL_512(MM, G)                                                                                   \
     {                                                                                                      \

@@ -15,6 +15,7 @@ import weakref
 import torch
 
 from .config import SamplingConfig
+from .kernels import best_seconds
 from .models import LoadedModel
 from .served import open_run
 
@@ -38,13 +39,7 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
     and the bench's default ran from 1.16x to 1.55x plain decoding: a verify's extra tokens are arithmetic, which
     slow memory hides and fast memory shows; BENCHMARKS.md, "Per CPU: AMD EPYC Zen 5")."""
     big = torch.ones(nbytes // 4)
-    big.sum()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        big.sum()
-        best = min(best, time.perf_counter() - t0)
-    return nbytes / 1e9 / best
+    return nbytes / 1e9 / best_seconds(big.sum, reps)
 
 
 def relative_times(samples: list[list[float]]) -> list[float]:

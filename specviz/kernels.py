@@ -106,7 +106,7 @@ def candidates(dtype: torch.dtype) -> list[str]:
     return out
 
 
-def _seconds(fn, reps: int = 5) -> float:
+def best_seconds(fn, reps: int = 5) -> float:
     """The best of `reps` timings of fn() after one warm-up (the least disturbed by other work on the machine)."""
     fn()
     best = float("inf")
@@ -135,7 +135,7 @@ def time_paths(layers: list[torch.nn.Linear], paths: list[str], rows: tuple[int,
     for _ in range(3):
         for p in paths:
             for i, m in enumerate(rows):
-                t = _seconds(lambda p=p, m=m: [_call(p, layer, x) for layer, x in zip(layers, inputs[m])], reps=2)
+                t = best_seconds(lambda p=p, m=m: [_call(p, layer, x) for layer, x in zip(layers, inputs[m])], reps=2)
                 out[p][i] = min(out[p][i], t)
     return out
 
@@ -254,7 +254,7 @@ def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tup
     for _ in range(3):
         for i in (0, 1):
             for j, m in enumerate(rows):
-                t = _seconds(
+                t = best_seconds(
                     lambda i=i, m=m: [
                         native.few_rows(inputs[m][w.shape[1]], (w, p)[i], sc, w.shape[0]) for w, p, sc in mats
                     ],
@@ -282,7 +282,7 @@ def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
             for r in counts:
                 native.set_passes(wtype, tuple(chosen[: m - 1]) + (r,) + default[m:])
                 times[r].append(
-                    _seconds(lambda x=x: [native.few_rows(x[w.shape[1]], w, sc, w.shape[0]) for w, sc in mats], 1)
+                    best_seconds(lambda x=x: [native.few_rows(x[w.shape[1]], w, sc, w.shape[0]) for w, sc in mats], 1)
                 )
         base = times[default[m - 1]]
         wins = [r for r in counts if all(t < PASSES_MARGIN * b for t, b in zip(times[r], base))]

@@ -95,7 +95,7 @@ def test_counts_exist_only_where_the_avx2_rows_kernels_run():
 
 
 def fake_clock(monkeypatch, cost):
-    """kernels._seconds reports cost(m, rows per pass for m) for the pass it is handed (m: the rows of x seen)."""
+    """kernels.best_seconds reports cost(m, rows per pass for m) for the pass it is handed (m: the rows of x seen)."""
     seen = {}
     real = native.few_rows
     monkeypatch.setattr(native, "few_rows", lambda x, w, *a: seen.update(m=x.shape[0]) or real(x, w, *a))
@@ -105,7 +105,7 @@ def fake_clock(monkeypatch, cost):
         m = seen["m"]
         return cost(m, native.passes(0)[m - 1])
 
-    monkeypatch.setattr(kernels, "_seconds", seconds)
+    monkeypatch.setattr(kernels, "best_seconds", seconds)
 
 
 @needs_avx2

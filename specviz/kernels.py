@@ -234,7 +234,7 @@ def draft_dtype(device: torch.device) -> torch.dtype | None:
 
 
 # Panels take a copy of the weights (the model keeps its own for PyTorch's paths), so they are kept only where a
-# pass over the model's products is this much faster than by rows.
+# verify's pass over the model's products is this much faster than by rows (and a step's no more than 1/this slower).
 PANELS_MARGIN = 0.97
 
 
@@ -304,11 +304,13 @@ def passes_timed() -> bool:
 def panels_pay(mats: list[tuple]) -> bool:
     """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
     its own weights (`time_layouts`; about half a second for the built-in target) and kept when clearly faster for a
-    step and for a verify of 4 tokens each: on a 2-core Zen 1 (28 Nov 2026) panels took a step 7 % faster but a
-    4-token call 9 % slower, their sum a near tie that chose panels in some processes, and there the race ran
-    1.28-1.34x against 1.50-1.54x by rows (verify 1.20-1.28 steps against 1.06-1.07)."""
+    verify of 4 tokens and not clearly slower for a step (PANELS_MARGIN both ways). On a 2-core Zen 1 (28 Nov 2026)
+    panels took a step 7 % faster but a 4-token call 9 % slower, and there the race ran 1.28-1.34x against
+    1.50-1.54x by rows (verify 1.20-1.28 steps against 1.06-1.07): rows. On a 2-core Zen 5 (29 Nov 2026) panels
+    ran a 4-token verify 3-18 % faster in 28 timings, a step 4-9 % faster in one minute's 20 but 4 % slower to 6 %
+    faster in another's 8; the earlier rule, a clearly faster step too, took rows in a fresh process there."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"
-    by_rows, in_panels = time_layouts(mats)
-    return all(p < PANELS_MARGIN * r for r, p in zip(by_rows, in_panels))
+    (step_rows, verify_rows), (step_panels, verify_panels) = time_layouts(mats)
+    return verify_panels < PANELS_MARGIN * verify_rows and step_panels * PANELS_MARGIN < step_rows

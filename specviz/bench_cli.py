@@ -99,8 +99,9 @@ def main(args) -> dict:
     # both models, whatever the configurations (the peers need the draft); a served target: p scores on its server,
     # both lanes through the same endpoint, and no transformers peers
     p, q = load_for(request.replace(drafter="model"))
-    hf = not args.no_hf and not is_url(args.target)
-    local_cpu = not is_url(args.target) and p.device.type == "cpu"  # whose memory streams the target's weights
+    served = is_url(args.target)
+    hf = not args.no_hf and not served
+    local_cpu = not served and p.device.type == "cpu"  # whose memory streams the target's weights
     memory = [read_bandwidth()] if local_cpu else []
     runs = measure(p, q, prompts, configs, temperatures, args.repeats, request=request, hf=hf, progress=True)
     memory += [read_bandwidth()] if local_cpu else []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,40 @@ def test_the_prompts_written_by_hand_and_their_replies_hold_no_held_out_prompt()
     # the nearest share a form, not a topic: "How can I improve my handwriting?" / "... my sleep?" (0.71),
     # "Write a Python function that flattens a nested list." / "... reverses a linked list." (0.60)
     assert max(overlap) < 0.75, [w for w, j in zip(written, overlap) if j >= 0.75]
+
+
+# Word starts that stand for a topic of a held-out or benchmark prompt, by the prompt. A prompt written by hand shares a
+# form with those sets at most, never a topic: training on a story about another robot or a recipe for another curry
+# would flatter the held-out alpha the draft is judged by.
+HELD_OUT_TOPICS = {
+    "a limerick about a clumsy robot; a little robot who wanted to see the sea": "robot",
+    "How do I fix a flat bicycle tyre?": "bicycle, cycling",
+    "a bedtime story about a sleepy moon; How can I improve my sleep?": "bedtime, sleep?",
+    "a village bakery's prize for its sourdough (summarise)": "bakery, baker, sourdough",
+    "the recipe for the best chicken curry": "curry",
+    "Describe a sunset over the ocean.": "sunset",
+    "the planets in order; the first family to live on Mars": "planet, mars",
+    "How do vaccines train the immune system?": "vaccin, immun",
+    "Write a short story about a dragon who is afraid of the dark.": "dragon",
+    "the code set": "linked list, tuple, palindrome, fibonacci, decorator, pandas",
+    "one word each": "purr, gravity, tide, photosynthesis, black hole, volcan, honeybee, inflation, democracy, camping, "
+    "airplane, aeroplane, interview, first impression, breakfast, second language, foreign language, internet, wi-fi, "
+    "vpn, exercis, cinderella",
+}
+
+
+def test_the_prompts_written_by_hand_keep_off_the_held_out_topics():
+    written = [line.strip() for line in (ROOT / "data" / "prompts_written.txt").read_text().splitlines()]
+    stems = [t.strip() for words in HELD_OUT_TOPICS.values() for t in words.split(",")]
+    near = [(p, t) for p in written for t in stems if re.search(r"\b" + re.escape(t), p.lower())]
+    assert near == []
+    topk = {
+        teacher_io.reply_key(r)
+        for part in teacher_io.topk_parts(ROOT / "data" / "teacher_written.jsonl.gz")
+        for r in teacher_io.read_jsonl(part)
+    }
+    replies = {teacher_io.reply_key(r) for r in teacher_io.read_jsonl(ROOT / "data" / "teacher_written.jsonl.gz")}
+    assert topk == replies  # every reply has its top-16 and no top-16 is left from a prompt taken out
 
 
 def test_a_set_added_later_is_excluded_by_prompt_and_by_pasted_text(tmp_path, built):

@@ -14,11 +14,11 @@ from .config import ASSETS, TREE_DRAFTERS, SpecConfig, SpecvizError
 from .request import RunRequest
 
 PROMPT_DIR = ASSETS / "prompts"
-PROMPT_SETS = ("everyday", "stories", "code", "summarise", "grounded")
+PROMPT_SETS = ("everyday", "stories", "code", "summarise", "grounded", "unseen")
 
 
 def load_prompts(spec: str, limit: int = 0) -> list[str]:
-    """A built-in set by name (everyday, stories, code, summarise, grounded) or a text file: one prompt per
+    """A built-in set by name (everyday, stories, code, summarise, grounded, unseen) or a text file: one prompt per
     non-empty line, where a literal \\n stands for a line break (so a prompt can carry a pasted function or text)."""
     path = PROMPT_DIR / f"{spec}.txt" if spec in PROMPT_SETS else Path(spec).expanduser()
     if not path.is_file():

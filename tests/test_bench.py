@@ -31,7 +31,7 @@ def test_prompt_sets_load_by_name_and_by_path(tmp_path):
     everyday = load_prompts("everyday")
     assert "Tell me about gravity." in everyday and "Cite 20 famous people." in everyday
     for name in PROMPT_SETS:
-        assert 8 <= len(load_prompts(name)) <= 12
+        assert 8 <= len(load_prompts(name)) <= 40
     f = tmp_path / "mine.txt"
     f.write_text("one\n\n  two  \nthree\n")
     assert load_prompts(str(f), limit=2) == ["one", "two"]

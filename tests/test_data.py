@@ -190,3 +190,66 @@ def test_topk_parts_roll_over_at_the_size_limit_and_list_in_order(tmp_path):
     assert len(parts) > 3 and all(p.stat().st_size < 200 for p in parts)  # each stops one record past 100
     assert [r["i"] for p in parts for r in teacher_io.read_jsonl(p)] == list(range(25))
     assert teacher_io.topk_parts(tmp_path / "teacher.jsonl") == []  # plain files have their own parts
+
+
+# assets/prompts/unseen.txt: 40 prompts on topics no teacher prompt touches, by the word starts after each. The
+# held-out set's topics are in the teacher data (its prompts are not, but "What are some breakfast ideas?" is, beside
+# "What are some healthy breakfast ideas?"), so alpha there flatters a draft; this set measures it on new ground.
+UNSEEN_TOPICS = {
+    "What is the Doppler effect?": "doppler",
+    "Tell me about the Trans-Siberian Railway.": "trans-siberian",
+    "How do I get rid of limescale in a toilet?": "limescale",
+    "Write a Python function that computes the Levenshtein distance between two strings.": "levenshtein, edit distance",
+    "Tell me a story about a hermit crab looking for a new shell.": "hermit crab",
+    "Give me tips for running a garage sale.": "garage sale, yard sale",
+    "What is the placebo effect?": "placebo",
+    "Who was Ibn Battuta?": "battuta",
+    "How do I clean white sneakers?": "sneaker",
+    "Write a C function that counts the set bits in an integer.": "set bits, popcount",
+    "Write a story about a girl who finds a talking pebble.": "pebble",
+    "Give me five tips for reading aloud to a class.": "reading aloud, read aloud",
+    "Why do we get brain freeze from ice cream?": "brain freeze",
+    "What is the Okavango Delta?": "okavango",
+    "How do I tie a bowline knot?": "bowline",
+    "Explain what a mutex is, with a short example.": "mutex",
+    "Tell me a story about a raccoon who runs a lost-and-found office.": "raccoon",
+    "Give me tips for writing a eulogy.": "eulog",
+    "How are pearls formed?": "pearl",
+    "Who was Hedy Lamarr?": "lamarr",
+    "How do I pick a ripe watermelon?": "watermelon",
+    "Write a regular expression that matches a UK postcode.": "postcode",
+    "Write a funny story about a walrus who learns to knit.": "walrus",
+    "How do cuckoos trick other birds into raising their chicks?": "cuckoo",
+    "Tell me about the Faroe Islands.": "faroe",
+    "How do I remove a splinter?": "splinter",
+    "Explain what a closure is in JavaScript, with an example.": "closure",
+    "Write a haiku about a heron.": "heron",
+    "How does carbon dating work?": "carbon dating, radiocarbon",
+    "Tell me about the Tower of London.": "tower of london",
+    "How do I tell if an avocado is ripe?": "avocado",
+    "Write a SQL query that finds the students enrolled in more than three courses.": "enrol",
+    "Write an ode to a pencil sharpener.": "sharpener",
+    "How do fireflies make light?": "firefl",
+    "How do I use chopsticks?": "chopstick",
+    "How does quicksand work?": "quicksand",
+    "What is the Fermi paradox?": "fermi",
+    "How does a fire extinguisher put out a fire?": "extinguisher",
+    "How do hearing aids work?": "hearing aid",
+    "How does a yo-yo come back up?": "yo-yo, yoyo",
+}
+
+
+def test_no_teacher_prompt_touches_a_topic_of_the_unseen_set():
+    unseen = [line.strip() for line in (ROOT / "assets" / "prompts" / "unseen.txt").read_text().splitlines()]
+    assert sorted(p for p in unseen if p) == sorted(UNSEEN_TOPICS)
+    prompts = {line.strip() for line in (ROOT / "data" / "prompts_written.txt").read_text().splitlines()}
+    with gzip.open(ROOT / "data" / "prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+        prompts |= {json.loads(line)["prompt"] for line in f}
+    for name in ("teacher.jsonl.gz", "teacher_written.jsonl.gz"):
+        prompts |= {r["prompt"] for r in teacher_io.read_jsonl(ROOT / "data" / name)}
+    stems = [t.strip() for words in UNSEEN_TOPICS.values() for t in words.split(",")]
+    pattern = re.compile("|".join(r"\b" + re.escape(t) for t in stems))
+    assert len(prompts) > 10_000
+    assert [p for p in prompts if pattern.search(p.lower())] == []
+    # and the guard can fail: a teacher prompt on one of these topics is caught
+    assert pattern.search("how do hearing aids amplify sound?") and pattern.search("a story about two walruses")

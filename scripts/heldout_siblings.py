@@ -60,7 +60,8 @@ TOPICS = {
     "What is democracy?": "democra",
     "Write a motivational message for a student before an exam.": r"motivational, exam\b, exams\b",
     "List the planets of the solar system in order.": "planet, solar system",
-    "How do I start running if I have never exercised?": r"start running, running\b.*beginner, jogging, start exercising",
+    "How do I start running if I have never exercised?": r"start running, running\b.*beginner, jogging, "
+    "start exercising",
     "How do I fix a flat bicycle tyre?": r"bicycle, bike\b, flat tyre, flat tire, puncture",
     "Why is exercise good for mental health?": "exercis",
     "Write a JavaScript function that checks whether a string is a palindrome.": "palindrome",

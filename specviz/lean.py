@@ -218,7 +218,7 @@ class LeanLlama:
 
     def skip_rows(self, blocked: torch.Tensor) -> None:
         """Leave out of the output layer the rows a draft never proposes (their logits come back -inf, as the
-        engine sets them anyway). Worth it where they are many: the built-in draft proposes 8,000 of its 19,491
+        engine sets them anyway). Worth it where they are many: the built-in draft proposes 8,000 of its 21,513
         rows (training/draft_rows.py), and its output layer was 59 % of version 6's bytes, read again from memory
         every round after a verify: its int8 step right after a target step took 0.93-0.96 ms against 1.21-1.26
         (Zen 4)."""

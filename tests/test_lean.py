@@ -438,7 +438,7 @@ def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(
 def test_a_draft_computes_only_the_rows_it_may_propose_and_the_output_stays_the_targets(
     pair_with, tiny_pair, small_vocab_pair, tmp_path, forward, int8
 ):
-    """A draft that never proposes most of its rows (the built-in draft: all but 8,000 of 19,491) leaves them out
+    """A draft that never proposes most of its rows (the built-in draft: all but 8,000 of 21,513) leaves them out
     of its output layer: the rows it computes hold its full layer's numbers, the others -inf, in a step and in a
     call of several tokens; greedy speculative output equals plain, and sampling follows the target's law."""
     blocked = [r for r in range(64) if r % 4]  # 48 of 64 rows

@@ -14,13 +14,16 @@ whether a prompt has at least 3 such siblings. assets/prompts/unseen.txt is the 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's specviz, from any folder
+
+from specviz.training import teacher_io  # noqa: E402
+
 SHORT = 200  # characters: a longer teacher prompt carries a pasted text, whose words are not its topic
 SIBLINGS = 3  # prompts on the topic that make a held-out prompt's topic "seen"
 TOPICS = {
@@ -73,8 +76,9 @@ TEACHER = ("data/teacher.jsonl.gz", "data/teacher_written.jsonl.gz")
 def teacher_prompts(extra: list[str]) -> list[str]:
     prompts: set[str] = set()
     for path in [ROOT / p for p in TEACHER] + [Path(p) for p in extra]:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            prompts |= {json.loads(line)["prompt"] for line in f}
+        if not path.is_file():
+            sys.exit(f"No teacher file {path}.")
+        prompts |= {r["prompt"] for r in teacher_io.read_jsonl(path)}
     return sorted(p.lower() for p in prompts if len(p) <= SHORT)
 
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from specviz.bench_inputs import load_prompts
 from specviz.training import build_prompts, teacher_io
+from specviz.training.common import read_heldout
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,17 +105,21 @@ HELD_OUT_TOPICS = {
     "How do vaccines train the immune system?": "vaccin, immun",
     "Write a short story about a dragon who is afraid of the dark.": "dragon",
     "the code set": "linked list, tuple, palindrome, fibonacci, decorator, pandas",
-    "one word each": "purr, gravity, tide, photosynthesis, black hole, volcan, honeybee, inflation, democracy, camping, "
-    "airplane, aeroplane, interview, first impression, breakfast, second language, foreign language, internet, wi-fi, "
-    "vpn, exercis, cinderella",
+    "one word each": "purr, gravity, tide, photosynthesis, black hole, volcan, honeybee, inflation, democracy, "
+    "camping, airplane, aeroplane, interview, first impression, breakfast, second language, foreign language, "
+    "internet, wi-fi, vpn, exercis, cinderella",
 }
 
 
+def topic_hits(prompts, topics: dict[str, str]) -> list[tuple[str, str]]:
+    """(prompt, the word start it holds) for each prompt naming one of `topics`' word starts (comma-separated)."""
+    stems = [t.strip() for words in topics.values() for t in words.split(",")]
+    pattern = re.compile("|".join(r"\b" + re.escape(t) for t in stems))
+    return [(p, m.group()) for p in prompts if (m := pattern.search(p.lower()))]
+
+
 def test_the_prompts_written_by_hand_keep_off_the_held_out_topics():
-    written = [line.strip() for line in (ROOT / "data" / "prompts_written.txt").read_text().splitlines()]
-    stems = [t.strip() for words in HELD_OUT_TOPICS.values() for t in words.split(",")]
-    near = [(p, t) for p in written for t in stems if re.search(r"\b" + re.escape(t), p.lower())]
-    assert near == []
+    assert topic_hits(read_heldout(ROOT / "data" / "prompts_written.txt"), HELD_OUT_TOPICS) == []
     topk = {
         teacher_io.reply_key(r)
         for part in teacher_io.topk_parts(ROOT / "data" / "teacher_written.jsonl.gz")
@@ -240,16 +246,11 @@ UNSEEN_TOPICS = {
 
 
 def test_no_teacher_prompt_touches_a_topic_of_the_unseen_set():
-    unseen = [line.strip() for line in (ROOT / "assets" / "prompts" / "unseen.txt").read_text().splitlines()]
-    assert sorted(p for p in unseen if p) == sorted(UNSEEN_TOPICS)
-    prompts = {line.strip() for line in (ROOT / "data" / "prompts_written.txt").read_text().splitlines()}
-    with gzip.open(ROOT / "data" / "prompts.jsonl.gz", "rt", encoding="utf-8") as f:
-        prompts |= {json.loads(line)["prompt"] for line in f}
-    for name in ("teacher.jsonl.gz", "teacher_written.jsonl.gz"):
+    assert sorted(load_prompts("unseen")) == sorted(UNSEEN_TOPICS)
+    prompts = set(read_heldout(ROOT / "data" / "prompts_written.txt"))
+    for name in ("prompts.jsonl.gz", "teacher.jsonl.gz", "teacher_written.jsonl.gz"):
         prompts |= {r["prompt"] for r in teacher_io.read_jsonl(ROOT / "data" / name)}
-    stems = [t.strip() for words in UNSEEN_TOPICS.values() for t in words.split(",")]
-    pattern = re.compile("|".join(r"\b" + re.escape(t) for t in stems))
     assert len(prompts) > 10_000
-    assert [p for p in prompts if pattern.search(p.lower())] == []
+    assert topic_hits(prompts, UNSEEN_TOPICS) == []
     # and the guard can fail: a teacher prompt on one of these topics is caught
-    assert pattern.search("how do hearing aids amplify sound?") and pattern.search("a story about two walruses")
+    assert len(topic_hits(["how do hearing aids amplify sound?", "a story about two walruses"], UNSEEN_TOPICS)) == 2

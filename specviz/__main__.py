@@ -48,7 +48,7 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
         type=int,
         help=f"lookup: longest suffix tried first ({d('max_matching_ngram_size')})",
     )
-    ap.add_argument("--head", help="head / lookup+head: the head folder (default: the built-in target's)")
+    ap.add_argument("--head", help="the head drafters' head folder (default: the built-in target's)")
     ap.add_argument("--temperature", type=float, help=f"0 is greedy ({d('temperature')})")
     ap.add_argument("--top-k", type=int, help=f"0 is off ({d('top_k')})")
     ap.add_argument("--top-p", type=float, help=f"1 is off ({d('top_p')})")
@@ -57,7 +57,7 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .config import CHECK_DRAFTERS
+    from .config import CHECK_DRAFTERS, DRAFTERS
     from .request import RunRequest
 
     ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
@@ -92,9 +92,7 @@ def parser() -> argparse.ArgumentParser:
         "--prompts", default="everyday", help="a built-in set (everyday, stories, code, summarise, grounded) or a file"
     )
     b.add_argument("--gammas", default="1,2,3,4,6,8", help="numbers and/or auto, e.g. 1,2,3,auto")
-    b.add_argument(
-        "--drafters", default="model", help="comma-separated: model, lookup, lookup+model, head, lookup+head"
-    )
+    b.add_argument("--drafters", default="model", help=f"comma-separated: {', '.join(DRAFTERS)}")
     b.add_argument("--policies", default="constant", help="for numeric gammas: constant, heuristic, confidence")
     b.add_argument(
         "--trees",

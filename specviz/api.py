@@ -97,7 +97,7 @@ def generate(prompt: str, **options) -> Result:
     Options (all keyword; request.RunRequest's fields, with its defaults): target, draft: a Hugging Face id, a local folder, a LoadedModel, or None for the
     built-in pair; target may also be a served target's address, "http://HOST:PORT/v1" (vLLM; served.py), with
     tokenizer its tokenizer's hub id or folder (default: the server's model name); mode "spec" or "ar"; drafter
-    "model" | "lookup" | "lookup+model" | "head" | "lookup+head" (where guesses come from; head: the head
+    "model" | "lookup" | "lookup+model" | "head" | "lookup+head" | "model+head" | "lookup+model+head" (where guesses come from; head: the head
     drafters' head folder, "" = the built-in target's own head);
     gamma 1..16 or "auto"; gamma_policy "constant" | "heuristic" | "confidence" | "auto" (gamma is then the
     start or the most per round); confidence (the threshold of that policy); prompt_lookup_num_tokens,

@@ -78,8 +78,9 @@ DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); 
 # policy expects to pay
 DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
-DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head")
-MODEL_DRAFTERS = ("model", "lookup+model")  # the drafters that run a draft model (the others need none loaded)
+DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head", "model+head", "lookup+model+head")
+MODEL_DRAFTERS = ("model", "lookup+model", "model+head", "lookup+model+head")  # the drafters that run a draft model
+HEAD_WEIGHT = 0.5  # model+head: the head's share w of a round's first guess (drafters_mix.py)
 CHECK_DRAFTERS = ("model", "lookup", "lookup+model")  # what the pair check measures (a head is not a pair)
 GAMMA_POLICIES = ("constant", "heuristic", "confidence", "auto")
 AUTO_GAMMA_MAX = 8  # gamma="auto" chooses 1..8: on a CPU a 9-token verify already costs about two steps
@@ -108,7 +109,7 @@ class SpecConfig:
     seed: int = 0
     sampling: SamplingConfig = SamplingConfig()
     detail: int = 0  # >0: each round also carries the top-`detail` candidates of p and q (step-through view)
-    drafter: str = "model"  # model | lookup | lookup+model | head | lookup+head (drafters.py)
+    drafter: str = "model"  # one of DRAFTERS (drafters.py)
     head: str = ""  # the head drafters' head folder; "" = the built-in head (built-in target only)
     gamma_policy: str = "constant"  # constant | heuristic | confidence | auto (policies.py)
     confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability

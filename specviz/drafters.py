@@ -8,8 +8,10 @@ from, and is told after each verify how many were accepted (n) and which token t
   occurrence of the text's last n tokens are proposed; q is a point mass, which keeps the rule exact.
 - `HeadDrafter` ("head", drafters_head.py): a feature-level head (EAGLE, head.py) that guesses from the target's
   own last hidden states; it asks the engine for them (`wants_hidden`).
-- `LookupModelDrafter` ("lookup+model", "lookup+head", drafters_lookup.py): lookup where the text has a match,
-  the model (or the head) otherwise.
+- `MixDrafter` ("model+head", drafters_mix.py): the draft model and the head together; a round's first guess is
+  drawn from the mixture of their distributions, the later ones from the draft.
+- `LookupModelDrafter` ("lookup+model", "lookup+head", "lookup+model+head", drafters_lookup.py): lookup where the
+  text has a match, the model (or the head, or both) otherwise.
 - `TranslatingDrafter` (the "model" drafter for a draft with another tokenizer, drafters_translating.py): the
   draft reads and writes text, translated to and from the target's tokens (translate.py).
 
@@ -60,6 +62,7 @@ from .drafters_lookup import (  # noqa: F401 (importable from here, as before dr
     LookupDrafter,
     LookupModelDrafter,
 )
+from .drafters_mix import MixDrafter
 from .drafters_translating import TranslatingDrafter, translation_of  # noqa: F401 (translation_of: as before)
 from .models import LoadedModel
 from .runtime import CachedModel
@@ -94,8 +97,9 @@ class ModelDrafter(Drafter):
     def calls(self) -> int:
         return self.run.calls
 
-    def _sync(self, seq: list[int]) -> torch.Tensor:
-        """Roll the cache back to what `seq` still agrees with; return the tokens of `seq` it must still see."""
+    def sync(self, seq: list[int]) -> torch.Tensor:
+        """Roll the cache back to what `seq` still agrees with and take `seq` as confirmed; return the tokens of `seq`
+        it must still see (at least one: the text's last token is never cached yet)."""
         if self.tree is not None:  # last round's tree: keep the rows of the path the text took, in place
             rows, node = [], -1
             for t in seq[self.confirmed :]:
@@ -115,7 +119,7 @@ class ModelDrafter(Drafter):
                 else:
                     break
             self.run.rollback(keep)
-        self.spec = []
+        self.spec, self.confirmed = [], len(seq)
         return torch.tensor(seq[keep:], device=self.lm.device)
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
@@ -124,8 +128,10 @@ class ModelDrafter(Drafter):
         k, why = ctx.k_for(self.name)
         if k == 0:
             return empty_proposal(ctx, 0, why)
-        x = self._sync(seq)  # (L,) at least one token: the last one of the text is never cached yet
-        self.confirmed = len(seq)
+        return self.chain(self.sync(seq), k, ctx, why)
+
+    def chain(self, x: torch.Tensor, k: int, ctx: DraftContext, why: str) -> Proposal:
+        """Feed x (L,) (what `sync` returned, or a guess made after it) and guess k tokens, each fed for the next."""
         s, fast = ctx.sampling, ctx.sampling.greedy and not ctx.need_q and ctx.threshold <= 0
         if fast:  # the loop below in one native call, where it can
             chain = self.run.greedy_chain(x, k)
@@ -184,8 +190,7 @@ class ModelDrafter(Drafter):
         budget = ctx.tree.nodes() if depth_max > 0 else 0
         if budget == 0:
             return empty_proposal(ctx, 0, STOP_BUDGET)
-        x = self._sync(seq)
-        self.confirmed = len(seq)
+        x = self.sync(seq)
         g = _Growth(ctx, budget, depth_max, self.confirmed - 1, self._ids(ctx))
         g.read(-1, self.run.feed(x, last_only=True)[-1].to(ctx.device))
         g.push_child(-1)
@@ -319,13 +324,22 @@ def make_drafter(
         raise SpecvizError(f"Unknown drafter {name!r}; use one of {', '.join(DRAFTERS)}.")
     if name == "lookup":
         return LookupDrafter(**lookup)
-    if name.endswith("head"):
-        if head is None:
-            raise SpecvizError(f"The {name} drafter needs a draft head for this target; give one with head=FOLDER.")
-        inner: Drafter = HeadDrafter(head, V)
+    if name.endswith("head") and head is None:
+        raise SpecvizError(f"The {name} drafter needs a draft head for this target; give one with head=FOLDER.")
+    if "model" in name and draft is None:
+        raise SpecvizError(f"The {name} drafter needs a draft model.")
+    if name.endswith("model+head"):
+        from .translate import needs_translation
+
+        if target is not None and needs_translation(target, draft):
+            raise SpecvizError(
+                f"The {name} drafter mixes the draft's and the head's guesses token by token, so the draft must "
+                "share the target's tokenizer; use lookup+model for this pair."
+            )
+        inner: Drafter = MixDrafter(ModelDrafter(draft, V), HeadDrafter(head, V))
+    elif name.endswith("head"):
+        inner = HeadDrafter(head, V)
     else:
-        if draft is None:
-            raise SpecvizError(f"The {name} drafter needs a draft model.")
         from .translate import needs_translation
 
         translated = target is not None and needs_translation(target, draft)

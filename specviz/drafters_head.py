@@ -65,22 +65,32 @@ class HeadDrafter(Drafter):
         f = self.head(torch.tensor([tokens], device=dev), feats[None].to(dev, self.head.embed.dtype), pos, self.cache)
         return f[0, -1], self.head.logits(f[0, -1])
 
-    def _logits(self, rows: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+    def logits(self, rows: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
         """(N,) logits over the head's rows -> (V,) logits in the target's vocabulary (-inf outside them)."""
         return scatter_rows(rows.float().to(ctx.device)[None], self.head.target_ids.to(ctx.device), self.V)[0]
 
-    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
-        k, why = ctx.k_for(self.name)
+    def read(self, seq: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Feed the true features the engine sent since the last read: the predicted feature after seq[-1] (H,) and
+        its logits over the head's rows (N,); None while there is nothing to read (a one-token prompt's first
+        round)."""
         m = 0 if self.pending is None else int(self.pending.shape[0])
-        if k == 0 or self.fed + m == 0:  # nothing to read yet: a one-token prompt's first round
-            return empty_proposal(ctx, k, why)
+        if self.fed + m == 0:
+            return None
         if m == 0 or self.fed + m != len(seq) - 1:  # the engine sends n + 1 features after every verify
             raise RuntimeError(f"head drafter out of step: {self.fed} + {m} features for {len(seq)} tokens")
-        f, head_rows = self._step(seq[self.fed + 1 :], self.pending, self.fed)  # the feature after seq[-1]
+        out = self._step(seq[self.fed + 1 :], self.pending, self.fed)
         self.fed, self.pending = self.fed + m, None
+        return out
+
+    def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:
+        k, why = ctx.k_for(self.name)
+        read = self.read(seq) if k > 0 else None
+        if read is None:
+            return empty_proposal(ctx, k, why)
+        f, head_rows = read
         tokens, rows, stop = [], [], why
         for i in range(k):
-            logits = self._logits(head_rows, ctx)
+            logits = self.logits(head_rows, ctx)
             x = draw_guess(logits, ctx)
             if x is None:
                 stop = STOP_CONFIDENCE

@@ -50,6 +50,7 @@ SOURCES = {
     "model": "proposed by the draft model q",
     "lookup": "proposed by prompt lookup: copied from what followed the same words earlier (a free guess)",
     "head": "proposed by the draft head: one small block reading the target's own last hidden state",
+    "model+head": "proposed by the draft model and the head together (a first guess from both, the rest the draft's)",
 }
 STATES = {  # what a screen reader says before a speculative token's text (its accessible name)
     "tok-accepted": "accepted",

@@ -41,7 +41,7 @@ class RunRequest:
     target: object = None
     draft: object = None
     mode: str = "spec"  # "spec" (speculative) or "ar" (plain decoding of the target)
-    drafter: str = DEFAULT_DRAFTER  # model | lookup | lookup+model | head | lookup+head (drafters.py)
+    drafter: str = DEFAULT_DRAFTER  # one of config.DRAFTERS (drafters.py)
     gamma: int | str = DEFAULT_GAMMA_SETTING  # 1..16, or "auto": the auto policy, at most AUTO_GAMMA_MAX a round
     gamma_policy: str = "constant"  # constant | heuristic | confidence | auto; gamma is then the start or the most
     confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability

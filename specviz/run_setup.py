@@ -35,17 +35,19 @@ def make_run(
     tree_auto = cfg.tree == "auto" and not chains_only
     if cfg.gamma_policy == "auto" or tree_auto:
         verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
-        if head is not None:  # one head step, for its cost
-            (step_s,), spent_q = head_calibration(head)
-            spent, paid = spent + spent_q, "head"
-        elif draft is not None and not isinstance(drafter, LookupDrafter):  # draft steps, as a round pays them
-            d_ids = draft_ids(target, draft, prompt_ids)
+        mixed = head is not None and cfg.drafter.endswith("model+head")  # a first guess pays both (drafters_mix)
+        if draft is not None and not isinstance(drafter, LookupDrafter) and (head is None or mixed):
+            d_ids = draft_ids(target, draft, prompt_ids)  # draft steps, as a round pays them
             greedy = cfg.sampling.greedy and not cfg.detail  # the drafter's fast path (drafters.ModelDrafter)
             (step_s, next_s), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V, greedy)
             spent += spent_q
             if tree_auto:  # and a tree node's read
                 (read_s,), spent_q = tree_read_calibration(draft, d_ids, V)
                 spent += spent_q
+        if head is not None:  # one head step, for its cost
+            (head_s,), spent_q = head_calibration(head)
+            spent += spent_q
+            step_s, paid = (step_s + head_s, "model+head") if mixed else (head_s, "head")
     policy = make_policy(cfg.gamma_policy, cfg.gamma, cfg.confidence, verify_s[: cfg.gamma + 1], step_s, paid, next_s)
     tree = None
     if cfg.tree != "off" and not chains_only:

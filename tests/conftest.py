@@ -15,6 +15,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specviz.head import DraftHead
+
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has two cores
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,!?'\n0123456789:()=_"
@@ -213,3 +215,14 @@ def pair_with(tiny_pair, monkeypatch):
 
     yield load
     CACHE.clear()
+
+
+def a_head(p, folder, first_row: int = 2):
+    """A head from the target's last block with opinions of its own (random fc), rows first_row.. of the
+    vocabulary, saved in float32. Not trained: exactness must not depend on how good the guesses are."""
+    head = DraftHead.from_target(p.model, list(range(first_row, p.vocab_size)))
+    with torch.no_grad():
+        torch.manual_seed(3)
+        head.fc.weight.add_(0.5 * torch.randn_like(head.fc.weight))
+    head.save(folder, dtype=torch.float32)
+    return head

@@ -230,13 +230,17 @@ def test_the_built_in_head_is_found_for_the_built_in_target_only(loaded_pair, mo
     assert r.stats["drafted"] > 0
 
 
-def test_eval_draft_measures_a_head(tiny_pair, trained_head, tmp_path):
+@pytest.mark.parametrize("mix", [False, True])
+def test_eval_draft_measures_a_head(tiny_pair, trained_head, tmp_path, mix):
+    """The head alone, or with the draft (--mix: the model+head drafter's first guess and its decoding)."""
     from specviz.training import eval_draft
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(TRAIN_PROMPTS[:3] + ["an unseen prompt"]) + "\n")
+    both = ["--mix", "--draft", tiny_pair[1]] if mix else []
     res = eval_draft.main(
-        [
+        both
+        + [
             "--target",
             tiny_pair[0],
             "--head",

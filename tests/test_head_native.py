@@ -8,11 +8,12 @@ import shutil
 
 import pytest
 import torch
+from conftest import a_head
 from test_drafters import PROMPTS
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import generate, load_pair, native
-from specviz.head import DraftHead, HeadCache, head_for
+from specviz.head import HeadCache, head_for
 from specviz.head_native import NativeHead, describe
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not()}")
@@ -24,17 +25,6 @@ PATHS = {
     "llama.c int8": {"SPECVIZ_DRAFT_INT8": "1", "SPECVIZ_KERNEL_LAYOUT": "rows"},
     "llama.c int8 panels": {"SPECVIZ_DRAFT_INT8": "1", "SPECVIZ_KERNEL_LAYOUT": "panels"},
 }
-
-
-def a_head(p, folder, first_row: int = 2):
-    """A head from the target's last block with opinions of its own (random fc), rows first_row.. of the
-    vocabulary, saved in float32. Not trained: exactness must not depend on how good the guesses are."""
-    head = DraftHead.from_target(p.model, list(range(first_row, p.vocab_size)))
-    with torch.no_grad():
-        torch.manual_seed(3)
-        head.fc.weight.add_(0.5 * torch.randn_like(head.fc.weight))
-    head.save(folder, dtype=torch.float32)
-    return head
 
 
 def forced(monkeypatch, p, folder, path: str):

@@ -9,7 +9,8 @@ c: the median time of one single-token cached forward (plain transformers, Dynam
 divided by the same for p.
 
 --head FOLDER measures a feature-level head (specviz/head.py) instead: its first guess teacher-forced on the
-target's true features, and c from one head step after a cached prefix.
+target's true features, and c from one head step after a cached prefix. --head FOLDER --mix measures the draft and
+the head together (drafter model+head, drafters_mix.py): the first guess of their mixture, and decoding with it.
 
 --decode-gamma K (default 3) also decodes each held-out prompt greedily with specviz's engine at a constant
 gamma K and reports the chained acceptance by position: alpha_1 (the first guess), alpha_2 (the second,
@@ -37,7 +38,7 @@ from .common import HELDOUT, ROOT, prompt_ids, read_heldout, target_folder
 
 def load_draft(folder: str | Path):
     """The draft in the dtype the engine loads it in (float16 where this CPU runs it faster, kernels.draft_dtype;
-    else float32) and its target-id -> row lookup."""
+    else float32) and the target id of each of its rows (a trimmed draft's specviz_vocab.json; else every id)."""
     from transformers import AutoModelForCausalLM
 
     from ..kernels import draft_dtype
@@ -45,7 +46,10 @@ def load_draft(folder: str | Path):
     folder = Path(folder)
     dtype = draft_dtype(torch.device("cpu")) or torch.float32
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    spec = json.loads((folder / "specviz_vocab.json").read_text())
+    vocab = folder / "specviz_vocab.json"
+    if not vocab.is_file():  # a draft over the target's whole vocabulary: row i is token i
+        return model, torch.arange(model.config.vocab_size)
+    spec = json.loads(vocab.read_text())
     if spec.get("never_propose"):  # as the engine does: those rows get probability 0
         rows = torch.tensor(spec["never_propose"])
         model.get_output_embeddings().register_forward_hook(lambda m, i, out: out.index_fill(-1, rows, -torch.inf))
@@ -185,6 +189,24 @@ def head_acceptance(head, target, tokenizer, prompts: list[str], replies: list[l
     return score(guess, head.target_ids, tokenizer, prompts, replies)
 
 
+@torch.inference_mode()
+def mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies, w: float) -> dict:
+    """Teacher-forced first guess of the mixture w * q_head + (1 - w) * q_draft (drafters_mix.py), each at T = 1."""
+    V = len(tokenizer)
+    lookup = torch.zeros(max(V, int(target_ids.max()) + 1), dtype=torch.long)
+    lookup[target_ids] = torch.arange(len(target_ids))
+
+    def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
+        q = torch.zeros(len(seq) - plen, V)
+        q[:, target_ids] = (1 - w) * torch.softmax(draft(lookup[seq][None]).logits[0, plen - 1 : -1].float(), -1)
+        f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
+        f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]
+        q[:, head.target_ids] += w * torch.softmax(head.logits(f_hat[plen - 2 : -1]).float(), -1)
+        return q.argmax(-1)
+
+    return score(guess, torch.unique(torch.cat([target_ids, head.target_ids])), tokenizer, prompts, replies)
+
+
 def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
     """Greedy speculative decoding of each prompt with specviz's engine at a constant gamma: the chained
     acceptance by position, the overall alpha and tokens per target call."""
@@ -195,7 +217,10 @@ def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], g
     from ..events import Done, Round
     from ..theory import alpha, position_alphas
 
-    if head:
+    if head and draft:  # both: the mixture's first guess (drafters_mix.py)
+        p, q = load_pair(str(target_dir), draft, device="cpu")
+        cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, drafter="model+head", head=head)
+    elif head:
         p, q = load_model(str(target_dir), device="cpu"), None
         cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, drafter="head", head=head)
     else:
@@ -232,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--draft", default=str(ROOT / "assets" / "draft"))
     ap.add_argument("--head", default="", help="measure this head folder instead of the draft")
+    ap.add_argument("--mix", action="store_true", help="with --head: the draft and the head together (model+head)")
     ap.add_argument("--decode-gamma", type=int, default=3, help="0 skips the decoding measurement")
     ap.add_argument("--decode-tokens", type=int, default=64, help="tokens per prompt in the decoding measurement")
     ap.add_argument("--target", default="", help="target folder; default: the built-in target")
@@ -257,7 +283,13 @@ def main(argv: list[str] | None = None) -> dict:
         from ..models import LoadedModel
 
         head = load_head(args.head, LoadedModel(target, tokenizer, "target", torch.device("cpu"), torch.float32))
-        res = head_acceptance(head, target, tokenizer, prompts, replies)
+        if args.mix:
+            from ..config import HEAD_WEIGHT
+
+            draft, target_ids = load_draft(args.draft)
+            res = mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies, HEAD_WEIGHT)
+        else:
+            res = head_acceptance(head, target, tokenizer, prompts, replies)
     else:
         draft, target_ids = load_draft(args.draft)
         res = acceptance(draft, target_ids, tokenizer, prompts, replies)
@@ -282,11 +314,10 @@ def main(argv: list[str] | None = None) -> dict:
         )
     if args.timing_steps:
         p = prompt_ids(tokenizer, prompts[0])
-        if args.head:
-            ms_q = 1000 * min(head_calibration(head, reps=args.timing_steps)[0])
-        else:
+        ms_q = 1000 * min(head_calibration(head, reps=args.timing_steps)[0]) if args.head else 0.0
+        if args.mix or not args.head:  # a mixed first guess pays one head step and one draft step
             lookup = {t: i for i, t in enumerate(target_ids.tolist())}
-            ms_q = ms_per_token(draft, [lookup.get(t, 0) for t in p], args.timing_steps)
+            ms_q += ms_per_token(draft, [lookup.get(t, 0) for t in p], args.timing_steps)
         ms_p = ms_per_token(target, p, args.timing_steps)
         c = ms_q / ms_p
         res.update(ms_draft=ms_q, ms_target=ms_p, c=c)
@@ -297,7 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"(verify = one target step) {res['speedup'][best]:.2f}x at gamma={best}"
         )
     if args.decode_gamma:
-        res["decode"] = decode_alphas(target_dir, args.draft, args.head, prompts, args.decode_gamma, args.decode_tokens)
+        draft_dir = args.draft if args.mix or not args.head else ""
+        res["decode"] = decode_alphas(target_dir, draft_dir, args.head, prompts, args.decode_gamma, args.decode_tokens)
         d = res["decode"]
         print(
             f"greedy decoding at gamma {d['gamma']}: alpha {d['alpha']:.3f}, chained by position "

@@ -29,6 +29,15 @@ def next_rows(lm) -> torch.Tensor:
     return made[1]
 
 
+def kept_ids(lm) -> torch.Tensor | None:
+    """(kept,) the target ids of a lean draft's cut output layer's rows, in their order (what a chain's argmax picks
+    among); None without a cut output layer."""
+    lean = lm.lean
+    if lean is None or lean.kept is None or lm.vocab_map is None:
+        return None
+    return lm.vocab_map[lean.kept]
+
+
 def proposal_order(lm) -> torch.Tensor | None:
     """(kept,) int64: the output rows in the order of the target ids they propose (`LoadedModel.proposable`, the
     order `draw` reads its probabilities and draws in), or None where those are not the same ids or there is no cut
@@ -45,9 +54,10 @@ def proposal_order(lm) -> torch.Tensor | None:
     return made[1]
 
 
-def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None):
+def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None, mix: tuple | None = None):
     """The chain's call (llama_chain): the output rows chosen (k,), or None where it cannot run here. sampled: (1 / T,
-    uniforms (k,) float64, proposal_order, scores out (k, kept), probabilities out (k, kept)); None: greedy."""
+    uniforms (k,) float64, proposal_order, scores out (k, kept), probabilities out (k, kept)); None: greedy. mix
+    (greedy only): (m (kept,) float32 contiguous, keep): the first guess is the argmax of keep * softmax + m."""
     lean = lm.lean
     if lean is None or lean.lib is None or lean.kept is None or lm.vocab_map is None:
         return None
@@ -66,7 +76,9 @@ def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None):
     args += [lean.cos.data_ptr(), lean.sin.data_ptr(), *lean._head_args, hn.data_ptr(), logits.data_ptr()]
     args += [cpus.threads(), embed.data_ptr(), int(embed.dtype == torch.float16), table.data_ptr(), k, out.data_ptr()]
     inv_t, *tensors = sampled or (0.0, None, None, None, None)  # greedy: no uniforms
-    made = lean.lib.llama_chain(*args, inv_t, *(None if t is None else t.data_ptr() for t in tensors))
+    args += [inv_t, *(None if t is None else t.data_ptr() for t in tensors)]
+    args += [None, 1.0] if mix is None else [mix[0].data_ptr(), float(mix[1])]
+    made = lean.lib.llama_chain(*args)
     if made < 0:
         raise RuntimeError("the draft's chain refused its arguments")  # unreachable: checked above
     cache.length = base + L + made - 1
@@ -75,10 +87,15 @@ def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None):
     return out
 
 
-def greedy_chain(lm, cache, ids: torch.Tensor, k: int) -> torch.Tensor | None:
+def greedy_chain(lm, cache, ids: torch.Tensor, k: int, mix: tuple | None = None) -> torch.Tensor | None:
     """Feed `ids` (L,) (target ids) then each guess but the last; return the k guesses as (k,) target ids, or None
-    where the chain cannot run here (no native library, no cut output layer, a call longer than llama.c's)."""
-    out = _run(lm, cache, ids, k, None)
+    where the chain cannot run here (no native library, no cut output layer, a call longer than llama.c's). mix:
+    (m, keep), m (kept,) over the cut output layer's rows (`kept_ids` gives their target ids): the first guess is
+    the argmax of keep * (the draft's probabilities at T = 1) + m (drafters_mix.py)."""
+    rows = kept_ids(lm)
+    if mix is not None and (rows is None or mix[0].shape != rows.shape or mix[0].dtype != torch.float32):
+        return None  # nothing to mix into here (or a mix made for another draft): the caller's loop runs
+    out = _run(lm, cache, ids, k, None, mix)
     return None if out is None else lm.vocab_map[lm.lean.kept[out]]
 
 

@@ -125,6 +125,8 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_void_p,  # out
         ctypes.c_float,  # 1 / T
         *[ctypes.c_void_p] * 4,  # the uniforms (NULL: greedy), the proposal order, the scores and probabilities out
+        ctypes.c_void_p,  # mix (NULL: none), added to the first guess's probabilities
+        ctypes.c_float,  # keep: the draft's share of them
     ]
     lib.llama_chain.restype = ctypes.c_long
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]

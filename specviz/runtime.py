@@ -105,13 +105,13 @@ class CachedModel:
             return self.lm.vocab_map[sampling.greedy(logits)].view(1)
         return sampling.greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
 
-    def greedy_chain(self, ids: torch.Tensor, k: int) -> torch.Tensor | None:
+    def greedy_chain(self, ids: torch.Tensor, k: int, mix: tuple | None = None) -> torch.Tensor | None:
         """`next_greedy` k times, the first fed ids (L,), each later one the token the last chose: the k tokens as
         (k,) target ids, computed in one native call (lean_chain.py) with the same tokens and cache; None where
-        that call cannot run (the caller loops next_greedy)."""
+        that call cannot run (the caller loops next_greedy). mix: lean_chain.greedy_chain's (a mixed first guess)."""
         if not sampling.FAST_GREEDY or self.tree_rows:
             return None
-        return self._chained(ids, k, lean_chain.greedy_chain(self.lm, self.cache, ids, k))
+        return self._chained(ids, k, lean_chain.greedy_chain(self.lm, self.cache, ids, k, mix))
 
     def sampled_chain(self, ids: torch.Tensor, k: int, temperature: float, generator: torch.Generator):
         """`greedy_chain` at T > 0, drawing as `drafters_base.draw` does (lean_chain.sampled_chain): (the k guesses,

@@ -217,10 +217,10 @@ def pair_with(tiny_pair, monkeypatch):
     CACHE.clear()
 
 
-def a_head(p, folder, first_row: int = 2):
+def a_head(p, folder, first_row: int = 2, rows: list[int] | None = None):
     """A head from the target's last block with opinions of its own (random fc), rows first_row.. of the
-    vocabulary, saved in float32. Not trained: exactness must not depend on how good the guesses are."""
-    head = DraftHead.from_target(p.model, list(range(first_row, p.vocab_size)))
+    vocabulary (or `rows`), saved in float32. Not trained: exactness must not depend on how good the guesses are."""
+    head = DraftHead.from_target(p.model, rows or list(range(first_row, p.vocab_size)))
     with torch.no_grad():
         torch.manual_seed(3)
         head.fc.weight.add_(0.5 * torch.randn_like(head.fc.weight))

@@ -30,8 +30,8 @@ def chain_calls(monkeypatch):
     """The chains that ran: (tokens fed first, guesses)."""
     calls, real = [], lean_chain.greedy_chain
 
-    def spy(lm, cache, ids, k):
-        out = real(lm, cache, ids, k)
+    def spy(lm, cache, ids, k, mix=None):
+        out = real(lm, cache, ids, k, mix)
         calls.append((ids.numel(), k, out is not None))
         return out
 

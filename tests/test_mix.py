@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import a_head
+from conftest import a_head, blocking_pair
 from test_drafters import PROMPTS
 from test_head_native import forced
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import SpecvizError, generate, load_pair, native
+from specviz import SpecvizError, generate, lean_chain, load_pair, native
 from specviz.config import SamplingConfig
 from specviz.drafters import DraftContext, HeadDrafter, ModelDrafter, make_drafter
 from specviz.drafters_mix import MixDrafter
@@ -19,6 +19,8 @@ from specviz.head import head_for
 from specviz.policies import GammaPolicy
 
 MIXED = ("model+head", "lookup+model+head")
+BLOCKED = [r for r in range(64) if r % 4]  # the tiny draft proposes 16 of its 64 rows: a cut output layer
+needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not()}")
 
 
 def context(V: int, temperature: float, gamma: int = 3, need_q: bool = True) -> DraftContext:
@@ -135,3 +137,43 @@ def test_a_draft_with_another_tokenizer_is_refused_in_one_sentence(loaded_pair, 
     monkeypatch.setattr(specviz.translate, "needs_translation", lambda target, draft: True)
     with pytest.raises(SpecvizError, match="must share the target's tokenizer; use lookup\\+model"):
         make_drafter("lookup+model+head", q, p.vocab_size, head=head, target=p)
+
+
+@needs_kernel
+@pytest.mark.parametrize("forward,int8", [("llama.c", "0"), ("llama.c", "1"), ("llama.c, weights in panels", "1")])
+def test_the_native_chain_guesses_what_the_python_mixture_guesses(
+    pair_with, tiny_pair, tmp_path, monkeypatch, forward, int8
+):
+    """Greedy, a lean draft with a cut output layer: the round's guesses in one native call (the first the argmax of
+    the mixture over the draft's rows, csrc/chain.c) are the Python path's (mixture over both guessers' rows, here
+    the same rows, then the draft's chain), and speculative output equals plain output with it. (The head's weight
+    is 0.9 here: the tiny draft is so sure of itself that at 0.5 the head never changes its first guess.)"""
+    p, q = pair_with(forward, pair=blocking_pair(tiny_pair, tmp_path / "d64", BLOCKED), int8=int8)
+    a_head(p, tmp_path / "h", rows=q.proposable.tolist())
+    head, V = head_for(p, tmp_path / "h"), p.vocab_size
+    ran, real = [], lean_chain.greedy_chain
+
+    def spy(lm, cache, ids, k, mix=None):
+        out = real(lm, cache, ids, k, mix)
+        ran.append(mix is not None and out is not None)
+        return out
+
+    monkeypatch.setattr(lean_chain, "greedy_chain", spy)
+    mixed_first = 0
+    for prompt in PROMPTS:
+        seq = p.tokenizer(prompt)["input_ids"] + [9]
+        fast = begun(MixDrafter(ModelDrafter(q, V), HeadDrafter(head, V), weight=0.9), p, seq)
+        got = fast.propose(seq, context(V, 0.0, gamma=4, need_q=False))
+        assert ran.pop() is True  # the native chain ran, with the mix
+        slow = begun(MixDrafter(ModelDrafter(q, V), HeadDrafter(head, V), weight=0.9), p, seq)
+        with monkeypatch.context() as m:
+            m.setattr(lean_chain, "greedy_chain", lambda *a: None)  # the Python path
+            want = slow.propose(seq, context(V, 0.0, gamma=4, need_q=False))
+        assert got.tokens.tolist() == want.tokens.tolist(), prompt
+        alone = begun(ModelDrafter(q, V), p, seq).propose(seq, context(V, 0.0, gamma=1, need_q=False))
+        mixed_first += int(alone.tokens[0]) != int(got.tokens[0])  # the head changed the first guess
+        ran.clear()
+        drafted, _ = greedy_runs(p, q, str(tmp_path / "h"), drafter="model+head", gamma=3)
+        assert drafted > 0 and ran and all(ran)
+        ran.clear()
+    assert mixed_first > 0  # the mix mattered somewhere, so the comparison above could fail

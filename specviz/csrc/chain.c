@@ -21,6 +21,10 @@
 // guess is drawn from them as sampling.sample draws (the first entry whose running sum, in double, passes u[i]
 // times the total; u[i] the caller took from the run's generator). It writes each call's scores and probabilities in
 // that order (logits_out, probs_out: k rows of V): the rows the guesses were drawn from, for the verify.
+//
+// With mix (not NULL; greedy only) the first guess is the first argmax of keep * softmax(scores) + mix[j] (mix over
+// the same V output rows): the draft's and a head's first guesses mixed (drafters_mix.py), the later ones the
+// draft's own. The softmax is to_probs_row's at T = 1, written over the call's scores.
 
 #include <immintrin.h>
 #include <math.h>
@@ -83,14 +87,24 @@ long llama_chain(const void* const* weights, const float* const* scales, const f
                  long cap, long base, const float* cos, const float* sin, const float* fnorm, const void* head,
                  const float* head_scale, int head_wtype, long V, float* hn, float* logits, int threads,
                  const void* embed, int embed_f16, const long* next_row, long k, long* out, float inv_t,
-                 const double* u, const long* order, float* logits_out, float* probs_out) {
+                 const double* u, const long* order, float* logits_out, float* probs_out, const float* mix,
+                 float keep) {
     for (long i = 0; i < k; i++) {
         if (llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
                           cos + base * d, sin + base * d, NULL, fnorm, head, head_scale, head_wtype, V, 1, hn, logits,
                           threads))
             return -1;
         base += L;
-        if (u == NULL) {
+        if (u == NULL && i == 0 && mix != NULL) {
+            out[i] = -1;
+            if (!to_probs_row(logits, V, 1.0f, logits)) {
+                float best = -INFINITY;
+                for (long j = 0; j < V; j++) {
+                    float v = keep * logits[j] + mix[j];
+                    if (v > best) best = v, out[i] = j;
+                }
+            }
+        } else if (u == NULL) {
             first_max(logits, 1, V, V, out + i);
         } else {
             float *s = logits_out + i * V, *p = probs_out + i * V;

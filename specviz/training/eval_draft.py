@@ -191,20 +191,28 @@ def head_acceptance(head, target, tokenizer, prompts: list[str], replies: list[l
 
 @torch.inference_mode()
 def mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies, w: float) -> dict:
-    """Teacher-forced first guess of the mixture w * q_head + (1 - w) * q_draft (drafters_mix.py), each at T = 1."""
+    """Teacher-forced first guess of the mixture w * q_head + (1 - w) * q_draft (drafters_mix.py), each at T = 1;
+    also each guesser's alone and how often one of the two is right ("apart")."""
     V = len(tokenizer)
     lookup = torch.zeros(max(V, int(target_ids.max()) + 1), dtype=torch.long)
     lookup[target_ids] = torch.arange(len(target_ids))
+    apart = {"draft": 0, "head": 0, "either": 0}
 
     def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
-        q = torch.zeros(len(seq) - plen, V)
-        q[:, target_ids] = (1 - w) * torch.softmax(draft(lookup[seq][None]).logits[0, plen - 1 : -1].float(), -1)
+        d, h = torch.zeros(len(seq) - plen, V), torch.zeros(len(seq) - plen, V)
+        d[:, target_ids] = torch.softmax(draft(lookup[seq][None]).logits[0, plen - 1 : -1].float(), -1)
         f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
         f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]
-        q[:, head.target_ids] += w * torch.softmax(head.logits(f_hat[plen - 2 : -1]).float(), -1)
-        return q.argmax(-1)
+        h[:, head.target_ids] = torch.softmax(head.logits(f_hat[plen - 2 : -1]).float(), -1)
+        truth = seq[plen:]
+        hit_d, hit_h = d.argmax(-1) == truth, h.argmax(-1) == truth
+        for key, hits in (("draft", hit_d), ("head", hit_h), ("either", hit_d | hit_h)):
+            apart[key] += int(hits.sum())
+        return ((1 - w) * d + w * h).argmax(-1)
 
-    return score(guess, torch.unique(torch.cat([target_ids, head.target_ids])), tokenizer, prompts, replies)
+    res = score(guess, torch.unique(torch.cat([target_ids, head.target_ids])), tokenizer, prompts, replies)
+    res["apart"] = {key: hits / res["tokens"] for key, hits in apart.items()}
+    return res
 
 
 def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
@@ -288,6 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
 
             draft, target_ids = load_draft(args.draft)
             res = mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies, HEAD_WEIGHT)
+            print("first guess apart: " + ", ".join(f"{k} {v:.3f}" for k, v in res["apart"].items()))
         else:
             res = head_acceptance(head, target, tokenizer, prompts, replies)
     else:

@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--draft", default=str(ROOT / "assets" / "draft"))
     ap.add_argument("--head", default="", help="measure this head folder instead of the draft")
     ap.add_argument("--mix", action="store_true", help="with --head: the draft and the head together (model+head)")
+    ap.add_argument("--weight", type=float, default=None, help="--mix: the head's share (default config.HEAD_WEIGHT)")
     ap.add_argument("--decode-gamma", type=int, default=3, help="0 skips the decoding measurement")
     ap.add_argument("--decode-tokens", type=int, default=64, help="tokens per prompt in the decoding measurement")
     ap.add_argument("--target", default="", help="target folder; default: the built-in target")
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict:
             from ..config import HEAD_WEIGHT
 
             draft, target_ids = load_draft(args.draft)
-            res = mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies, HEAD_WEIGHT)
+            w = HEAD_WEIGHT if args.weight is None else args.weight
+            res = mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies, w)
             print("first guess apart: " + ", ".join(f"{k} {v:.3f}" for k, v in res["apart"].items()))
         else:
             res = head_acceptance(head, target, tokenizer, prompts, replies)

@@ -11,7 +11,7 @@ from test_drafters import PROMPTS
 from test_head_native import forced
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import SpecvizError, generate, lean_chain, load_pair, native
+from specviz import Round, SpecvizError, generate, lean_chain, load_pair, native
 from specviz.config import SamplingConfig
 from specviz.drafters import DraftContext, HeadDrafter, ModelDrafter, make_drafter
 from specviz.drafters_mix import MixDrafter
@@ -177,3 +177,32 @@ def test_the_native_chain_guesses_what_the_python_mixture_guesses(
         assert drafted > 0 and ran and all(ran)
         ran.clear()
     assert mixed_first > 0  # the mix mattered somewhere, so the comparison above could fail
+
+
+def test_the_race_streams_the_plain_text_in_every_mixing_lane(tiny_pair, tmp_path):
+    """The page's race with model+head and a third lane of lookup+model+head: both lanes end on the plain lane's
+    tokens, and the closing sentences name how the head ran."""
+    from specviz.request import RunRequest
+    from specviz.ui.common import UIContext
+    from specviz.ui.race import race_stream
+
+    ctx = UIContext(device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
+    p, _ = ctx.pair()
+    a_head(p, tmp_path / "h")
+    head = str(tmp_path / "h")
+    lanes = {
+        "spec": RunRequest(drafter="model+head", head=head, gamma=3, max_new_tokens=24),
+        "spec2": RunRequest(drafter="lookup+model+head", head=head, gamma="auto", max_new_tokens=24),
+    }
+    stream = race_stream(ctx, "the cat sat on the mat, the cat", lanes)
+    try:
+        while True:
+            message = next(stream)[5]
+    except StopIteration as stop:
+        view = stop.value
+    assert "Done." in message and "sv-error" not in message, message
+    assert "The draft head ran on " in message, message
+    plain = view.done["ar"].token_ids
+    assert view.done["spec"].token_ids == plain and view.done["spec2"].token_ids == plain
+    sources = {s for e in view.events["spec"] if isinstance(e, Round) for s in e.sources}
+    assert sources == {"model+head"}

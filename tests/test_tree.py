@@ -76,7 +76,7 @@ def test_the_draft_cache_after_a_tree_round_matches_a_fresh_encoding(loaded_pair
             path.insert(0, node)
             node = prop.parents[node]
         seq += [prop.tokens[i].item() for i in path] + [3 + step]
-        rest = d._sync(list(seq))  # what the next proposal does first
+        rest = d.sync(list(seq))  # what the next proposal does first
         assert len(rest) < len(path) + 1 or not any(r > 0 for r in prop.ranks)  # some of the path was kept
         got = d.run.feed(rest)[-1]
         torch.testing.assert_close(got, _fresh_logits(q, seq), atol=2e-3, rtol=2e-3)

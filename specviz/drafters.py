@@ -328,10 +328,11 @@ def make_drafter(
         raise SpecvizError(f"The {name} drafter needs a draft head for this target; give one with head=FOLDER.")
     if "model" in name and draft is None:
         raise SpecvizError(f"The {name} drafter needs a draft model.")
-    if name.endswith("model+head"):
-        from .translate import needs_translation
+    from .translate import needs_translation
 
-        if target is not None and needs_translation(target, draft):
+    translated = "model" in name and target is not None and needs_translation(target, draft)
+    if name.endswith("model+head"):
+        if translated:
             raise SpecvizError(
                 f"The {name} drafter mixes the draft's and the head's guesses token by token, so the draft must "
                 "share the target's tokenizer; use lookup+model for this pair."
@@ -340,8 +341,5 @@ def make_drafter(
     elif name.endswith("head"):
         inner = HeadDrafter(head, V)
     else:
-        from .translate import needs_translation
-
-        translated = target is not None and needs_translation(target, draft)
         inner = TranslatingDrafter(draft, target) if translated else ModelDrafter(draft, V)
     return LookupModelDrafter(inner, **lookup) if name.startswith("lookup+") else inner

@@ -36,7 +36,7 @@ class MixDrafter(Drafter):
         """model: a ModelDrafter; head: a HeadDrafter; weight: w, the head's share of the first guess."""
         self.model, self.head, self.w = model, head, weight
         self._ids: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # `_union`, once worked out
-        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # `_onto`, once worked out
+        self._rows: tuple[int, torch.Tensor, torch.Tensor] | None = None  # `_onto`, once worked out
 
     @property
     def calls(self) -> int:
@@ -57,28 +57,32 @@ class MixDrafter(Drafter):
             self._ids = (U, where[: d_ids.numel()], where[d_ids.numel() :])
         return self._ids
 
-    def _onto(self, rows: torch.Tensor, h_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Which of the head's rows the draft's output rows `rows` (target ids) also have, and where they sit in
-        them; worked out once."""
+    def _onto(self) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+        """The draft's cut output layer (its number of rows), which of the head's rows it also has and where they sit
+        in it; None without a cut output layer. Worked out once."""
         if self._rows is None:
-            at = torch.full((int(max(rows.max(), h_ids.max())) + 1,), -1, dtype=torch.long)
-            at[rows] = torch.arange(rows.numel())
+            rows = kept_ids(self.model.lm)
+            if rows is None:
+                return None
+            h_ids = self.head.head.target_ids.to(rows.device)
+            at = torch.full((int(max(rows.max(), h_ids.max())) + 1,), -1, dtype=torch.long, device=rows.device)
+            at[rows] = torch.arange(rows.numel(), device=rows.device)
             at = at[h_ids]
-            self._rows = (at >= 0, at[at >= 0])
+            self._rows = (rows.numel(), at >= 0, at[at >= 0])
         return self._rows
 
     def _chain(self, x: torch.Tensor, k: int, read) -> torch.Tensor | None:
         """Greedy: the k guesses in the draft's one native chain call (lean_chain.greedy_chain), the first the argmax
         of the mixture over the draft's own output rows (on the built-in pair, over the 40 held-out and 40 unseen
         prompts, right exactly as often as the argmax over both guessers' rows), or None where it cannot run."""
-        rows = kept_ids(self.model.lm)
-        if rows is None:
+        onto = self._onto()
+        if onto is None:
             return None
         mix = None
         if read is not None:
-            has, at = self._onto(rows, self.head.head.target_ids.to(rows.device))
-            m = torch.zeros(rows.numel(), dtype=torch.float32, device=rows.device)
-            m[at] = self.w * torch.softmax(read[1].float().to(rows.device), -1)[has]
+            n, has, at = onto
+            m = torch.zeros(n, dtype=torch.float32, device=has.device)
+            m[at] = self.w * torch.softmax(read[1].float().to(has.device), -1)[has]
             mix = (m, 1.0 - self.w)
         return self.model.run.greedy_chain(x, k, mix)
 

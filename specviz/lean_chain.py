@@ -92,9 +92,10 @@ def greedy_chain(lm, cache, ids: torch.Tensor, k: int, mix: tuple | None = None)
     where the chain cannot run here (no native library, no cut output layer, a call longer than llama.c's). mix:
     (m, keep), m (kept,) over the cut output layer's rows (`kept_ids` gives their target ids): the first guess is
     the argmax of keep * (the draft's probabilities at T = 1) + m (drafters_mix.py)."""
-    rows = kept_ids(lm)
-    if mix is not None and (rows is None or mix[0].shape != rows.shape or mix[0].dtype != torch.float32):
-        return None  # nothing to mix into here (or a mix made for another draft): the caller's loop runs
+    if mix is not None:  # a mix has one float32 entry per kept row, or the caller's loop runs
+        kept = lm.lean.kept if lm.lean is not None else None
+        if kept is None or mix[0].shape != kept.shape or mix[0].dtype != torch.float32:
+            return None
     out = _run(lm, cache, ids, k, None, mix)
     return None if out is None else lm.vocab_map[lm.lean.kept[out]]
 

@@ -83,10 +83,9 @@ class CachedModel:
         """Feed ids (L,); the last position's float32 logits over the target ids the model can propose, and those ids
         (None: all V, in order). The same law as `feed`'s V-wide row, whose other columns are -inf; a trimmed lean
         draft computes only its kept rows (as `next_greedy` does), and nothing V wide is built."""
-        lean, vmap = self.lm.lean, self.lm.vocab_map
-        if lean is not None and lean.kept is not None and vmap is not None:
-            logits = self._forward(ids, last_only=True, kept_only=True)[0][-1].float()  # (kept,)
-            return logits, vmap[lean.kept]
+        rows = lean_chain.kept_ids(self.lm)
+        if rows is not None:
+            return self._forward(ids, last_only=True, kept_only=True)[0][-1].float(), rows  # (kept,)
         return self.feed(ids, last_only=True)[-1], None
 
     def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:

@@ -94,11 +94,17 @@ def score(guess, target_ids: torch.Tensor, tokenizer, prompts: list[str], replie
     return {"alpha": hits / total, "tokens": total, "oov_rate": oov / total, "per_prompt": per_prompt}
 
 
+def row_lookup(target_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """target id -> the draft's row for it (row 0 for a target id it has no row for)."""
+    lookup = torch.zeros(max(vocab_size, int(target_ids.max()) + 1), dtype=torch.long)
+    lookup[target_ids] = torch.arange(len(target_ids))
+    return lookup
+
+
 def draft_guesser(draft, target_ids: torch.Tensor, vocab_size: int):
     """guess(seq (T,), prompt length) -> the draft's teacher-forced greedy first guess at every reply position, as
     target ids (R,); target tokens outside the draft's rows are read as row 0."""
-    lookup = torch.zeros(max(vocab_size, int(target_ids.max()) + 1), dtype=torch.long)
-    lookup[target_ids] = torch.arange(len(target_ids))
+    lookup = row_lookup(target_ids, vocab_size)
 
     def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
         logits = draft(lookup[seq][None]).logits[0]  # (T, N)
@@ -117,8 +123,7 @@ def rank_histogram(
     target's token is the draft's 2nd choice. Also the top-1 hit rate by the draft's top-1 probability (the
     confidence a dynamic tree expands by). A reply token outside the draft's rows has no rank ("oov").
     """
-    lookup = torch.zeros(max(len(tokenizer), int(target_ids.max()) + 1), dtype=torch.long)
-    lookup[target_ids] = torch.arange(len(target_ids))
+    lookup = row_lookup(target_ids, len(tokenizer))
     row_of = {t: i for i, t in enumerate(target_ids.tolist())}
     ranks = [0] * (top + 1)  # ranks[i]: rank i + 1; ranks[top]: beyond the top `top`
     oov = total = 0
@@ -177,14 +182,20 @@ def ms_per_token(model, prompt: list[int], steps: int = 50, warmup: int = 5) -> 
     return statistics.median(times[warmup:])
 
 
+def head_first_logits(head, target, seq: torch.Tensor, plen: int) -> torch.Tensor:
+    """The head's teacher-forced first guess at every reply position, as logits over its rows (R, N): pairs (token
+    j+1, the target's true feature j)."""
+    f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
+    f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]  # (T-1, H): predicts seq[j+2]
+    return head.logits(f_hat[plen - 2 : -1])
+
+
 @torch.inference_mode()
 def head_acceptance(head, target, tokenizer, prompts: list[str], replies: list[list[int]]) -> dict:
-    """Teacher-forced first-guess acceptance of a head: pairs (token j+1, the target's true feature j)."""
+    """Teacher-forced first-guess acceptance of a head."""
 
     def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
-        f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
-        f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]  # (T-1, H): predicts seq[j+2]
-        return head.target_ids[head.logits(f_hat[plen - 2 : -1]).argmax(-1)]  # (R,)
+        return head.target_ids[head_first_logits(head, target, seq, plen).argmax(-1)]  # (R,)
 
     return score(guess, head.target_ids, tokenizer, prompts, replies)
 
@@ -194,16 +205,13 @@ def mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies,
     """Teacher-forced first guess of the mixture w * q_head + (1 - w) * q_draft (drafters_mix.py), each at T = 1;
     also each guesser's alone and how often one of the two is right ("apart")."""
     V = len(tokenizer)
-    lookup = torch.zeros(max(V, int(target_ids.max()) + 1), dtype=torch.long)
-    lookup[target_ids] = torch.arange(len(target_ids))
+    lookup = row_lookup(target_ids, V)
     apart = {"draft": 0, "head": 0, "either": 0}
 
     def guess(seq: torch.Tensor, plen: int) -> torch.Tensor:
         d, h = torch.zeros(len(seq) - plen, V), torch.zeros(len(seq) - plen, V)
         d[:, target_ids] = torch.softmax(draft(lookup[seq][None]).logits[0, plen - 1 : -1].float(), -1)
-        f = target.model(seq[None]).last_hidden_state[0]  # (T, H)
-        f_hat = head(seq[None, 1:], f[None, :-1], torch.arange(1, len(seq)))[0]
-        h[:, head.target_ids] = torch.softmax(head.logits(f_hat[plen - 2 : -1]).float(), -1)
+        h[:, head.target_ids] = torch.softmax(head_first_logits(head, target, seq, plen).float(), -1)
         truth = seq[plen:]
         hit_d, hit_h = d.argmax(-1) == truth, h.argmax(-1) == truth
         for key, hits in (("draft", hit_d), ("head", hit_h), ("either", hit_d | hit_h)):

@@ -348,12 +348,18 @@ int few_rows_passes(int wtype, const int* r, int* out) {
         case 8: PANEL_512(8, G) break;                                                                     \
         default: PANEL_512_M(G) break;                                                                     \
     }
-// AVX2: one panel at a time, as two 8-lane halves (2 weight registers, 2 x 6 accumulators, a broadcast <= 16).
+// AVX2: one panel at a time, as two 8-lane halves (2 weight registers, 2 x 6 accumulators, a broadcast <= 16). As on
+// AVX-512, a call of 2 or more rows prefetches PANEL_AHEAD rows of k ahead; more than 6 rows of x go through a panel
+// in balanced passes (7 as 4 + 3, 8 as 4 + 4: a pass of 1-2 rows is bound by its few multiply-add chains, not by
+// the weights it rereads from cache). On the 2-core Zen 3 of 1 Dec 2026, the race in one process with this build and
+// the one before alternated per prompt (BENCHMARKS.md "The Zen 3 again"): 1.34-1.42x -> 1.39-1.49x everyday,
+// 1.47-1.48x -> 1.55-1.59x stories, code 1.46x -> 1.54x and 1.59x -> 1.54x (18 prompts a run, the order swapped).
 #define PANEL_256(MM)                                                                                      \
     {                                                                                                      \
         __m256 acc[MM][2];                                                                                 \
         PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();     \
         for (long k = 0; k < K; k++) {                                                                     \
+            if (MM > 1) _mm_prefetch((const char*)(w + (p * K + k + PANEL_AHEAD) * 16), _MM_HINT_T0);      \
             __m256 w0 = LOADW(w + (p * K + k) * 16), w1 = LOADW(w + (p * K + k) * 16 + 8);                 \
             PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
                 __m256 b = _mm256_broadcast_ss(x + m * K + k);                                             \
@@ -408,9 +414,10 @@ PANELS(i8, int8_t, A512)
 #define PANELS2(SUF, WT)                                                                                   \
     A256 static void panels_##SUF##_256(const WT* restrict w, const float* restrict x0, long M, long K, long N, \
                                         float* restrict y0, long p0, long p1) {                            \
+        long parts = (M + 5) / 6, part = (M + parts - 1) / parts; /* rows of x a pass, balanced */        \
         for (long p = p0; p < p1; p++)                                                                     \
-            for (long m0 = 0; m0 < M; m0 += 6) {                                                           \
-                long mm = M - m0 < 6 ? M - m0 : 6;                                                         \
+            for (long m0 = 0; m0 < M; m0 += part) {                                                        \
+                long mm = M - m0 < part ? M - m0 : part;                                                   \
                 const float* x = x0 + m0 * K;                                                              \
                 float* y = y0 + m0 * N;                                                                    \
                 switch (mm) {                                                                              \

@@ -7,8 +7,9 @@
 The app runs in a child process as `python app.py` would (its own compute thread, gradio's threads, the page's
 streaming); gradio_client receives every streamed update, as a browser would, with no browser on the machine.
 The bench runs in another child process after the app has exited, so the two never share the cores. With
---rounds 2 the order is app, bench, app, bench (drift shows as a difference between rounds). Prints a table per
-prompt and the medians; --json-out keeps everything.
+--rounds 2 the order is app, bench, app, bench (drift shows as a difference between rounds). Prints each round's
+backends (the app's status line, the bench's forward line: each process times its own choices) and medians, then a
+table per prompt (medians over rounds) and the overall medians; --json-out keeps everything.
 """
 
 from __future__ import annotations
@@ -118,24 +119,31 @@ def main() -> None:
     from specviz.bench_inputs import load_prompts
 
     prompts = [p for s in a.sets.split(",") for p in load_prompts(s.strip(), a.limit)]
-    apps, benches, machine, status = [], [], {}, ""
+    apps, benches, machines, statuses = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             got, status = app_speedups(prompts, a.max_new_tokens, Path(tmp) / f"app{r}.log")
             apps.append(got)
+            statuses.append(status)
             got, machine = bench_speedups(prompts, a.max_new_tokens, Path(tmp))
             benches.append(got)
+            machines.append(machine)
     app = [statistics.median(v) for v in zip(*apps)]
     bench = [statistics.median(v) for v in zip(*benches)]
-    print(f"{machine.get('cpu')} ({machine.get('cpu_id')}; {machine.get('cpu_vector')}) · {machine.get('backend')}")
-    print(f"app status: {status}")
+    machine = machines[-1]
+    print(f"{machine.get('cpu')} ({machine.get('cpu_id')}; {machine.get('cpu_vector')})")
+    for r, (status, m, x, y) in enumerate(zip(statuses, machines, apps, benches), 1):
+        print(f"round {r}: app {statistics.median(x):.2f}x, bench {statistics.median(y):.2f}x")
+        print(f"  app status: {status}")
+        print(f"  bench: {m.get('backend')}")
     print(f"{'prompt':60s} {'app':>6s} {'bench':>6s}")
     for p, x, y in zip(prompts, app, bench):
         print(f"{p[:60].replace(chr(10), ' '):60s} {x:6.2f} {y:6.2f}")
     ma, mb = statistics.median(app), statistics.median(bench)
     print(f"{'median':60s} {ma:6.2f} {mb:6.2f}   app / bench = {ma / mb:.3f}; lowest app {min(app):.2f}")
     if a.json_out:
-        Path(a.json_out).write_text(json.dumps({"machine": machine, "prompts": prompts, "app": apps, "bench": benches}))
+        out = {"machine": machine, "machines": machines, "app_status": statuses, "prompts": prompts}
+        Path(a.json_out).write_text(json.dumps({**out, "app": apps, "bench": benches}))
 
 
 if __name__ == "__main__":

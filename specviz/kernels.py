@@ -233,9 +233,13 @@ def draft_dtype(device: torch.device) -> torch.dtype | None:
     return torch.float16 if how == "1" or half_is_faster() else None
 
 
-# Panels take a copy of the weights (the model keeps its own for PyTorch's paths), so they are kept only where a
-# verify's pass over the model's products is this much faster than by rows (and a step's no more than 1/this slower).
+# Panels take a copy of the weights (the model keeps its own for PyTorch's paths), so a target keeps them only where
+# a step's and a 4-token verify's passes over its products take this share of rows' time together or less
+# (PANELS_SUM_MARGIN) and neither alone takes PANELS_GUARD times rows' or more (panels_pay); an int8 draft, judged by
+# its step right after a target step (lean_draft), only where that is PANELS_MARGIN of rows' or less.
 PANELS_MARGIN = 0.97
+PANELS_SUM_MARGIN = 0.99
+PANELS_GUARD = 1.06
 
 
 def layout_mode() -> str:
@@ -248,10 +252,11 @@ def layout_mode() -> str:
 def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Seconds of a pass over a model's products by rows and in panels, for each of `rows` tokens (a plain step and
     a typical verify); mats: (weight as stored, the same packed, its scale or None) in the order a forward reads
-    them. The layouts alternate within each of 3 repetitions, so a busy machine slows both alike; the best of each."""
+    them. The layouts alternate within each of LAYOUT_REPS repetitions, so a busy machine slows both alike; the best
+    of each."""
     inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _, _ in mats} for m in rows}
     best = [[float("inf")] * len(rows) for _ in (0, 1)]
-    for _ in range(3):
+    for _ in range(LAYOUT_REPS):
         for i in (0, 1):
             for j, m in enumerate(rows):
                 t = best_seconds(
@@ -262,6 +267,9 @@ def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tup
                 )
                 best[i][j] = min(best[i][j], t)
     return tuple(best[0]), tuple(best[1])
+
+
+LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in target on a 2-core Zen 3
 
 
 @torch.inference_mode()
@@ -303,14 +311,20 @@ def passes_timed() -> bool:
 
 def panels_pay(mats: list[tuple]) -> bool:
     """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
-    its own weights (`time_layouts`; about half a second for the built-in target) and kept when clearly faster for a
-    verify of 4 tokens and not clearly slower for a step (PANELS_MARGIN both ways). On a 2-core Zen 1 (28 Nov 2026)
-    panels took a step 7 % faster but a 4-token call 9 % slower, and there the race ran 1.28-1.34x against
-    1.50-1.54x by rows (verify 1.20-1.28 steps against 1.06-1.07): rows. On a 2-core Zen 5 (29 Nov 2026) panels
-    ran a 4-token verify 3-18 % faster in 28 timings, a step 4-9 % faster in one minute's 20 but 4 % slower to 6 %
-    faster in another's 8; the earlier rule, a clearly faster step too, took rows in a fresh process there."""
+    its own weights (`time_layouts`; under a second for the built-in target) and kept where a step and a 4-token
+    verify take clearly less time together than by rows (PANELS_SUM_MARGIN) and neither is clearly slower alone
+    (PANELS_GUARD). On a 2-core Zen 1 (28 Nov 2026) panels took a step 7 % faster but a 4-token call 9 % slower, and
+    there the race ran 1.28-1.34x against 1.50-1.54x by rows (verify 1.20-1.28 steps against 1.06-1.07): rows. On a
+    2-core Zen 5 (29 Nov 2026) panels ran a 4-token verify 3-18 % faster in 28 timings, a step 4-9 % faster in one
+    minute's 20 but 4 % slower to 6 % faster in another's 8. On a 2-core Zen 3 (1 Dec 2026) panels ran both lanes of
+    the race faster (plain 12-17 %, speculative 5-8 %), but the products alone, timed 16 times in one process, read
+    a step 0.83-0.95 of rows' time and a 4-token call 0.85-1.05: the earlier rule, a 4-token call 3 % faster and a
+    step not 3 % slower, took rows in 3 fresh processes of 8 there. Judged by the two together, the noise of one
+    size weighs half."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"
     (step_rows, verify_rows), (step_panels, verify_panels) = time_layouts(mats)
-    return verify_panels < PANELS_MARGIN * verify_rows and step_panels * PANELS_MARGIN < step_rows
+    together = (step_panels + verify_panels) / (step_rows + verify_rows)
+    alone = max(step_panels / step_rows, verify_panels / verify_rows)
+    return together < PANELS_SUM_MARGIN and alone < PANELS_GUARD

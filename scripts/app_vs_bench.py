@@ -130,7 +130,6 @@ def main() -> None:
             machines.append(machine)
     app = [statistics.median(v) for v in zip(*apps)]
     bench = [statistics.median(v) for v in zip(*benches)]
-    machine = machines[-1]
     print(f"{machine.get('cpu')} ({machine.get('cpu_id')}; {machine.get('cpu_vector')})")
     for r, (status, m, x, y) in enumerate(zip(statuses, machines, apps, benches), 1):
         print(f"round {r}: app {statistics.median(x):.2f}x, bench {statistics.median(y):.2f}x")

@@ -240,6 +240,7 @@ def draft_dtype(device: torch.device) -> torch.dtype | None:
 PANELS_MARGIN = 0.97
 PANELS_SUM_MARGIN = 0.99
 PANELS_GUARD = 1.06
+LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in target on a 2-core Zen 3
 
 
 def layout_mode() -> str:
@@ -267,9 +268,6 @@ def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tup
                 )
                 best[i][j] = min(best[i][j], t)
     return tuple(best[0]), tuple(best[1])
-
-
-LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in target on a 2-core Zen 3
 
 
 @torch.inference_mode()
@@ -317,9 +315,9 @@ def panels_pay(mats: list[tuple]) -> bool:
     there the race ran 1.28-1.34x against 1.50-1.54x by rows (verify 1.20-1.28 steps against 1.06-1.07): rows. On a
     2-core Zen 5 (29 Nov 2026) panels ran a 4-token verify 3-18 % faster in 28 timings, a step 4-9 % faster in one
     minute's 20 but 4 % slower to 6 % faster in another's 8. On a 2-core Zen 3 (1 Dec 2026) panels ran both lanes of
-    the race faster (plain 12-17 %, speculative 5-8 %), but the products alone, timed 16 times in one process, read
-    a step 0.83-0.95 of rows' time and a 4-token call 0.85-1.05: the earlier rule, a 4-token call 3 % faster and a
-    step not 3 % slower, took rows in 3 fresh processes of 8 there. Judged by the two together, the noise of one
+    the race faster (plain 12-17 %, speculative 5-8 %), but the products alone, timed 8 times in each of two
+    processes, read a step 0.83-0.95 of rows' time and a 4-token call 0.85-1.05: the earlier rule, a 4-token call 3 %
+    faster and a step not 3 % slower, would have taken rows in 8 of 16 fresh processes there (this one: 2). Judged by the two together, the noise of one
     size weighs half."""
     how = layout_mode()
     if how != "auto":

@@ -317,8 +317,8 @@ def panels_pay(mats: list[tuple]) -> bool:
     minute's 20 but 4 % slower to 6 % faster in another's 8. On a 2-core Zen 3 (1 Dec 2026) panels ran both lanes of
     the race faster (plain 12-17 %, speculative 5-8 %), but the products alone, timed 8 times in each of two
     processes, read a step 0.83-0.95 of rows' time and a 4-token call 0.85-1.05: the earlier rule, a 4-token call 3 %
-    faster and a step not 3 % slower, would have taken rows in 8 of 16 fresh processes there (this one: 2). Judged by the two together, the noise of one
-    size weighs half."""
+    faster and a step not 3 % slower, took rows in 2 of the first 4 fresh processes there and would have in 8 of 16
+    more. Judged by the two together, the noise of one size weighs half."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 from specviz.bench_inputs import load_prompts
 from specviz.training import build_prompts, teacher_io
 from specviz.training.common import read_heldout
+from specviz.training.topics import HELD_OUT_TOPICS, UNSEEN_TOPICS, topic_hits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,33 +89,6 @@ def test_the_prompts_written_by_hand_and_their_replies_hold_no_held_out_prompt()
     # the nearest share a form, not a topic: "How can I improve my handwriting?" / "... my sleep?" (0.71),
     # "Write a Python function that flattens a nested list." / "... reverses a linked list." (0.60)
     assert max(overlap) < 0.75, [w for w, j in zip(written, overlap) if j >= 0.75]
-
-
-# Word starts that stand for a topic of a held-out or benchmark prompt, by the prompt. A prompt written by hand shares a
-# form with those sets at most, never a topic: training on a story about another robot or a recipe for another curry
-# would flatter the held-out alpha the draft is judged by.
-HELD_OUT_TOPICS = {
-    "a limerick about a clumsy robot; a little robot who wanted to see the sea": "robot",
-    "How do I fix a flat bicycle tyre?": "bicycle, cycling",
-    "a bedtime story about a sleepy moon; How can I improve my sleep?": "bedtime, sleep?",
-    "a village bakery's prize for its sourdough (summarise)": "bakery, baker, sourdough",
-    "the recipe for the best chicken curry": "curry",
-    "Describe a sunset over the ocean.": "sunset",
-    "the planets in order; the first family to live on Mars": "planet, mars",
-    "How do vaccines train the immune system?": "vaccin, immun",
-    "Write a short story about a dragon who is afraid of the dark.": "dragon",
-    "the code set": "linked list, tuple, palindrome, fibonacci, decorator, pandas",
-    "one word each": "purr, gravity, tide, photosynthesis, black hole, volcan, honeybee, inflation, democracy, "
-    "camping, airplane, aeroplane, interview, first impression, breakfast, second language, foreign language, "
-    "internet, wi-fi, vpn, exercis, cinderella",
-}
-
-
-def topic_hits(prompts, topics: dict[str, str]) -> list[tuple[str, str]]:
-    """(prompt, the word start it holds) for each prompt naming one of `topics`' word starts (comma-separated)."""
-    stems = [t.strip() for words in topics.values() for t in words.split(",")]
-    pattern = re.compile("|".join(r"\b" + re.escape(t) for t in stems))
-    return [(p, m.group()) for p in prompts if (m := pattern.search(p.lower()))]
 
 
 def test_the_prompts_written_by_hand_keep_off_the_held_out_topics():
@@ -196,53 +169,6 @@ def test_topk_parts_roll_over_at_the_size_limit_and_list_in_order(tmp_path):
     assert len(parts) > 3 and all(p.stat().st_size < 200 for p in parts)  # each stops one record past 100
     assert [r["i"] for p in parts for r in teacher_io.read_jsonl(p)] == list(range(25))
     assert teacher_io.topk_parts(tmp_path / "teacher.jsonl") == []  # plain files have their own parts
-
-
-# assets/prompts/unseen.txt: 40 prompts on topics no teacher prompt touches, by the word starts after each. The
-# held-out set's topics are in the teacher data (its prompts are not, but "What are some breakfast ideas?" is, beside
-# "What are some healthy breakfast ideas?"), so alpha there flatters a draft; this set measures it on new ground.
-UNSEEN_TOPICS = {
-    "What is the Doppler effect?": "doppler",
-    "Tell me about the Trans-Siberian Railway.": "trans-siberian",
-    "How do I get rid of limescale in a toilet?": "limescale",
-    "Write a Python function that computes the Levenshtein distance between two strings.": "levenshtein, edit distance",
-    "Tell me a story about a hermit crab looking for a new shell.": "hermit crab",
-    "Give me tips for running a garage sale.": "garage sale, yard sale",
-    "What is the placebo effect?": "placebo",
-    "Who was Ibn Battuta?": "battuta",
-    "How do I clean white sneakers?": "sneaker",
-    "Write a C function that counts the set bits in an integer.": "set bits, popcount",
-    "Write a story about a girl who finds a talking pebble.": "pebble",
-    "Give me five tips for reading aloud to a class.": "reading aloud, read aloud",
-    "Why do we get brain freeze from ice cream?": "brain freeze",
-    "What is the Okavango Delta?": "okavango",
-    "How do I tie a bowline knot?": "bowline",
-    "Explain what a mutex is, with a short example.": "mutex",
-    "Tell me a story about a raccoon who runs a lost-and-found office.": "raccoon",
-    "Give me tips for writing a eulogy.": "eulog",
-    "How are pearls formed?": "pearl",
-    "Who was Hedy Lamarr?": "lamarr",
-    "How do I pick a ripe watermelon?": "watermelon",
-    "Write a regular expression that matches a UK postcode.": "postcode",
-    "Write a funny story about a walrus who learns to knit.": "walrus",
-    "How do cuckoos trick other birds into raising their chicks?": "cuckoo",
-    "Tell me about the Faroe Islands.": "faroe",
-    "How do I remove a splinter?": "splinter",
-    "Explain what a closure is in JavaScript, with an example.": "closure",
-    "Write a haiku about a heron.": "heron",
-    "How does carbon dating work?": "carbon dating, radiocarbon",
-    "Tell me about the Tower of London.": "tower of london",
-    "How do I tell if an avocado is ripe?": "avocado",
-    "Write a SQL query that finds the students enrolled in more than three courses.": "enrol",
-    "Write an ode to a pencil sharpener.": "sharpener",
-    "How do fireflies make light?": "firefl",
-    "How do I use chopsticks?": "chopstick",
-    "How does quicksand work?": "quicksand",
-    "What is the Fermi paradox?": "fermi",
-    "How does a fire extinguisher put out a fire?": "extinguisher",
-    "How do hearing aids work?": "hearing aid",
-    "How does a yo-yo come back up?": "yo-yo, yoyo",
-}
 
 
 def test_no_teacher_prompt_touches_a_topic_of_the_unseen_set():

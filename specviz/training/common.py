@@ -1,5 +1,6 @@
 """What the training tools share: where the repository and its held-out prompt sets are, how a held-out prompt is
-recognised (`HeldOut`), how prompt files are read, and the target's folder and chat template around one prompt.
+recognised (`HeldOut`), how near a prompt comes to others (`OverlapIndex`, `nearest_overlap`), how prompt files are
+read, and the target's folder and chat template around one prompt.
 
 Held out: every prompt in every file under HELDOUT_DIR (assets/prompts/: heldout, everyday, code, summarise, and
 whatever set is added there later) is never trained or generated for, by its normalised text, and neither is any
@@ -12,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: assets/, data/ and runs/ are found from here
@@ -54,6 +56,34 @@ class HeldOut:
         return any(tuple(w[i : i + SHINGLE]) in self.shingles for i in range(len(w) - SHINGLE + 1))
 
 
+class OverlapIndex:
+    """Prompts indexed by their words, to find the one nearest a prompt by word-set Jaccard overlap (the measure of
+    `nearest_overlap`, which says why); prompts can be added one by one, as a batch is filtered."""
+
+    def __init__(self, pool: Iterable[str] = ()):
+        self.sets: list[set[str]] = []
+        self.index: dict[str, list[int]] = {}
+        for prompt in pool:
+            self.add(prompt)
+
+    def add(self, prompt: str) -> None:
+        words = set(_words(prompt))
+        for w in words:
+            self.index.setdefault(w, []).append(len(self.sets))
+        self.sets.append(words)
+
+    def nearest(self, prompt: str) -> tuple[float, int]:
+        """(the largest overlap with an indexed prompt, its position); (0.0, -1) if none shares a word."""
+        words = set(_words(prompt))
+        shared: dict[int, int] = {}
+        for w in words:
+            for i in self.index.get(w, ()):
+                shared[i] = shared.get(i, 0) + 1
+        overlap = {i: n / (len(words) + len(self.sets[i]) - n) for i, n in shared.items()}  # n shared / the union
+        best = max(overlap, key=lambda i: (overlap[i], -i), default=-1)  # of equals, the first added
+        return (overlap[best], best) if best >= 0 else (0.0, -1)
+
+
 def nearest_overlap(prompts: list[str], pool: list[str]) -> list[float]:
     """For each prompt, the largest word-set Jaccard overlap with a prompt of `pool` (0 for an empty pool).
 
@@ -63,20 +93,8 @@ def nearest_overlap(prompts: list[str], pool: list[str]) -> list[float]:
     a row), its first guess was right 0.39 of the time where the nearest prompt it trained on overlapped under 0.4,
     0.52 at 0.4-0.6, 0.55 at 0.6-0.8 and 0.58 above (part of it is kind: the pasted-text kinds have few siblings);
     its held-out prompts get 0.50."""
-    index: dict[str, list[int]] = {}
-    sets = [set(_words(p)) for p in pool]
-    for i, words in enumerate(sets):
-        for w in words:
-            index.setdefault(w, []).append(i)
-    out = []
-    for prompt in prompts:
-        words = set(_words(prompt))
-        shared: dict[int, int] = {}
-        for w in words:
-            for i in index.get(w, ()):
-                shared[i] = shared.get(i, 0) + 1
-        out.append(max((n / len(words | sets[i]) for i, n in shared.items()), default=0.0))
-    return out
+    index = OverlapIndex(pool)
+    return [index.nearest(prompt)[0] for prompt in prompts]
 
 
 def read_heldout(path: str | Path) -> list[str]:

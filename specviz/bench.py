@@ -278,10 +278,11 @@ def run_bench(
 
     Cells: every drafter x gamma (a number or "auto") x policy. Columns: temperature, config, drafter, gamma,
     policy, prompts, repeats, {ar,spec,hf_spec,hf_assist,hf_lookup,hf_ar}_tok_s, speedup_vs_ar, speedup_vs_hf,
-    speedup_vs_best_peer, ar_vs_hf_ar, acceptance, alpha, tokens_per_call, drafted_per_call, c, decode_speedup,
-    theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share, verify_cost, draft_per_call,
-    draft_cost, identical, differences, note, tree, best_chain, vs_best_chain, tokens_per_call_vs_best_chain
-    (tree rows beside the fastest chain of their temperature).
+    speedup_vs_best_peer, speedup_lowest, speedup_lowest_prompt, speedup_q1, speedup_q3, speedup_highest (the
+    per-prompt spec/ar around its median), ar_vs_hf_ar, acceptance, alpha, tokens_per_call, drafted_per_call, c,
+    decode_speedup, theory, measured_over_theory, draft_share, verify_share, other_share, prefill_share,
+    verify_cost, draft_per_call, draft_cost, identical, differences, note, tree, best_chain, vs_best_chain,
+    tokens_per_call_vs_best_chain (tree rows beside the fastest chain of their temperature).
     """
     configs = grid(gammas, drafters, policies, trees)
     if max_new_tokens is not None:

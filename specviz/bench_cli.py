@@ -72,6 +72,24 @@ def _ranks_of(
     return draft_ranks(target, draft, ids, [list(t) for t in ar["tokens"]])
 
 
+def spread_lines(table: pd.DataFrame, prompts: Sequence[str]) -> list[str]:
+    """A line per cell run on more than one prompt: its per-prompt spec/ar from the lowest (which prompt) through
+    the quartiles to the highest."""
+    lines = []
+    for _, r in table[table["prompts"] > 1].iterrows():
+        if not r["speedup_lowest"] > 0:
+            continue
+        i = int(r["speedup_lowest_prompt"])
+        slowest = " ".join(prompts[i].split()) if 0 <= i < len(prompts) else "?"
+        slowest = slowest if len(slowest) <= 48 else slowest[:47] + "…"
+        lines.append(
+            f"  T={r['temperature']:g} {r['config']}: spec/ar per prompt {r['speedup_lowest']:.2f}x (prompt {i}, "
+            f"{slowest!r}) · quartiles {r['speedup_q1']:.2f}x-{r['speedup_q3']:.2f}x · highest "
+            f"{r['speedup_highest']:.2f}x"
+        )
+    return lines
+
+
 def _why(facts: dict) -> str:
     """What follows the thread count: ': <why>' where specviz set it (cpus.fit_threads), else nothing."""
     why = facts.get("threads_why", "torch's default")
@@ -161,6 +179,8 @@ def main(args) -> dict:
                 f"  T={t:g}: transformers assisted (defaults) {r['hf_assist_vs_ar']:.2f}x plain, "
                 f"transformers prompt lookup {r['hf_lookup_vs_ar']:.2f}x plain"
             )
+        for line in spread_lines(table, prompts):
+            print(line)
         for _, r in table[table["note"] != ""].iterrows():
             print(f"  T={r['temperature']:g} {r['config']}: {r['note']}")
         if ranks:

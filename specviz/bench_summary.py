@@ -24,13 +24,37 @@ def pool(rows: pd.DataFrame) -> Tally:
     return sum((Tally.from_counts(dict(zip(names, r))) for r in rows[names].itertuples(index=False)), Tally())
 
 
-def _paired(a: pd.DataFrame, b: pd.DataFrame) -> float:
-    """Median over prompts and repeats of tokens/s of runs `a` over runs `b` in the same interleaved slot."""
+def _ratios(a: pd.DataFrame, b: pd.DataFrame) -> pd.Series:
+    """Tokens/s of runs `a` over runs `b` in the same interleaved slot, indexed by (repeat, prompt)."""
     if a.empty or b.empty:
-        return float("nan")
+        return pd.Series(dtype=float)
     x = a.set_index(["repeat", "prompt"])["tokens_per_s"]
     y = b.set_index(["repeat", "prompt"])["tokens_per_s"]
-    return float((x / y).dropna().median())
+    return (x / y).dropna()
+
+
+def _paired(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """Median over prompts and repeats of tokens/s of runs `a` over runs `b` in the same interleaved slot."""
+    return float(_ratios(a, b).median())
+
+
+def _spread(spec: pd.DataFrame, ar: pd.DataFrame) -> dict:
+    """How the paired per-prompt speedups spread around their median: the lowest (and its prompt), the quartiles and
+    the highest. Why: on a 2-core CPU whose memory a neighbour shares, one prompt's ratio moved by up to 0.19 between
+    two runs seconds apart (BENCHMARKS.md, "The Zen 3, a fourth session"), so a median alone hides what a visitor's
+    single race may show, and the slowest prompt is the one a claim of "never slower" rests on."""
+    r = _ratios(spec, ar)
+    if r.empty:
+        return dict.fromkeys(("speedup_lowest", "speedup_q1", "speedup_q3", "speedup_highest"), float("nan")) | {
+            "speedup_lowest_prompt": -1
+        }
+    return {
+        "speedup_lowest": float(r.min()),
+        "speedup_lowest_prompt": int(r.idxmin()[1]),  # (repeat, prompt): the prompt's index in the run's list
+        "speedup_q1": float(r.quantile(0.25)),
+        "speedup_q3": float(r.quantile(0.75)),
+        "speedup_highest": float(r.max()),
+    }
 
 
 def _identical(runs: list[pd.DataFrame], ar: pd.DataFrame) -> tuple[bool | None, list[str]]:
@@ -117,6 +141,7 @@ def summarise_runs(runs: pd.DataFrame) -> pd.DataFrame:
                 },
                 "hf_spec_tok_s": float(hf_spec["tokens_per_s"].median()) if len(hf_spec) else float("nan"),
                 "speedup_vs_ar": _paired(spec, ar),
+                **_spread(spec, ar),
                 "speedup_vs_hf": _paired(spec, hf_spec),
                 "speedup_vs_best_peer": _paired(spec, best_peer),  # the faster of hf_assist and hf_lookup
                 "ar_vs_hf_ar": _paired(ar, shared["hf_ar"]),

@@ -64,6 +64,32 @@ def test_bench_produces_every_column_for_every_cell(table):
     assert "spec/hf_spec" in format_table(table)
 
 
+def test_the_table_says_how_the_per_prompt_speedups_spread_and_which_prompt_was_slowest(table):
+    import pandas as pd
+
+    from specviz.bench_cli import spread_lines
+    from specviz.bench_summary import _spread
+
+    def runs(rates):  # one repeat, prompts 0, 1, 2
+        return pd.DataFrame({"repeat": 0, "prompt": range(len(rates)), "tokens_per_s": rates})
+
+    got = _spread(runs([30.0, 60.0, 36.0]), runs([20.0, 30.0, 30.0]))  # per prompt 1.5x, 2.0x, 1.2x
+    assert got == pytest.approx(
+        {"speedup_lowest": 1.2, "speedup_lowest_prompt": 2, "speedup_q1": 1.35, "speedup_q3": 1.75,
+         "speedup_highest": 2.0}
+    )  # fmt: skip
+    prompts = ["a", "b", "Write a SQL query that returns the ten most recent orders from the table."]
+    cell = {"temperature": 0.0, "config": "model, gamma 3", "prompts": 3, **got}
+    (line,) = spread_lines(pd.DataFrame([cell, {**cell, "prompts": 1}]), prompts)  # one prompt: no spread to say
+    assert line == (
+        "  T=0 model, gamma 3: spec/ar per prompt 1.20x (prompt 2, 'Write a SQL query that returns the ten most "
+        "rec…') · quartiles 1.35x-1.75x · highest 2.00x"  # a long prompt cut to 48 characters
+    )
+    for _, r in table.iterrows():  # the real runs: the median among its quartiles, the slowest one of the prompts
+        assert r["speedup_lowest"] <= r["speedup_q1"] <= r["speedup_vs_ar"] <= r["speedup_q3"] <= r["speedup_highest"]
+        assert r["speedup_lowest_prompt"] in range(len(PROMPTS))
+
+
 def test_identical_check_catches_a_planted_difference(loaded_pair, monkeypatch, caplog):
     p, q = loaded_pair
     real = bench.speculative_decode

@@ -15,7 +15,7 @@ import torch
 
 from specviz.bench_inputs import load_prompts
 from specviz.training import build_prompts, teacher_io
-from specviz.training.common import read_heldout
+from specviz.training.common import HeldOut, nearest_overlap, read_heldout
 from specviz.training.topics import HELD_OUT_TOPICS, UNSEEN_TOPICS, topic_hits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,12 +171,36 @@ def test_topk_parts_roll_over_at_the_size_limit_and_list_in_order(tmp_path):
     assert teacher_io.topk_parts(tmp_path / "teacher.jsonl") == []  # plain files have their own parts
 
 
-def test_no_teacher_prompt_touches_a_topic_of_the_unseen_set():
-    assert sorted(load_prompts("unseen")) == sorted(UNSEEN_TOPICS)
+@pytest.fixture(scope="module")
+def teacher_prompts() -> set[str]:
+    """Every prompt the draft may have been trained on: the builder's, the written ones, those with replies."""
     prompts = set(read_heldout(ROOT / "data" / "prompts_written.txt"))
     for name in ("prompts.jsonl.gz", "teacher.jsonl.gz", "teacher_written.jsonl.gz"):
         prompts |= {r["prompt"] for r in teacher_io.read_jsonl(ROOT / "data" / name)}
     assert len(prompts) > 10_000
-    assert topic_hits(prompts, UNSEEN_TOPICS) == []
+    return prompts
+
+
+def test_no_teacher_prompt_touches_a_topic_of_the_unseen_set(teacher_prompts):
+    assert sorted(load_prompts("unseen")) == sorted(UNSEEN_TOPICS)
+    assert topic_hits(teacher_prompts, UNSEEN_TOPICS) == []
     # and the guard can fail: a teacher prompt on one of these topics is caught
     assert len(topic_hits(["how do hearing aids amplify sound?", "a story about two walruses"], UNSEEN_TOPICS)) == 2
+
+
+def test_no_teacher_prompt_is_a_tuning_prompt(teacher_prompts):
+    """assets/tuning_prompts.txt is where settings are chosen (policies, thresholds): a draft trained on its prompts
+    guesses them better than new ones and flatters what is chosen there. None is a teacher prompt by its text or a run
+    of 8 words, and none shares 3/4 of a teacher prompt's words (the held-out sets' bound). Until 1 Dec 2026 fifteen
+    did: ten word for word (three the builder writes, "What is photosynthesis?", and seven from the written batches,
+    "How do I descale a kettle?"), a story opening four builder prompts share, and four near copies ("Write a short
+    poem about autumn leaves."); they were replaced by prompts on new ground."""
+    tuning = read_heldout(ROOT / "assets" / "tuning_prompts.txt")
+    assert len(tuning) == 48
+    guard = HeldOut(tuning)
+    assert sorted(p for p in teacher_prompts if guard.blocks(p)) == []
+    near = nearest_overlap(tuning, sorted(teacher_prompts))
+    assert max(near) < 0.75, [t for t, o in zip(tuning, near) if o >= 0.75]
+    # and the guards can fail: a pasted tuning prompt and a near copy are caught
+    assert guard.blocks(f"Answer briefly. {tuning[14]}")
+    assert nearest_overlap([tuning[14].replace("?", " quickly?")], [tuning[14]])[0] >= 0.75

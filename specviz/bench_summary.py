@@ -45,9 +45,9 @@ def _spread(spec: pd.DataFrame, ar: pd.DataFrame) -> dict:
     single race may show, and the slowest prompt is the one a claim of "never slower" rests on."""
     r = _ratios(spec, ar)
     if r.empty:
-        return dict.fromkeys(("speedup_lowest", "speedup_q1", "speedup_q3", "speedup_highest"), float("nan")) | {
-            "speedup_lowest_prompt": -1
-        }
+        nan = float("nan")
+        return {"speedup_lowest": nan, "speedup_lowest_prompt": -1, "speedup_q1": nan, "speedup_q3": nan,
+                "speedup_highest": nan}  # fmt: skip
     return {
         "speedup_lowest": float(r.min()),
         "speedup_lowest_prompt": int(r.idxmin()[1]),  # (repeat, prompt): the prompt's index in the run's list

@@ -174,6 +174,9 @@ class LeanLlama:
         self.layout_timed_cold = False  # an int8 draft's layout, timed after a target step (lean_draft)
         lean_panels.choose(self)
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
+        self.act8: LeanLlama | None = None  # an int8 draft's copy taking int8 activations (lean_panels.with_act8)
+        self.act8_pays: bool | None = None  # whether lean_draft chose it (timed once)
+        self.is_act8 = False
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
         self._rope(256)
@@ -245,6 +248,7 @@ class LeanLlama:
         if self._int8 is None:
             new = copy.copy(self)
             new.scales, new._int8, new.int8_pays, new.packed = {}, None, {}, {}
+            new.act8, new.act8_pays = None, None
 
             def quantize(w: torch.Tensor) -> torch.Tensor:
                 q, scale = int8_rows(w)

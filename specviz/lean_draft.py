@@ -1,6 +1,7 @@
 """The draft's forward for a pair on the lean forward: int8 weights where this machine runs a round's draft step
-faster with them (lean.LeanLlama.int8; the rows a draft never proposes are already left out of its output layer,
-LeanLlama.skip_rows)."""
+faster with them (lean.LeanLlama.int8), and int8 activations too where those run it faster still
+(lean_panels.with_act8); the rows a draft never proposes are already left out of its output layer
+(LeanLlama.skip_rows)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ INT8_PAYS = 0.95
 CLOSE = 0.1  # a first draw within this of INT8_PAYS is too close to call: a second draw, the best of both
 
 
+# int8 activations are kept where the int8 draft's cold step takes under this share of its time without them: they
+# move a product by about 0.5 %, a guess rarely (tests/test_lean.py; BENCHMARKS "int8 activations")
+ACT8_PAYS = 0.95
+
+
+def act8_mode() -> str:
+    """SPECVIZ_DRAFT_ACT8: "auto" (default: an int8 draft's products take int8 activations too where timing says
+    that pays), "1" (wherever the draft runs int8 weights), "0"."""
+    v = os.environ.get("SPECVIZ_DRAFT_ACT8", "auto").strip().lower()
+    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+
+
 def int8_mode() -> str:
     """SPECVIZ_DRAFT_INT8: "auto" (default: int8 weights for the draft where timing says they pay), "1", "0"."""
     v = os.environ.get("SPECVIZ_DRAFT_INT8", "auto").strip().lower()
@@ -37,7 +50,7 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
     if how == "0" or draft.lib is None:
         return draft
     if how == "1":
-        return draft.int8()
+        return _act8(target, draft.int8())
     key = id(target)
     if key not in draft.int8_pays:
         pays = False
@@ -53,7 +66,28 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
                     lean_panels.use(draft.int8(), times[2] < kernels.PANELS_MARGIN * times[1], small[1].packed)
                 draft.int8().layout_timed_cold = True
         draft.int8_pays[key] = pays
-    return draft.int8() if draft.int8_pays[key] else draft
+    return _act8(target, draft.int8()) if draft.int8_pays[key] else draft
+
+
+def _act8(target: LeanLlama | None, fwd: LeanLlama) -> LeanLlama:
+    """The int8 forward fwd, or its copy taking int8 activations (lean_panels.with_act8) where that is forced or
+    (auto) where its one-token step right after a target step is faster (ACT8_PAYS); timed once per int8 forward
+    (another pairing must not switch it under a run), and not for a draft too small to matter (INT8_MIN_BYTES)."""
+    how = act8_mode()
+    if how == "0" or not lean_panels.can8(fwd):
+        return fwd
+    if how == "auto" and fwd.act8_pays is None:
+        if target is None or fwd.weight_bytes < INT8_MIN_BYTES:
+            return fwd
+        fwd.act8 = fwd.act8 or lean_panels.with_act8(fwd)
+        times = _cold_steps(target, [fwd, fwd.act8])
+        if abs(times[1] / times[0] - ACT8_PAYS) <= CLOSE:  # too close to call: the best of two draws, as for int8
+            times = [min(a, b) for a, b in zip(times, _cold_steps(target, [fwd, fwd.act8]))]
+        fwd.act8_pays = times[1] < ACT8_PAYS * times[0]
+    if how == "1" or fwd.act8_pays:
+        fwd.act8 = fwd.act8 or lean_panels.with_act8(fwd)
+        return fwd.act8
+    return fwd
 
 
 def _variants(small: LeanLlama) -> list[LeanLlama]:

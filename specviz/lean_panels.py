@@ -85,6 +85,27 @@ def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
     fwd.point()
 
 
+def can8(fwd) -> bool:
+    """Whether llama.c can run this int8 forward's products against int8 activations (native.pack8: every weight
+    int8, the shared width a multiple of 32)."""
+    return fwd.lib is not None and fwd.is_int8 and all(native.can_pack8(w) for w in fwd.weights())
+
+
+def with_act8(fwd):
+    """A shallow copy of an int8 forward (a draft's) whose products take their activations in int8 too: every
+    weight in few_rows.c's panels of 4-byte groups (native.pack8), each product's input quantised in blocks of 32,
+    multiplied in integers. Its numbers are not the float path's (within about 0.5 % of a product): for guesses only,
+    chosen by lean_draft where a round's draft step is faster this way. The int8 weights and their panels stay
+    (the copy shares them); the new panels are counted in copied_bytes."""
+    new = copy.copy(fwd)
+    new.packed = {w.data_ptr(): native.pack8(w) for w in fwd.weights()}
+    new.copied_bytes = fwd.copied_bytes + _bytes(new.packed)
+    new.act8, new.act8_pays, new.is_act8 = None, None, True
+    new.engine = fwd.engine.replace(", weights in panels", "").replace("int8 weights", "int8 weights and activations")
+    new.point()
+    return new
+
+
 def copy_with(fwd, on: bool):
     """A shallow copy of fwd reading its weights the given way (for timing both; the weights and panels shared)."""
     new = copy.copy(fwd)

@@ -98,10 +98,13 @@ class LoadedModel:
     @property
     def precision(self) -> str:
         """How its weights are held, in words: "float32", "NF4, bitsandbytes" for a 4-bit target, "int8" for a
-        draft whose lean forward reads int8 weights (lean_draft.draft_forward)."""
+        draft whose lean forward reads int8 weights, "int8 with int8 activations" where its products quantise their
+        inputs too (lean_draft.draft_forward)."""
         if self.quantize:
             return QUANT_LABELS[self.quantize]
-        return "int8" if self.lean is not None and self.lean.is_int8 else str(self.dtype).removeprefix("torch.")
+        if self.lean is not None and self.lean.is_int8:
+            return "int8 with int8 activations" if self.lean.is_act8 else "int8"
+        return str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         """Its size in words for a header: "135 M parameters, NF4, bitsandbytes, 158 MiB"."""

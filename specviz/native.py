@@ -211,8 +211,30 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, 16, k).transpose(1, 2).contiguous()
 
 
+QBLOCK = 32  # few_rows.c's block of x quantised with one scale (int8 activations, `pack8`)
+ACT8 = 7  # the kernel's weight type of `pack8`'s panels
+
+
+def can_pack8(weight: torch.Tensor) -> bool:
+    """Whether the kernel can multiply this (N, K) int8 weight by int8 activations (`pack8`): K a multiple of 32."""
+    return weight.dim() == 2 and weight.dtype == torch.int8 and weight.shape[1] % QBLOCK == 0
+
+
+def pack8(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) int8 -> (ceil(N / 16), K / 4, 16, 4), contiguous: panel p holds output columns 16p .. 16p + 15, each
+    column's 4 weights of k = 4g .. 4g + 3 side by side (zeros past N), as few_rows.c's integer kernel reads them
+    against x quantised to int8 in blocks of 32 (weight type 7; a draft's products only: its numbers are not the
+    float32 path's)."""
+    n, k = weight.shape
+    padded = torch.cat([weight, weight.new_zeros(-n % 16, k)]) if n % 16 else weight
+    return padded.view(-1, 16, k // 4, 4).transpose(1, 2).contiguous()
+
+
 def wtype_of(weight: torch.Tensor) -> int:
-    """The kernel's weight type for a weight as stored: row-major (N, K), or packed (N / 16, K, 16)."""
+    """The kernel's weight type for a weight as stored: row-major (N, K), packed (N / 16, K, 16), or packed for
+    int8 activations (N / 16, K / 4, 16, 4)."""
+    if weight.dim() == 4:
+        return ACT8
     return WTYPES[weight.dtype] + (PANELS if weight.dim() == 3 else 0)
 
 
@@ -235,9 +257,10 @@ def first_max(scores: torch.Tensor) -> torch.Tensor | None:
 def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, n: int = 0) -> torch.Tensor:
     """x (M, K) float32 contiguous, weight (N, K) float32, float16, or int8 with scale (N,) float32 (row n of the
     product times scale[n]), or (N, K / 2) uint8 NF4 with scale (16 code values, then N K / 64 absmax) float32,
-    or one of the first three packed in panels (`pack`; n: its N), contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
+    or one of the first three packed in panels (`pack`; n: its N), or int8 packed for int8 activations (`pack8`,
+    with its scale; n: its N), contiguous, 1 <= M <= MAX_ROWS -> (M, N) float32."""
     rows, k = x.shape
-    n = n or weight.shape[0] * (16 if weight.dim() == 3 else 1)
+    n = n or weight.shape[0] * (16 if weight.dim() >= 3 else 1)
     y = torch.empty(rows, n, dtype=torch.float32)
     sc = scale.data_ptr() if scale is not None else None
     wtype = wtype_of(weight)

@@ -196,10 +196,11 @@ def pair_with(tiny_pair, monkeypatch):
     from specviz import load_pair, native
     from specviz.models import CACHE, backend
 
-    def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0"):
+    def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0", act8: str = "0"):
         if forward.startswith("llama.c") and native.library() is None:
             pytest.skip("no C compiler or no AVX2 here")
         monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
+        monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", act8)
         monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
         monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward.startswith("llama.c") else "torch")
         monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels" if "panels" in forward else "rows")
@@ -207,9 +208,10 @@ def pair_with(tiny_pair, monkeypatch):
         CACHE.clear()
         p, q = load_pair(*pair, device="cpu")
         assert p.lean is None or not p.lean.is_int8  # a target keeps its own weights
-        assert (q.precision == "int8") is (int8 == "1" and forward.startswith("llama.c"))
+        assert q.precision.startswith("int8") is (int8 == "1" and forward.startswith("llama.c"))
         for lm in (p, q):
-            assert (lm.lean.engine if lm.lean is not None else "transformers").removesuffix(", int8 weights") == forward
+            engine = lm.lean.engine if lm.lean is not None else "transformers"
+            assert engine.removesuffix(", int8 weights and activations").removesuffix(", int8 weights") == forward
             assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
         return p, q
 

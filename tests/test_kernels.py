@@ -58,6 +58,41 @@ def test_the_kernel_computes_the_product_and_a_row_gets_the_same_bits_in_any_cal
             assert torch.equal(got[i], alone[i][0]), (m, i)
 
 
+def _act8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (M, K) quantised per block of 32 to the nearest integer of x * 127 / max |x| (ties to even), the int8
+    products summed exactly per block, each sum times its block's scale, times the column's scale: in float64."""
+    m, k = x.shape
+    blocks = x.view(m, k // 32, 32)
+    top = blocks.abs().amax(-1, keepdim=True)
+    xq = torch.where(top > 0, torch.round(blocks * (127 / top)), torch.zeros_like(blocks))
+    sums = torch.einsum("mbk,nbk->mnb", xq.double(), q.double().view(q.shape[0], k // 32, 32))  # integers, exact
+    return (sums * (top / 127).double().view(m, 1, k // 32)).sum(-1) * scale.double()
+
+
+@pytest.mark.parametrize("k, n", [(32, 5), (64, 67), (576, 960), (1536, 576)])
+def test_the_int8_activation_kernel_does_integer_products_and_a_row_gets_the_same_bits_in_any_call(k, n):
+    """native.pack8 (a draft's products against int8 activations, weight type 7): the reference's arithmetic, within
+    about 1 % of the float product, and a row's numbers the same alone or among 1-16 rows."""
+    from specviz.lean import int8_rows
+
+    torch.manual_seed(1)
+    q, scale = int8_rows(torch.randn(n, k))
+    x = torch.randn(native.MAX_ROWS, k)
+    x[3, :32] = 0.0  # a block of zeros: scale 0
+    stored = native.pack8(q)
+    assert stored.shape == (-(-n // 16), k // 4, 16, 4) and native.wtype_of(stored) == native.ACT8
+    alone = [native.few_rows(x[i : i + 1].contiguous(), stored, scale, n) for i in range(native.MAX_ROWS)]
+    exact = x @ (q.float() * scale[:, None]).t()
+    for m in (1, 2, 5, 8, 9, 16):
+        got = native.few_rows(x[:m].contiguous(), stored, scale, n)
+        torch.testing.assert_close(got.double(), _act8_reference(x[:m], q, scale), rtol=1e-5, atol=1e-5)
+        assert float((got - exact[:m]).norm() / exact[:m].norm()) < 0.01
+        for i in range(m):
+            assert torch.equal(got[i], alone[i][0]), (m, i)
+    assert native.can_pack8(q) and not native.can_pack8(torch.zeros(4, 48, dtype=torch.int8))
+    assert not native.can_pack8(q.float())
+
+
 @pytest.mark.parametrize("k, n", [(64, 5), (576, 101), (1536, 64)])
 def test_the_nf4_kernel_multiplies_by_bitsandbytes_weights_and_a_row_gets_the_same_bits_in_any_call(k, n):
     """NF4 (two weights a byte, the first in the high nibble; code[q] * absmax per block of 64), checked against

@@ -357,6 +357,74 @@ def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_faster(
     assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True
 
 
+def test_int8_activations_leave_greedy_output_the_targets_and_sampling_its_law(pair_with, small_vocab_pair):
+    """A draft whose products take int8 activations (lean_panels.with_act8) guesses nearly as its int8 self does;
+    whatever it guesses, greedy speculative output is plain decoding's and sampled output follows the target's law."""
+    p, q = pair_with("llama.c", int8="1", act8="1")
+    assert q.lean.is_act8 and q.lean.is_int8 and "int8 weights and activations" in backend(q)
+    assert "draft int8 with int8 activations" in pair_dtypes(p, q) and not p.lean.is_int8
+    assert q.lean.packed and all(t.dim() == 4 for t in q.lean.packed.values())  # native.pack8's panels, every weight
+    ids = [5, 9, 12, 30, 7, 8, 40, 41, 3, 17]
+    got = CachedModel(q, q.vocab_size).feed(torch.tensor(ids))
+    plain8 = lean_panels.copy_with(q.lean, False)  # the same int8 weights by rows, float activations
+    want = plain8.forward(plain8.new_cache(), torch.tensor(ids))[0]
+    assert not torch.equal(got, want)  # another path: integer products
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
+    torch.testing.assert_close(torch.softmax(got, -1), torch.softmax(want, -1), atol=0.05, rtol=0)
+    rejections = 0
+    for gamma, prompt in itertools.product((1, 3, 7), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=40)
+        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=40)
+        assert sp.token_ids == ar.token_ids, (gamma, prompt)
+        rejections += sp.stats["drafted"] - sp.stats["accepted"]
+    assert rejections > 0
+    p, q = pair_with("llama.c", pair=small_vocab_pair, int8="1", act8="1")
+    assert q.lean.is_act8
+    ids, N = [1, 5, 6], 3000
+    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
+
+
+@pytest.mark.parametrize(
+    "draws,chosen,timed",
+    [
+        ([(1.0e-3, 0.80e-3)], True, 1),  # clearly faster: one draw
+        ([(1.0e-3, 1.10e-3)], False, 1),  # slower
+        ([(1.0e-3, 0.97e-3), (1.0e-3, 0.70e-3)], True, 2),  # too close to call: the best of two draws
+        ([(1.0e-3, 0.97e-3), (0.9e-3, 0.96e-3)], False, 2),
+    ],
+)
+def test_auto_gives_an_int8_draft_int8_activations_only_where_its_cold_step_is_faster(
+    pair_with, monkeypatch, draws, chosen, timed
+):
+    p, q = pair_with("llama.c")
+    calls = []
+
+    def fake(target, drafts):
+        calls.append([d.is_act8 for d in drafts])
+        return list(draws[len(calls) - 1])
+
+    monkeypatch.setattr(lean_draft, "_cold_steps", fake)
+    monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "1")  # int8 forced: only the activations are timed
+    monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", "auto")
+    draft = lean.LeanLlama(q.model, "kernel")
+    fwd = lean_draft.draft_forward(p.lean, draft)
+    assert fwd.is_int8 and fwd.is_act8 is chosen and len(calls) == timed and calls[0] == [False, True]
+    assert ("int8 weights and activations" in fwd.engine) is chosen
+    assert lean_draft.draft_forward(lean.LeanLlama(p.model, "kernel"), draft) is fwd and len(calls) == timed  # once
+    monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", "0")
+    assert lean_draft.draft_forward(p.lean, draft) is draft.int8() and not draft.int8().is_act8
+    monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", "1")
+    assert lean_draft.draft_forward(p.lean, draft).is_act8 and len(calls) == timed
+    monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", "auto")
+    monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 4 << 20)
+    small = lean.LeanLlama(q.model, "kernel")  # a tiny draft: never timed, int8 weights alone
+    assert not lean_draft.draft_forward(p.lean, small).is_act8 and len(calls) == timed
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "0")
+    assert not lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8  # float: none at all
+
+
 @pytest.mark.parametrize(
     "rows_s,panels_s,chosen",
     [

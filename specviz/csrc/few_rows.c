@@ -15,13 +15,15 @@
 // W is float32, float16 (a draft kept in half precision: half the bytes, converted in registers), int8 with a
 // scale per row (a draft's weights in a quarter of the bytes, or a target's from bitsandbytes) or NF4 (a target's
 // from bitsandbytes, two weights a byte); x and y are float32. The first three can also come packed in panels of
-// 16 output columns (wtype + 4; the panel kernels below). Dispatch at run time: AVX-512F, or AVX2 with FMA and
+// 16 output columns (wtype + 4; the panel kernels below), and int8 in panels of 4-byte groups to meet x quantised to
+// int8 (wtype 7: integer products for a draft's guesses). Dispatch at run time: AVX-512F, or AVX2 with FMA and
 // F16C; without either the caller keeps PyTorch's path (few_rows_isa() returns 0). Threads: OpenMP, the team
 // PyTorch's own libgomp already runs.
 
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define MAX_M 8     // rows of x one register kernel takes
 #define MAX_CALL 16 // rows of x a call takes (in parts of MAX_M)
@@ -441,6 +443,98 @@ PANELS2(f16, uint16_t)
 PANELS2(i8, int8_t)
 #undef LOADW
 
+// ---- int8 weights against int8 activations (wtype 7): a draft's products in integer arithmetic ----
+// W int8 (N, K) packed as (ceil(N / 16), K / 4, 16, 4): panel p, group g holds output columns 16p .. 16p + 15, each
+// with its 4 weights k = 4g .. 4g + 3 side by side (zero columns past N). Each row of x is quantised in blocks of
+// QBLOCK: scale max |x| / 127, values rounded to the nearest integer (as llama.cpp's Q8_0 activations). A block's
+// products are summed exactly in int32 (vpmaddubsw of |x| and w with x's sign, vpmaddwd of the pairs), its sum times
+// its scale is added to a float32 chain, and the column's weight scale multiplies the result. Why: the int8 -> float32
+// conversion, not the memory, bounds the float path of an int8 draft (1.24 ms a step on a Zen 1 where the bandwidth
+// allows 0.49; on the Zen 3 of 1 Dec 2026 the built-in draft's products for a guess took 0.50 ms that way and 0.16 ms
+// this way, warm, in a /tmp harness). Only guesses come from it (a draft's weights; lean_draft chooses it by timing):
+// its numbers are not the float path's. The same numbers whatever M: each row of x goes through a panel on its own.
+// Needs K a multiple of QBLOCK; |w| <= 127 (int8_rows' range: the pair sums of vpmaddubsw stay under 2^15).
+#define QBLOCK 32
+A256 static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+// x (M, K) -> q (M, K) int8 and s (M, K / QBLOCK) float32, q * s ~ x.
+A256 static void quant_rows(const float* restrict x, long M, long K, int8_t* restrict q, float* restrict s) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (long m = 0; m < M; m++)
+        for (long b = 0; b < K; b += QBLOCK) {
+            const float* v = x + m * K + b;
+            __m256 mx = _mm256_setzero_ps();
+            for (int i = 0; i < QBLOCK; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(v + i), absmask));
+            float a = hmax8(mx);
+            s[m * (K / QBLOCK) + b / QBLOCK] = a / 127.0f;
+            __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+            for (int i = 0; i < QBLOCK; i += 8) {
+                __m256i r = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv));  // to nearest, even ties
+                __m128i h = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+                _mm_storel_epi64((__m128i*)(q + m * K + b + i), _mm_packs_epi16(h, h));
+            }
+        }
+}
+// One panel (K / 4 groups of 64 bytes) against one quantised row of x: 16 outputs, before the weights' scales.
+A256 static void panel_q8(const int8_t* restrict w, const int8_t* restrict q, const float* restrict s, long K,
+                          float* restrict out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+    for (long b = 0; b < K; b += QBLOCK) {
+        __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
+        PRAGMA(GCC unroll 8) for (int g = 0; g < QBLOCK / 4; g++) {
+            long k = b + 4 * g;
+            int32_t four;
+            __builtin_memcpy(&four, q + k, 4);
+            __m256i xb = _mm256_set1_epi32(four), ax = _mm256_abs_epi8(xb);
+            __m256i w0 = _mm256_loadu_si256((const __m256i*)(w + k * 16));
+            __m256i w1 = _mm256_loadu_si256((const __m256i*)(w + k * 16 + 32));
+            i0 = _mm256_add_epi32(i0, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xb)), ones));
+            i1 = _mm256_add_epi32(i1, _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xb)), ones));
+        }
+        __m256 sv = _mm256_set1_ps(s[b / QBLOCK]);
+        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), sv, f0);
+        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), sv, f1);
+    }
+    _mm256_storeu_ps(out, f0);
+    _mm256_storeu_ps(out + 8, f1);
+}
+static __thread int8_t* q8_buf;  // each thread's quantised x (a call's rows), grown as needed, kept
+static __thread long q8_cap;
+// Thread t of T: x quantised (every thread its own copy: M K values, about a microsecond for a draft's call), then
+// its share of the panels, each panel against every row of x while it sits in the core's cache.
+A256 static void panels_q8_part(const int8_t* w, const float* scale, const float* x, long M, long K, long N, float* y,
+                                int t, int T) {
+    long np = (N + 15) / 16, share = (np + T - 1) / T;
+    long p0 = t * share, p1 = p0 + share < np ? p0 + share : np;
+    if (p0 >= p1) return;
+    long need = M * K + (long)sizeof(float) * M * (K / QBLOCK) + 64;
+    if (need > q8_cap) {
+        int8_t* grown = realloc(q8_buf, need);
+        if (!grown) {  // no memory for a few KB: this share's outputs are NaN (a draft's guesses only)
+            for (long m = 0; m < M; m++)
+                for (long n = p0 * 16; n < N && n < p1 * 16; n++) y[m * N + n] = __builtin_nanf("");
+            return;
+        }
+        q8_buf = grown;
+        q8_cap = need;
+    }
+    int8_t* q = q8_buf;
+    float* s = (float*)(q8_buf + ((M * K + 63) & ~63L));
+    quant_rows(x, M, K, q, s);
+    float out[16];
+    for (long p = p0; p < p1; p++)
+        for (long m = 0; m < M; m++) {
+            panel_q8(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
+            long n0 = p * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+            for (long n = n0; n < n1; n++) y[m * N + n] = out[n - n0] * scale[n];
+        }
+}
+
 // Thread t of T: its share of the panels (ceil(N / 16); the last one may be partial, done by PANEL_TAIL).
 static void panels_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                         int t, int T) {
@@ -483,10 +577,15 @@ int few_rows_use_isa(int level) {
 // Thread t of T computes its share of y's columns (whole 16-row blocks of W): called inside a parallel region, by
 // few_rows below and by llama.c's forward pass. wtype: 0 float32, 1 float16, 2 int8 with one float32 scale per
 // row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x), 3 NF4 (scale:
-// its 16 code values, then an absmax per 64 weights; above).
+// its 16 code values, then an absmax per 64 weights; above); 4-6 those first three in panels; 7 int8 in panels of
+// 4-byte groups against int8 activations (a draft's; above).
 void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                    int t, int T) {
     if (isa < 0) isa = few_rows_isa();
+    if (wtype == 7) {
+        panels_q8_part((const int8_t*)w, scale, x, M, K, N, y, t, T);
+        return;
+    }
     if (wtype >= 4) {
         panels_part(w, wtype, scale, x, M, K, N, y, t, T);
         return;
@@ -524,8 +623,9 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
 int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
              int threads) {
     if (isa < 0) isa = few_rows_isa();
-    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 6) return -1;
-    if ((wtype == 2 || wtype == 3 || wtype == 6) && !scale) return -1;
+    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 7) return -1;
+    if ((wtype == 2 || wtype == 3 || wtype >= 6) && !scale) return -1;
+    if (wtype == 7 && K % QBLOCK) return -1;
     if (wtype == 3 && K % 64) return -1;
 #pragma omp parallel num_threads(threads)
     few_rows_part(w, wtype, scale, x, M, K, N, y, omp_get_thread_num(), omp_get_num_threads());

@@ -204,3 +204,22 @@ def test_no_teacher_prompt_is_a_tuning_prompt(teacher_prompts):
     # and the guards can fail: a pasted tuning prompt and a near copy are caught
     assert guard.blocks(f"Answer briefly. {tuning[14]}")
     assert nearest_overlap([tuning[14].replace("?", " quickly?")], [tuning[14]])[0] >= 0.75
+
+
+def test_no_tuning_prompt_is_a_prompt_the_benchmarks_measure_on():
+    """Settings chosen on the tuning set are judged on the held-out sets (assets/prompts/): a prompt in both would
+    grade a choice on the prompt it was chosen by. No tuning prompt is a measuring prompt by its text or a run of 8
+    words, and none shares 0.7 of one's words. Until 1 Dec 2026 four were held-out prompts word for word ("Why do
+    cats purr?", also in the everyday set) and five more were the same request reworded ("What should I pack for a
+    weekend hiking trip?" against "... camping trip?", 0.80), with two more on the same task at 0.5-0.56 (a CSV file
+    with pandas, the planets with a fact each); all eleven were replaced."""
+    tuning = read_heldout(ROOT / "assets" / "tuning_prompts.txt")
+    measured = sorted({p for f in (ROOT / "assets" / "prompts").glob("*.txt") for p in read_heldout(f)})
+    assert len(tuning) == 48 and len(measured) >= 100
+    guard = HeldOut(measured)
+    assert [t for t in tuning if guard.blocks(t)] == []
+    near = nearest_overlap(tuning, measured)
+    assert max(near) < 0.7, [t for t, o in zip(tuning, near) if o >= 0.7]
+    # and the guards can fail: a measured prompt pasted in and one reworded are caught
+    assert guard.blocks(f"Please answer: {max(measured, key=len)}") and guard.blocks(measured[7])
+    assert nearest_overlap(["What should I pack for a weekend hiking trip?"], measured)[0] >= 0.7

@@ -212,9 +212,14 @@ def test_a_thread_count_that_changes_between_calls_changes_no_token(pair_with, f
     assert counts.count(1) > 20 and counts.count(2) > 20
 
 
-@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [(f, "1") for f in FORWARDS[:2]])
-def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8):
-    p, q = pair_with(forward, half="1", int8=int8)
+# every forward; the draft on int8 weights; and on int8 weights and activations (lean_panels.with_act8)
+DRAFT_WAYS = [(f, "0", "0") for f in FORWARDS] + [(f, "1", "0") for f in FORWARDS[:2]] + [("llama.c", "1", "1")]
+
+
+@pytest.mark.parametrize("forward,int8,act8", DRAFT_WAYS)
+def test_greedy_spec_equals_greedy_plain_on_every_forward(pair_with, forward, int8, act8):
+    p, q = pair_with(forward, half="1", int8=int8, act8=act8)
+    assert q.lean is None or q.lean.is_act8 is (act8 == "1")
     rejections = 0
     for gamma, prompt in itertools.product((1, 3, 7), PROMPTS):
         ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=40)
@@ -247,11 +252,15 @@ def test_every_forward_writes_the_same_greedy_text(pair_with):
     assert len(set(map(str, outs.values()))) == 1, outs
 
 
-@pytest.mark.parametrize("forward,int8", [(f, "0") for f in FORWARDS] + [(f, "1") for f in FORWARDS[:2]])
-def test_sampled_spec_follows_the_target_distribution_on_every_forward(pair_with, small_vocab_pair, forward, int8):
+@pytest.mark.parametrize("forward,int8,act8", DRAFT_WAYS)
+def test_sampled_spec_follows_the_target_distribution_on_every_forward(
+    pair_with, small_vocab_pair, forward, int8, act8
+):
     """The chi-square test of tests/test_engine.py (first two tokens, vocabulary 8, gamma 1), per forward, and
-    with a draft on int8 weights (its q is what it drew from, so the law is the target's still)."""
-    p, q = pair_with(forward, pair=small_vocab_pair, half="1", int8=int8)
+    with a draft on int8 weights, and on int8 activations too (its q is what it drew from, so the law is the
+    target's still)."""
+    p, q = pair_with(forward, pair=small_vocab_pair, half="1", int8=int8, act8=act8)
+    assert q.lean is None or q.lean.is_act8 is (act8 == "1")
     ids, N = [1, 5, 6], 3000
     counts, _ = two_token_counts(p, q, ids, N, gamma=1)
     assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
@@ -357,9 +366,10 @@ def test_auto_gives_the_draft_int8_weights_only_where_a_cold_step_is_faster(
     assert lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel")).is_int8 is True
 
 
-def test_int8_activations_leave_greedy_output_the_targets_and_sampling_its_law(pair_with, small_vocab_pair):
-    """A draft whose products take int8 activations (lean_panels.with_act8) guesses nearly as its int8 self does;
-    whatever it guesses, greedy speculative output is plain decoding's and sampled output follows the target's law."""
+def test_an_int8_activation_draft_guesses_nearly_as_its_int8_self(pair_with):
+    """A draft whose products take int8 activations (lean_panels.with_act8) computes other numbers than its int8
+    weights alone do, and close ones: its guesses, not the output (greedy and sampled exactness: the two tests above,
+    DRAFT_WAYS)."""
     p, q = pair_with("llama.c", int8="1", act8="1")
     assert q.lean.is_act8 and q.lean.is_int8 and "int8 weights and activations" in backend(q)
     assert "draft int8 with int8 activations" in pair_dtypes(p, q) and not p.lean.is_int8
@@ -371,18 +381,6 @@ def test_int8_activations_leave_greedy_output_the_targets_and_sampling_its_law(p
     assert not torch.equal(got, want)  # another path: integer products
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8
     torch.testing.assert_close(torch.softmax(got, -1), torch.softmax(want, -1), atol=0.05, rtol=0)
-    rejections = 0
-    for gamma, prompt in itertools.product((1, 3, 7), PROMPTS):
-        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=40)
-        sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=40)
-        assert sp.token_ids == ar.token_ids, (gamma, prompt)
-        rejections += sp.stats["drafted"] - sp.stats["accepted"]
-    assert rejections > 0
-    p, q = pair_with("llama.c", pair=small_vocab_pair, int8="1", act8="1")
-    assert q.lean.is_act8
-    ids, N = [1, 5, 6], 3000
-    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
-    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
 
 
 @pytest.mark.parametrize(

@@ -172,11 +172,11 @@ class LeanLlama:
         self.copied_bytes = 0  # bytes held beyond the model's parameters: the kept output rows, an int8 variant
         self.packed: dict[int, torch.Tensor] = {}  # a weight's address -> its copy in panels (lean_panels)
         self.layout_timed_cold = False  # an int8 draft's layout, timed after a target step (lean_draft)
-        lean_panels.choose(self)
-        self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.act8: LeanLlama | None = None  # an int8 draft's copy taking int8 activations (lean_panels.with_act8)
         self.act8_pays: bool | None = None  # whether lean_draft chose it (timed once)
         self.is_act8 = False
+        lean_panels.choose(self)
+        self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
         self._rope(256)

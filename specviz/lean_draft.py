@@ -25,7 +25,7 @@ CLOSE = 0.1  # a first draw within this of INT8_PAYS is too close to call: a sec
 
 
 # int8 activations are kept where the int8 draft's cold step takes under this share of its time without them: they
-# move a product by about 0.5 %, a guess rarely (tests/test_lean.py; BENCHMARKS "int8 activations")
+# move a product by about 0.5 %, a guess rarely (tests/test_lean.py; BENCHMARKS "The Zen 3, a fifth session")
 ACT8_PAYS = 0.95
 
 

@@ -72,14 +72,16 @@ def _bytes(packed: dict[int, torch.Tensor]) -> int:
 def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
     """Read the weights in panels (on; `packed` where already made) or as stored; then llama.c's call arguments.
     The panels are a copy, counted in copied_bytes: PyTorch's paths (a long prefill) and the transformers model
-    keep reading the originals."""
+    keep reading the originals. A copy made by with_act8 goes back to float activations (its panels are of
+    another kind)."""
     fwd.copied_bytes -= _bytes(fwd.packed)
-    if not on:
+    if not on or fwd.is_act8:
         fwd.packed = {}
-    elif not fwd.packed:
+    if on and not fwd.packed:
         fwd.packed = packed or packs(fwd)
     fwd.copied_bytes += _bytes(fwd.packed)
-    fwd.engine = fwd.engine.replace(", weights in panels", "")
+    fwd.is_act8 = False
+    fwd.engine = fwd.engine.replace(", weights in panels", "").replace("int8 weights and activations", "int8 weights")
     if fwd.packed:
         fwd.engine = fwd.engine.replace("llama.c", "llama.c, weights in panels", 1)
     fwd.point()
@@ -109,7 +111,7 @@ def with_act8(fwd):
 def copy_with(fwd, on: bool):
     """A shallow copy of fwd reading its weights the given way (for timing both; the weights and panels shared)."""
     new = copy.copy(fwd)
-    use(new, on, fwd.packed or None)
+    use(new, on, None if fwd.is_act8 else fwd.packed or None)
     return new
 
 

@@ -195,10 +195,15 @@ def describe(model: torch.nn.Module) -> str:
     return {"transposed": "PyTorch, transposed product"}.get(path, "PyTorch")
 
 
+def switch(name: str) -> str:
+    """An auto / on / off environment setting: "0" (0, false, no, off), "1" (1, true, yes, on), else "auto"."""
+    v = os.environ.get(name, "auto").strip().lower()
+    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+
+
 def half_mode() -> str:
     """SPECVIZ_CPU_HALF_DRAFT: "auto" (default: time float16 against float32 once), "1" (always), "0" (never)."""
-    v = os.environ.get("SPECVIZ_CPU_HALF_DRAFT", "auto").strip().lower()
-    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+    return switch("SPECVIZ_CPU_HALF_DRAFT")
 
 
 @torch.inference_mode()

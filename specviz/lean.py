@@ -174,7 +174,6 @@ class LeanLlama:
         self.layout_timed_cold = False  # an int8 draft's layout, timed after a target step (lean_draft)
         self.act8: LeanLlama | None = None  # an int8 draft's copy taking int8 activations (lean_panels.with_act8)
         self.act8_pays: bool | None = None  # whether lean_draft chose it (timed once)
-        self.is_act8 = False
         lean_panels.choose(self)
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
@@ -274,6 +273,11 @@ class LeanLlama:
     @property
     def is_int8(self) -> bool:
         return self.wtype == native.WTYPES[torch.int8]
+
+    @property
+    def is_act8(self) -> bool:
+        """Whether its products take int8 activations (it reads native.pack8's panels: lean_panels.with_act8)."""
+        return any(native.wtype_of(t) == native.ACT8 for t in self.packed.values())
 
     def new_cache(self) -> LeanCache:
         return LeanCache(len(self.layers), self.kv_heads, self.d)

@@ -5,7 +5,6 @@ faster with them (lean.LeanLlama.int8), and int8 activations too where those run
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU
 # (alpha 0.50 either way, BENCHMARKS "An int8 draft"), so any gain beyond the timing's noise is one. At 0.85 a Zen 1,
 # where a draw's share is 0.73-0.86, kept float weights in 1 of 18 processes timed (c 0.06-0.07, not 0.04-0.05)
 INT8_PAYS = 0.95
-CLOSE = 0.1  # a first draw within this of INT8_PAYS is too close to call: a second draw, the best of both
+CLOSE = 0.1  # a first draw within this of its bar (INT8_PAYS, ACT8_PAYS) is too close to call: a second draw
 
 
 # int8 activations are kept where the int8 draft's cold step takes under this share of its time without them: they
@@ -32,14 +31,12 @@ ACT8_PAYS = 0.95
 def act8_mode() -> str:
     """SPECVIZ_DRAFT_ACT8: "auto" (default: an int8 draft's products take int8 activations too where timing says
     that pays), "1" (wherever the draft runs int8 weights), "0"."""
-    v = os.environ.get("SPECVIZ_DRAFT_ACT8", "auto").strip().lower()
-    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+    return kernels.switch("SPECVIZ_DRAFT_ACT8")
 
 
 def int8_mode() -> str:
     """SPECVIZ_DRAFT_INT8: "auto" (default: int8 weights for the draft where timing says they pay), "1", "0"."""
-    v = os.environ.get("SPECVIZ_DRAFT_INT8", "auto").strip().lower()
-    return "0" if v in ("0", "false", "no", "off") else "1" if v in ("1", "true", "yes", "on") else "auto"
+    return kernels.switch("SPECVIZ_DRAFT_INT8")
 
 
 def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
@@ -56,10 +53,7 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
         pays = False
         if target is not None and draft.weight_bytes >= INT8_MIN_BYTES:
             small = _variants(draft.int8())  # by rows and in panels, where its layout is still to be chosen
-            times = _cold_steps(target, [draft, *small])
-            if abs(min(times[1:]) / times[0] - INT8_PAYS) <= CLOSE:  # too close to call: a busy moment (an app
-                again = _cold_steps(target, [draft, *small])  # starting) may have blurred it; the best of both draws
-                times = [min(a, b) for a, b in zip(times, again)]
+            times = _judged_steps(target, [draft, *small], INT8_PAYS)
             pays = min(times[1:]) < INT8_PAYS * times[0]
             if len(small) == 2:  # the int8 weights' layout by the same steps, before anyone runs them; once:
                 if pays:  # another pairing must not switch it under a run
@@ -80,14 +74,22 @@ def _act8(target: LeanLlama | None, fwd: LeanLlama) -> LeanLlama:
         if target is None or fwd.weight_bytes < INT8_MIN_BYTES:
             return fwd
         fwd.act8 = fwd.act8 or lean_panels.with_act8(fwd)
-        times = _cold_steps(target, [fwd, fwd.act8])
-        if abs(times[1] / times[0] - ACT8_PAYS) <= CLOSE:  # too close to call: the best of two draws, as for int8
-            times = [min(a, b) for a, b in zip(times, _cold_steps(target, [fwd, fwd.act8]))]
+        times = _judged_steps(target, [fwd, fwd.act8], ACT8_PAYS)
         fwd.act8_pays = times[1] < ACT8_PAYS * times[0]
     if how == "1" or fwd.act8_pays:
         fwd.act8 = fwd.act8 or lean_panels.with_act8(fwd)
         return fwd.act8
     return fwd
+
+
+def _judged_steps(target: LeanLlama, drafts: list[LeanLlama], bar: float) -> list[float]:
+    """`_cold_steps` of drafts[0] and the ways to weigh against it; where the best of those lands within CLOSE of
+    bar (of drafts[0]'s time), too close to call (a busy moment, an app starting, may have blurred it): a second
+    draw, each the best of both."""
+    times = _cold_steps(target, drafts)
+    if abs(min(times[1:]) / times[0] - bar) <= CLOSE:
+        times = [min(a, b) for a, b in zip(times, _cold_steps(target, drafts))]
+    return times
 
 
 def _variants(small: LeanLlama) -> list[LeanLlama]:

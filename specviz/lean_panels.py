@@ -74,13 +74,13 @@ def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
     The panels are a copy, counted in copied_bytes: PyTorch's paths (a long prefill) and the transformers model
     keep reading the originals. A copy made by with_act8 goes back to float activations (its panels are of
     another kind)."""
+    act8 = fwd.is_act8
     fwd.copied_bytes -= _bytes(fwd.packed)
-    if not on or fwd.is_act8:
+    if not on or act8:
         fwd.packed = {}
     if on and not fwd.packed:
         fwd.packed = packed or packs(fwd)
     fwd.copied_bytes += _bytes(fwd.packed)
-    fwd.is_act8 = False
     fwd.engine = fwd.engine.replace(", weights in panels", "").replace("int8 weights and activations", "int8 weights")
     if fwd.packed:
         fwd.engine = fwd.engine.replace("llama.c", "llama.c, weights in panels", 1)
@@ -102,7 +102,7 @@ def with_act8(fwd):
     new = copy.copy(fwd)
     new.packed = {w.data_ptr(): native.pack8(w) for w in fwd.weights()}
     new.copied_bytes = fwd.copied_bytes + _bytes(new.packed)
-    new.act8, new.act8_pays, new.is_act8 = None, None, True
+    new.act8, new.act8_pays = None, None
     new.engine = fwd.engine.replace(", weights in panels", "").replace("int8 weights", "int8 weights and activations")
     new.point()
     return new

@@ -202,13 +202,17 @@ def can_pack(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.dtype in (torch.float32, torch.float16, torch.int8)
 
 
+def _padded(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) with zero rows after it up to a multiple of 16 (a panel's columns)."""
+    n, k = weight.shape
+    return torch.cat([weight, weight.new_zeros(-n % 16, k)]) if n % 16 else weight
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """(N, K) -> (ceil(N / 16), K, 16), contiguous: panel p holds output columns 16p .. 16p + 15, one row of 16 per k
     (zeros past N), so the kernel streams each panel front to back and keeps every output in a vector lane of its
     own (few_rows.c)."""
-    n, k = weight.shape
-    padded = torch.cat([weight, weight.new_zeros(-n % 16, k)]) if n % 16 else weight
-    return padded.view(-1, 16, k).transpose(1, 2).contiguous()
+    return _padded(weight).view(-1, 16, weight.shape[1]).transpose(1, 2).contiguous()
 
 
 QBLOCK = 32  # few_rows.c's block of x quantised with one scale (int8 activations, `pack8`)
@@ -225,9 +229,7 @@ def pack8(weight: torch.Tensor) -> torch.Tensor:
     column's 4 weights of k = 4g .. 4g + 3 side by side (zeros past N), as few_rows.c's integer kernel reads them
     against x quantised to int8 in blocks of 32 (weight type 7; a draft's products only: its numbers are not the
     float32 path's)."""
-    n, k = weight.shape
-    padded = torch.cat([weight, weight.new_zeros(-n % 16, k)]) if n % 16 else weight
-    return padded.view(-1, 16, k // 4, 4).transpose(1, 2).contiguous()
+    return _padded(weight).view(-1, 16, weight.shape[1] // 4, 4).transpose(1, 2).contiguous()
 
 
 def wtype_of(weight: torch.Tensor) -> int:

@@ -378,9 +378,8 @@ def test_an_int8_activation_draft_guesses_nearly_as_its_int8_self(pair_with):
     got = CachedModel(q, q.vocab_size).feed(torch.tensor(ids))
     plain8 = lean_panels.copy_with(q.lean, False)  # the same int8 weights by rows, float activations
     assert not plain8.is_act8 and plain8.engine == "llama.c, int8 weights" and not plain8.packed
-    assert lean_panels.copy_with(q.lean, True).packed and all(
-        t.dim() == 3 for t in lean_panels.copy_with(q.lean, True).packed.values()
-    )  # in panels: the float-activation kind
+    panels = lean_panels.copy_with(q.lean, True)  # in panels: the float-activation kind
+    assert panels.packed and all(t.dim() == 3 for t in panels.packed.values()) and not panels.is_act8
     want = plain8.forward(plain8.new_cache(), torch.tensor(ids))[0]
     assert not torch.equal(got, want)  # another path: integer products
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.8

@@ -31,7 +31,7 @@ def machine_info() -> dict:
                 break  # the first processor tells
     cpu = fields.get("model name", cpu)
     flags = set(fields.get("flags", "").split())
-    vector = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    vector = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16") if f in flags]
     load, quota = None, cpus.cpu_quota()
     with contextlib.suppress(OSError):
         load = Path("/proc/loadavg").read_text().split()[0]

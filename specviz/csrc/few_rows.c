@@ -503,6 +503,30 @@ A256 static void panel_q8(const int8_t* restrict w, const int8_t* restrict q, co
     _mm256_storeu_ps(out, f0);
     _mm256_storeu_ps(out + 8, f1);
 }
+// The same with AVX-512 VNNI (Zen 4, Ice Lake and later Xeons): all 16 columns of a group in one register, w negated
+// where x is negative (a byte mask: AVX-512 has no vpsignb) and vpdpbusd summing each column's 4 products of |x| and
+// w into its int32 lane. The integers are the AVX2 path's exactly, and so is the float32 chain: the same bits.
+#define AVNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+AVNNI static void panel_q8_vnni(const int8_t* restrict w, const int8_t* restrict q, const float* restrict s, long K,
+                                float* restrict out) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 f = _mm512_setzero_ps();
+    for (long b = 0; b < K; b += QBLOCK) {
+        __m512i acc = zero;
+        PRAGMA(GCC unroll 8) for (int g = 0; g < QBLOCK / 4; g++) {
+            long k = b + 4 * g;
+            int32_t four;
+            __builtin_memcpy(&four, q + k, 4);
+            __m512i xb = _mm512_set1_epi32(four);
+            __m512i wv = _mm512_loadu_si512((const void*)(w + k * 16));
+            wv = _mm512_mask_sub_epi8(wv, _mm512_movepi8_mask(xb), zero, wv);
+            acc = _mm512_dpbusd_epi32(acc, _mm512_abs_epi8(xb), wv);
+        }
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(s[b / QBLOCK]), f);
+    }
+    _mm512_storeu_ps(out, f);
+}
+static int vnni = -1;  // whether the CPU has AVX-512 VNNI (and BW); used where the level in use is AVX-512
 static __thread int8_t* q8_buf;  // each thread's quantised x (a call's rows), grown as needed, kept
 static __thread long q8_cap;
 // Thread t of T: x quantised (every thread its own copy: M K values, about a microsecond for a draft's call), then
@@ -527,9 +551,11 @@ A256 static void panels_q8_part(const int8_t* w, const float* scale, const float
     float* s = (float*)(q8_buf + ((M * K + 63) & ~63L));
     quant_rows(x, M, K, q, s);
     float out[16];
+    int fast = isa == 2 && vnni > 0;
     for (long p = p0; p < p1; p++)
         for (long m = 0; m < M; m++) {
-            panel_q8(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
+            if (fast) panel_q8_vnni(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
+            else panel_q8(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
             long n0 = p * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
             for (long n = n0; n < n1; n++) y[m * N + n] = out[n - n0] * scale[n];
         }
@@ -569,6 +595,7 @@ int few_rows_isa(void) {
 // above what the CPU has gives the CPU's best.
 int few_rows_use_isa(int level) {
     int best = few_rows_isa();
+    vnni = best == 2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
     if (level >= 0) isa = level < best ? level : best;
     else if (isa < 0) isa = best;
     return isa;
@@ -581,7 +608,7 @@ int few_rows_use_isa(int level) {
 // 4-byte groups against int8 activations (a draft's; above).
 void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                    int t, int T) {
-    if (isa < 0) isa = few_rows_isa();
+    if (isa < 0) few_rows_use_isa(-1);
     if (wtype == 7) {
         panels_q8_part((const int8_t*)w, scale, x, M, K, N, y, t, T);
         return;
@@ -622,7 +649,7 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
 
 int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
              int threads) {
-    if (isa < 0) isa = few_rows_isa();
+    if (isa < 0) few_rows_use_isa(-1);
     if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 7) return -1;
     if ((wtype == 2 || wtype == 3 || wtype >= 6) && !scale) return -1;
     if (wtype == 7 && K % QBLOCK) return -1;

@@ -306,6 +306,47 @@ def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
 PASSES_MARGIN = 0.95
 
 
+def ahead_mode() -> int | None:
+    """SPECVIZ_KERNEL_AHEAD: "auto" (default: timed once per process, `time_ahead`) or the panels' prefetch
+    distance in rows of k (0: none; few_rows.c compiles 32)."""
+    v = os.environ.get("SPECVIZ_KERNEL_AHEAD", "auto").strip().lower()
+    return int(v) if v.isdigit() else None
+
+
+@torch.inference_mode()
+def time_ahead(mats: list[tuple], rows: tuple[int, ...] = (2, 4)) -> dict[int, float]:
+    """Seconds of a pass over a model's products in panels (mats: (packed weight, its scale or None, N), in a
+    forward's order) summed over calls of `rows` tokens, for the compiled prefetch distance and for none, alternating
+    within each of LAYOUT_REPS repetitions (the best of each). Leaves the distance as it found it."""
+    was = native.panel_ahead()
+    inputs = {m: {p.shape[1]: torch.randn(m, p.shape[1]) for p, _, _ in mats} for m in rows}
+    best = {d: [float("inf")] * len(rows) for d in AHEADS}
+    try:
+        for _ in range(LAYOUT_REPS):
+            for d in AHEADS:
+                native.panel_ahead(d)
+                for j, m in enumerate(rows):
+                    t = best_seconds(
+                        lambda m=m: [native.few_rows(inputs[m][p.shape[1]], p, sc, n) for p, sc, n in mats], 2
+                    )
+                    best[d][j] = min(best[d][j], t)
+    finally:
+        native.panel_ahead(was)
+    return {d: sum(t) for d, t in best.items()}
+
+
+def ahead_pays(times: dict[int, float]) -> int:
+    """The prefetch distance to keep from `time_ahead`'s sums: none where that was AHEAD_MARGIN faster than the
+    compiled distance, else the compiled one. On the 2-core Zen 5 of 29 Nov 2026 the prefetches made calls of 3-6
+    tokens 1.23-1.28 -> 1.17-1.20 steps in a fast minute (a tie in a slow one); on the 2-core Zen 4 of 2 Dec 2026
+    (54 GB/s) they made 2-5 tokens 1.03-1.16 -> 1.26-1.52 steps."""
+    return 0 if times[0] < AHEAD_MARGIN * times[native.PANEL_AHEAD] else native.PANEL_AHEAD
+
+
+AHEADS = (native.PANEL_AHEAD, 0)
+AHEAD_MARGIN = 0.97
+
+
 def passes_timed() -> bool:
     """SPECVIZ_KERNEL_PASSES: "auto" (default: the rows kernels' rows of W per pass timed once per process, on AVX2)
     or "default" (the compiled defaults, for comparing)."""

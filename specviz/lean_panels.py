@@ -4,8 +4,8 @@ products faster here (kernels.panels_pay). A draft's choice is made again by its
 (lean_draft). The same numbers for a token whatever the call's length, in either layout; the two layouts' numbers
 differ by float32 rounding, so a target's layout is fixed when its forward is built (plain and speculative decoding
 then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses. By rows
-on AVX2, how many rows of W a pass reads for each call size is timed once per process (choose_passes): any count
-gives the same bits."""
+on AVX2, how many rows of W a pass reads for each call size is timed once per process (choose_passes), and in panels
+how far ahead a call of 2+ tokens prefetches its weights (choose_ahead): any count or distance gives the same bits."""
 
 from __future__ import annotations
 
@@ -43,6 +43,26 @@ def choose(fwd) -> None:
     use(fwd, kernels.panels_pay(mats), packed)
     if not fwd.packed:
         choose_passes(fwd)
+    else:
+        choose_ahead(fwd)
+
+
+_ahead_timed: list[int] = []  # the panels' prefetch distance this process chose by timing (one at most)
+
+
+def choose_ahead(fwd) -> None:
+    """The panel kernels' prefetch distance for calls of 2+ tokens, forced by SPECVIZ_KERNEL_AHEAD or timed once
+    per process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES: 0.5 s for the
+    built-in target on a 2-core Zen 4); one setting for every model of the process. Any distance computes the same
+    numbers."""
+    forced = kernels.ahead_mode()
+    if forced is not None:
+        native.panel_ahead(forced)
+        return
+    if _ahead_timed or _bytes(fwd.packed) < PASSES_MIN_BYTES:
+        return
+    mats = [(fwd.packed[w.data_ptr()], fwd.scales.get(w.data_ptr()), w.shape[0]) for w in fwd.weights()]
+    _ahead_timed.append(native.panel_ahead(kernels.ahead_pays(kernels.time_ahead(mats))))
 
 
 PASSES_MIN_BYTES = 64 << 20  # timed on this many bytes of a model's weights: they stream from memory, as in a step
@@ -117,9 +137,17 @@ def copy_with(fwd, on: bool):
 
 def passes_note() -> str:
     """ "; rows of W per pass 4,1,1,3,1,1,1,1 (timed)" where this process's timing changed the defaults for a weight
-    type (its name first where that is not float32), for headers, benches and recordings (models.pair_backend)."""
+    type (its name first where that is not float32), and "; panels not prefetched (timed)" where the panels'
+    prefetch distance is not the compiled one: for headers, benches and recordings (models.pair_backend)."""
     names = {0: "", 1: "float16 ", 2: "int8 "}
     changed = [
         f"{names[t]}{','.join(map(str, r))}" for t, r in sorted(_passes_timed.items()) if r != native.pass_limits(t)[0]
     ]
-    return f"; rows of W per pass {'; '.join(changed)} (timed)" if changed else ""
+    notes = [f"rows of W per pass {'; '.join(changed)} (timed)"] if changed else []
+    ahead = native.panel_ahead()
+    if ahead is not None and ahead != native.PANEL_AHEAD:
+        how = "timed" if _ahead_timed else "SPECVIZ_KERNEL_AHEAD"
+        notes.append(
+            f"panels not prefetched ({how})" if ahead == 0 else f"panels prefetched {ahead} rows ahead ({how})"
+        )
+    return "".join(f"; {n}" for n in notes)

@@ -132,6 +132,7 @@ def library() -> ctypes.CDLL | None:
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
+    lib.few_rows_panel_ahead.argtypes = [ctypes.c_int]
     lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.few_rows_pass_limits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     if lib.few_rows_isa() == 0:
@@ -158,6 +159,16 @@ def use_isa(name: str | None) -> str | None:
         return None
     level = {v: k for k, v in ISA_NAMES.items()}.get(name, 9)
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
+
+
+PANEL_AHEAD = 32  # few_rows.c's compiled prefetch distance for the panels, in rows of k
+
+
+def panel_ahead(rows: int | None = None) -> int | None:
+    """How far ahead (rows of k; 0: not at all) the panel kernels prefetch a weight panel in calls of 2+ tokens;
+    with `rows`, first set it (any distance computes the same numbers). None where the kernel is not available."""
+    lib = library()
+    return None if lib is None else lib.few_rows_panel_ahead(-1 if rows is None else max(0, rows))
 
 
 @functools.cache

@@ -210,3 +210,100 @@ def test_the_pairs_backend_line_and_the_machine_facts_carry_the_counts(avx2, row
     native.set_passes(0, (4, 1, 1, 3, 1, 1, 1, 1))
     assert pair_backend(p, q).endswith("; rows of W per pass 4,1,1,3,1,1,1,1 (timed)")
     assert machine_info()["kernel_passes"]["float32"] == [4, 1, 1, 3, 1, 1, 1, 1]
+
+
+# ---- The panels' prefetch distance (few_rows.c's ahead; native.panel_ahead, kernels.time_ahead,
+# lean_panels.choose_ahead): timed per process, since it made a verify faster on a Zen 5 and slower on a Zen 4.
+
+
+@pytest.fixture
+def ahead(monkeypatch):
+    """The compiled distance before and after, nothing timed yet."""
+    if native.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    monkeypatch.setattr(lean_panels, "_ahead_timed", [])
+    monkeypatch.delenv("SPECVIZ_KERNEL_AHEAD", raising=False)
+    native.panel_ahead(native.PANEL_AHEAD)
+    yield
+    native.panel_ahead(native.PANEL_AHEAD)
+
+
+@pytest.mark.parametrize("isa", ["AVX-512", "AVX2"])
+def test_any_prefetch_distance_computes_the_same_bits(ahead, isa):
+    if native.use_isa(isa) != isa:
+        native.use_isa(None)
+        pytest.skip(f"this CPU has no {isa}")
+    torch.manual_seed(3)
+    mats = [(torch.randn(n, 576).to(dt), n) for n, dt in ((960, torch.float32), (101, torch.float16))]
+    x = torch.randn(native.MAX_ROWS, 576)
+    got = {}
+    try:
+        for d in (native.PANEL_AHEAD, 0, 1, 200, 5000):  # 5000: capped at 1024, beyond any panel's end
+            assert native.panel_ahead(d) == min(d, 1024)
+            got[d] = [native.few_rows(x[:m].contiguous(), native.pack(w), n=n) for w, n in mats for m in (1, 2, 5, 16)]
+    finally:
+        native.use_isa(None)
+    want = got[native.PANEL_AHEAD]
+    assert all(all(torch.equal(a, b) for a, b in zip(g, want)) for g in got.values())
+
+
+@pytest.mark.parametrize("times, chosen", [({32: 1.0, 0: 0.96}, 0), ({32: 1.0, 0: 0.98}, 32), ({32: 0.9, 0: 1.0}, 32)])
+def test_the_prefetch_stays_unless_none_was_clearly_faster(times, chosen):
+    assert kernels.ahead_pays(times) == chosen
+
+
+def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enough(ahead, monkeypatch, tiny_pair):
+    from specviz.models import CACHE, load_model
+
+    timed = []
+    monkeypatch.setattr(kernels, "time_ahead", lambda mats: timed.append(len(mats)) or {32: 1.0, 0: 0.5})
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
+    monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")
+    CACHE.clear()
+    fwd = load_model(tiny_pair[0], device="cpu").lean
+    assert fwd.packed and timed == [] and native.panel_ahead() == 32  # a few kB of panels: timing says nothing
+    assert lean_panels.passes_note() == ""
+    monkeypatch.setattr(lean_panels, "PASSES_MIN_BYTES", 1)
+    lean_panels.choose_ahead(fwd)
+    lean_panels.choose_ahead(fwd)
+    assert timed == [len(list(fwd.weights()))] and native.panel_ahead() == 0  # once, over every product
+    assert lean_panels.passes_note() == "; panels not prefetched (timed)"
+    monkeypatch.setenv("SPECVIZ_KERNEL_AHEAD", "16")  # forced: set, never timed
+    lean_panels.choose_ahead(fwd)
+    assert native.panel_ahead() == 16 and timed == [len(list(fwd.weights()))]
+    monkeypatch.setattr(lean_panels, "_ahead_timed", [])
+    assert lean_panels.passes_note() == "; panels prefetched 16 rows ahead (SPECVIZ_KERNEL_AHEAD)"
+    CACHE.clear()
+
+
+def test_time_ahead_times_both_distances_and_leaves_the_setting_as_it_was(ahead, monkeypatch):
+    monkeypatch.setattr(kernels, "LAYOUT_REPS", 1)
+    native.panel_ahead(7)
+    w = torch.randn(64, 576)
+    times = kernels.time_ahead([(native.pack(w), None, 64)])
+    assert set(times) == {native.PANEL_AHEAD, 0} and all(t > 0 for t in times.values())
+    assert native.panel_ahead() == 7
+
+
+@pytest.mark.parametrize("distance", ["0", "32"])
+def test_greedy_spec_equals_plain_and_sampling_follows_the_target_whatever_the_prefetch(
+    ahead, monkeypatch, tiny_pair, small_vocab_pair, distance
+):
+    from specviz import load_pair
+    from specviz.models import CACHE
+
+    monkeypatch.setenv("SPECVIZ_KERNEL_AHEAD", distance)
+    monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
+    monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")
+    CACHE.clear()
+    p, q = load_pair(*tiny_pair, device="cpu")
+    assert p.lean.packed and native.panel_ahead() == int(distance)
+    for gamma, prompt in itertools.product((1, 4), PROMPTS):
+        ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=24)
+        assert generate(prompt, target=p, draft=q, gamma=gamma, max_new_tokens=24).token_ids == ar.token_ids
+    CACHE.clear()
+    p, q = load_pair(*small_vocab_pair, device="cpu")
+    ids, N = [1, 5, 6], 3000
+    counts, _ = two_token_counts(p, q, ids, N, gamma=1)
+    assert chi2_z(counts, exact_two_token_law(p, ids), N) < 4.0
+    CACHE.clear()

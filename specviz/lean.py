@@ -174,11 +174,11 @@ class LeanLlama:
         self.layout_timed_cold = False  # an int8 draft's layout, timed after a target step (lean_draft)
         self.act8: LeanLlama | None = None  # an int8 draft's copy taking int8 activations (lean_panels.with_act8)
         self.act8_pays: bool | None = None  # whether lean_draft chose it (timed once)
-        lean_panels.choose(self)
         self.int8_pays: dict[int, bool] = {}  # id(target forward) -> whether draft_forward chose int8 for it
         self.rotary = inner.rotary_emb
         self.cos = self.sin = self.sin_signed = torch.empty(0, self.d)
         self._rope(256)
+        lean_panels.choose(self)  # last: a choice may time the forward's own calls
 
     def _weight(self, *linears: torch.nn.Linear) -> torch.Tensor:
         """The weight llama.c reads for these layers (fused where several), its scales noted (int8 and NF4)."""

@@ -52,8 +52,8 @@ _ahead_timed: list[int] = []  # the panels' prefetch distance this process chose
 
 def choose_ahead(fwd) -> None:
     """The panel kernels' prefetch distance for calls of 2+ tokens, forced by SPECVIZ_KERNEL_AHEAD or timed once
-    per process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES: 0.5 s for the
-    built-in target on a 2-core Zen 4); one setting for every model of the process. Any distance computes the same
+    per process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2
+    and 4 tokens, 0.7 s for the built-in target on a 2-core Zen 4); one setting for every model of the process. Any distance computes the same
     numbers."""
     forced = kernels.ahead_mode()
     if forced is not None:
@@ -61,8 +61,14 @@ def choose_ahead(fwd) -> None:
         return
     if _ahead_timed or _bytes(fwd.packed) < PASSES_MIN_BYTES:
         return
-    mats = [(fwd.packed[w.data_ptr()], fwd.scales.get(w.data_ptr()), w.shape[0]) for w in fwd.weights()]
-    _ahead_timed.append(native.panel_ahead(kernels.ahead_pays(kernels.time_ahead(mats))))
+    cache, ids = fwd.new_cache(), torch.arange(24) % fwd.embed.shape[0]
+    fwd.forward(cache, ids[:16])
+
+    def call(m: int) -> None:  # a verify of m tokens after 16 in the cache
+        cache.length = 16
+        fwd.forward(cache, ids[16 : 16 + m])
+
+    _ahead_timed.append(native.panel_ahead(kernels.ahead_pays(kernels.time_ahead(call))))
 
 
 PASSES_MIN_BYTES = 64 << 20  # timed on this many bytes of a model's weights: they stream from memory, as in a step

@@ -256,7 +256,7 @@ def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enoug
     from specviz.models import CACHE, load_model
 
     timed = []
-    monkeypatch.setattr(kernels, "time_ahead", lambda mats: timed.append(len(mats)) or {32: 1.0, 0: 0.5})
+    monkeypatch.setattr(kernels, "time_ahead", lambda call: timed.append(call(4)) or {32: 1.0, 0: 0.5})
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")
     CACHE.clear()
@@ -266,23 +266,23 @@ def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enoug
     monkeypatch.setattr(lean_panels, "PASSES_MIN_BYTES", 1)
     lean_panels.choose_ahead(fwd)
     lean_panels.choose_ahead(fwd)
-    assert timed == [len(list(fwd.weights()))] and native.panel_ahead() == 0  # once, over every product
+    assert timed == [None] and native.panel_ahead() == 0  # once, on a call the model ran
     assert lean_panels.passes_note() == "; panels not prefetched (timed)"
     monkeypatch.setenv("SPECVIZ_KERNEL_AHEAD", "16")  # forced: set, never timed
     lean_panels.choose_ahead(fwd)
-    assert native.panel_ahead() == 16 and timed == [len(list(fwd.weights()))]
+    assert native.panel_ahead() == 16 and timed == [None]
     monkeypatch.setattr(lean_panels, "_ahead_timed", [])
     assert lean_panels.passes_note() == "; panels prefetched 16 rows ahead (SPECVIZ_KERNEL_AHEAD)"
     CACHE.clear()
 
 
-def test_time_ahead_times_both_distances_and_leaves_the_setting_as_it_was(ahead, monkeypatch):
-    monkeypatch.setattr(kernels, "LAYOUT_REPS", 1)
+def test_time_ahead_times_both_distances_on_whole_calls_and_leaves_the_setting_as_it_was(ahead, monkeypatch):
+    monkeypatch.setattr(kernels, "LAYOUT_REPS", 2)
     native.panel_ahead(7)
-    w = torch.randn(64, 576)
-    times = kernels.time_ahead([(native.pack(w), None, 64)])
+    seen = []
+    times = kernels.time_ahead(lambda m: seen.append((m, native.panel_ahead())))
     assert set(times) == {native.PANEL_AHEAD, 0} and all(t > 0 for t in times.values())
-    assert native.panel_ahead() == 7
+    assert {(2, 32), (4, 32), (2, 0), (4, 0)} == set(seen) and native.panel_ahead() == 7
 
 
 @pytest.mark.parametrize("distance", ["0", "32"])

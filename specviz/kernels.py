@@ -306,43 +306,62 @@ def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
 PASSES_MARGIN = 0.95
 
 
-def ahead_mode() -> int | None:
-    """SPECVIZ_KERNEL_AHEAD: "auto" (default: timed once per process, `time_ahead`) or the panels' prefetch
-    distance in rows of k (0: none; few_rows.c compiles 32)."""
-    v = os.environ.get("SPECVIZ_KERNEL_AHEAD", "auto").strip().lower()
-    return int(v) if v.isdigit() else None
+def prefetch_mode() -> str | None:
+    """SPECVIZ_KERNEL_PREFETCH: "auto" (default: timed once per process, `time_prefetch`) or the panels' prefetch
+    forced ("none", "L1:32", "L2:64": native.panel_prefetch); a setting it cannot read counts as auto."""
+    v = os.environ.get("SPECVIZ_KERNEL_PREFETCH", "auto").strip()
+    try:
+        native.parse_prefetch(v)
+    except ValueError:
+        return None
+    return v
 
 
 @torch.inference_mode()
-def time_ahead(call, rows: tuple[int, ...] = (2, 4)) -> dict[int, float]:
+def time_prefetch(call, rows: tuple[int, ...] = (2, 4)) -> dict[str, float]:
     """Seconds of a model's calls of `rows` tokens (call(m) runs one call of m tokens: a verify's whole forward, its
-    attention and barriers included), summed over `rows`, with the panels prefetched at the compiled distance and not
-    at all, alternating within each of LAYOUT_REPS repetitions (the best of each). Leaves the distance as it found
-    it. Timed on whole calls rather than on the products alone: on the Zen 4 of 2 Dec 2026 the products put none at
-    0.87-0.93 of the prefetched time (once 0.97 or more: a process kept the prefetch), whole calls at 0.80-0.92."""
-    was = native.panel_ahead()
-    best = {d: [float("inf")] * len(rows) for d in AHEADS}
+    attention and barriers included), summed over `rows`, for each of PREFETCHES, alternating within each of
+    LAYOUT_REPS repetitions (the best of each). Leaves the setting as it found it. Timed on whole calls rather than
+    on the products alone: on the Zen 4 of 2 Dec 2026 the products put no prefetch at 0.87-0.93 of L1:32's time (once
+    0.97 or more: that process kept L1:32), whole calls at 0.80-0.92."""
+    was = native.panel_prefetch()
+    best = {s: [float("inf")] * len(rows) for s in PREFETCHES}
     try:
         for _ in range(LAYOUT_REPS):
-            for d in AHEADS:
-                native.panel_ahead(d)
+            for s in PREFETCHES:
+                native.panel_prefetch(s)
                 for j, m in enumerate(rows):
-                    best[d][j] = min(best[d][j], best_seconds(lambda m=m: call(m), 2))
+                    best[s][j] = min(best[s][j], best_seconds(lambda m=m: call(m), 2))
     finally:
-        native.panel_ahead(was)
-    return {d: sum(t) for d, t in best.items()}
+        native.panel_prefetch(was)
+    return {s: sum(t) for s, t in best.items()}
 
 
-def ahead_pays(times: dict[int, float]) -> int:
-    """The prefetch distance to keep from `time_ahead`'s sums: none where that was AHEAD_MARGIN faster than the
-    compiled distance, else the compiled one. On the 2-core Zen 5 of 29 Nov 2026 the prefetches made calls of 3-6
-    tokens 1.23-1.28 -> 1.17-1.20 steps in a fast minute (a tie in a slow one); on the 2-core Zen 4 of 2 Dec 2026
-    (54 GB/s) they made 2-5 tokens 1.03-1.16 -> 1.26-1.52 steps."""
-    return 0 if times[0] < AHEAD_MARGIN * times[native.PANEL_AHEAD] else native.PANEL_AHEAD
+def prefetch_pays(times: dict[str, float]) -> str:
+    """The setting to keep from `time_prefetch`'s sums: the fastest, where it was PREFETCH_MARGIN faster than the
+    compiled one, else the compiled one. On the 2-core Zen 5 of 29 Nov 2026 L1:32 made calls of 3-6 tokens 1.23-1.28
+    -> 1.17-1.20 steps in a fast minute (a tie in a slow one); on the 2-core Zen 4 of 2 Dec 2026 (33-57 GB/s) 2-5
+    tokens took 1.26-1.52 steps with it, 1.03-1.16 with none and 0.94-1.10 with L2:64."""
+    fastest = min(times, key=times.get)
+    return fastest if times[fastest] < PREFETCH_MARGIN * times[native.PANEL_PREFETCH] else native.PANEL_PREFETCH
 
 
-AHEADS = (native.PANEL_AHEAD, 0)
-AHEAD_MARGIN = 0.97
+def judged_prefetch(call) -> str:
+    """`prefetch_pays` of `time_prefetch(call)`; where the fastest other setting lands within PREFETCH_CLOSE of the
+    bar (of the compiled setting's time), too close to call (a busy moment at load may have blurred it): a second
+    draw, each setting's best of both. On the Zen 4 of 2 Dec 2026 one load in three kept L1:32, 20 % slower in the
+    six draws of a process that timed them one after another."""
+    times = time_prefetch(call)
+    rest = min(t for s, t in times.items() if s != native.PANEL_PREFETCH)
+    if abs(rest / times[native.PANEL_PREFETCH] - PREFETCH_MARGIN) <= PREFETCH_CLOSE:
+        again = time_prefetch(call)
+        times = {s: min(t, again[s]) for s, t in times.items()}
+    return prefetch_pays(times)
+
+
+PREFETCHES = (native.PANEL_PREFETCH, "none", "L2:64")
+PREFETCH_MARGIN = 0.97
+PREFETCH_CLOSE = 0.1
 
 
 def passes_timed() -> bool:

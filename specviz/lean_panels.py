@@ -5,7 +5,7 @@ products faster here (kernels.panels_pay). A draft's choice is made again by its
 differ by float32 rounding, so a target's layout is fixed when its forward is built (plain and speculative decoding
 then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses. By rows
 on AVX2, how many rows of W a pass reads for each call size is timed once per process (choose_passes), and in panels
-how far ahead a call of 2+ tokens prefetches its weights (choose_ahead): any count or distance gives the same bits."""
+how a call of 2+ tokens prefetches its weights (choose_prefetch): any count or distance gives the same bits."""
 
 from __future__ import annotations
 
@@ -44,22 +44,22 @@ def choose(fwd) -> None:
     if not fwd.packed:
         choose_passes(fwd)
     else:
-        choose_ahead(fwd)
+        choose_prefetch(fwd)
 
 
-_ahead_timed: list[int] = []  # the panels' prefetch distance this process chose by timing (one at most)
+_prefetch_timed: list[str] = []  # the panels' prefetch this process chose by timing (one at most)
 
 
-def choose_ahead(fwd) -> None:
-    """The panel kernels' prefetch distance for calls of 2+ tokens, forced by SPECVIZ_KERNEL_AHEAD or timed once
-    per process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2
-    and 4 tokens, 0.7 s for the built-in target on a 2-core Zen 4); one setting for every model of the process. Any distance computes the same
-    numbers."""
-    forced = kernels.ahead_mode()
+def choose_prefetch(fwd) -> None:
+    """How the panel kernels prefetch in calls of 2+ tokens, forced by SPECVIZ_KERNEL_PREFETCH or timed once per
+    process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2 and 4
+    tokens, about 1 s for the built-in target on a 2-core Zen 4); one setting for every model of the process. Any
+    setting computes the same numbers."""
+    forced = kernels.prefetch_mode()
     if forced is not None:
-        native.panel_ahead(forced)
+        native.panel_prefetch(forced)
         return
-    if _ahead_timed or _bytes(fwd.packed) < PASSES_MIN_BYTES:
+    if _prefetch_timed or _bytes(fwd.packed) < PASSES_MIN_BYTES:
         return
     cache, ids = fwd.new_cache(), torch.arange(24) % fwd.embed.shape[0]
     fwd.forward(cache, ids[:16])
@@ -68,7 +68,7 @@ def choose_ahead(fwd) -> None:
         cache.length = 16
         fwd.forward(cache, ids[16 : 16 + m])
 
-    _ahead_timed.append(native.panel_ahead(kernels.ahead_pays(kernels.time_ahead(call))))
+    _prefetch_timed.append(native.panel_prefetch(kernels.judged_prefetch(call)))
 
 
 PASSES_MIN_BYTES = 64 << 20  # timed on this many bytes of a model's weights: they stream from memory, as in a step
@@ -143,17 +143,20 @@ def copy_with(fwd, on: bool):
 
 def passes_note() -> str:
     """ "; rows of W per pass 4,1,1,3,1,1,1,1 (timed)" where this process's timing changed the defaults for a weight
-    type (its name first where that is not float32), and "; panels not prefetched (timed)" where the panels'
-    prefetch distance is not the compiled one: for headers, benches and recordings (models.pair_backend)."""
+    type (its name first where that is not float32), and "; panels prefetched into L2 64 rows ahead (timed)"
+    where the panels' prefetch is not the compiled one: for headers, benches and recordings (models.pair_backend)."""
     names = {0: "", 1: "float16 ", 2: "int8 "}
     changed = [
         f"{names[t]}{','.join(map(str, r))}" for t, r in sorted(_passes_timed.items()) if r != native.pass_limits(t)[0]
     ]
     notes = [f"rows of W per pass {'; '.join(changed)} (timed)"] if changed else []
-    ahead = native.panel_ahead()
-    if ahead is not None and ahead != native.PANEL_AHEAD:
-        how = "timed" if _ahead_timed else "SPECVIZ_KERNEL_AHEAD"
+    prefetch = native.panel_prefetch()
+    if prefetch is not None and prefetch != native.PANEL_PREFETCH:
+        how = "timed" if _prefetch_timed else "SPECVIZ_KERNEL_PREFETCH"
+        level, _, rows = prefetch.partition(":")
         notes.append(
-            f"panels not prefetched ({how})" if ahead == 0 else f"panels prefetched {ahead} rows ahead ({how})"
+            f"panels not prefetched ({how})"
+            if prefetch == "none"
+            else f"panels prefetched into {level} {rows} rows ahead ({how})"
         )
     return "".join(f"; {n}" for n in notes)

@@ -47,7 +47,7 @@ def machine_info() -> dict:
         "usable_cpus": cpus.cpus_for(quota, len(cpus.affinity())),
         "threads_why": cpus.fitted(),
         "kernel_passes": kernel_passes(),
-        "panel_ahead": native.panel_ahead() if native.library.cache_info().currsize else None,  # rows of k; 0: none
+        "panel_prefetch": native.panel_prefetch() if native.library.cache_info().currsize else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -132,7 +132,7 @@ def library() -> ctypes.CDLL | None:
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
-    lib.few_rows_panel_ahead.argtypes = [ctypes.c_int]
+    lib.few_rows_panel_ahead.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.few_rows_pass_limits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     if lib.few_rows_isa() == 0:
@@ -161,14 +161,31 @@ def use_isa(name: str | None) -> str | None:
     return ISA_NAMES.get(lib.few_rows_use_isa(level))
 
 
-PANEL_AHEAD = 32  # few_rows.c's compiled prefetch distance for the panels, in rows of k
+PANEL_PREFETCH = "L1:32"  # few_rows.c's compiled prefetch for the panels: into L1, 32 rows of k ahead
 
 
-def panel_ahead(rows: int | None = None) -> int | None:
-    """How far ahead (rows of k; 0: not at all) the panel kernels prefetch a weight panel in calls of 2+ tokens;
-    with `rows`, first set it (any distance computes the same numbers). None where the kernel is not available."""
+def panel_prefetch(setting: str | None = None) -> str | None:
+    """How the panel kernels prefetch a weight panel in calls of 2+ tokens: "none", or "L1:32" / "L2:64" (the cache
+    filled, rows of k ahead); with `setting`, first set it (any setting computes the same numbers; ValueError for
+    one that is not of that form). None where the kernel is not available."""
     lib = library()
-    return None if lib is None else lib.few_rows_panel_ahead(-1 if rows is None else max(0, rows))
+    if lib is None:
+        return None
+    if setting is not None:
+        lib.few_rows_panel_ahead(*parse_prefetch(setting))
+    rows = lib.few_rows_panel_ahead(-1, 0)
+    return f"L{lib.few_rows_panel_level() + 1}:{rows}" if rows else "none"
+
+
+def parse_prefetch(setting: str) -> tuple[int, int]:
+    """("L2:64" -> (64, 1): rows of k ahead, cache level 0 for L1 or 1 for L2; "none" -> (0, 0))."""
+    s = setting.strip().upper()
+    if s == "NONE":
+        return 0, 0
+    level, _, rows = s.partition(":")
+    if level not in ("L1", "L2") or not rows.isdigit() or not 0 < int(rows) <= 1024:
+        raise ValueError(f"a panel prefetch is none, L1:ROWS or L2:ROWS (1-1024 rows), not {setting!r}")
+    return int(rows), int(level[1]) - 1
 
 
 @functools.cache

@@ -212,92 +212,125 @@ def test_the_pairs_backend_line_and_the_machine_facts_carry_the_counts(avx2, row
     assert machine_info()["kernel_passes"]["float32"] == [4, 1, 1, 3, 1, 1, 1, 1]
 
 
-# ---- The panels' prefetch distance (few_rows.c's ahead; native.panel_ahead, kernels.time_ahead,
-# lean_panels.choose_ahead): timed per process, since it made a verify faster on a Zen 5 and slower on a Zen 4.
+# ---- The panels' prefetch (few_rows.c's ahead and ahead_l2; native.panel_prefetch, kernels.time_prefetch,
+# lean_panels.choose_prefetch): timed per process, since L1:32 made a verify faster on a Zen 5 and slower on a Zen 4.
 
 
 @pytest.fixture
-def ahead(monkeypatch):
-    """The compiled distance before and after, nothing timed yet."""
+def prefetch(monkeypatch):
+    """The compiled setting before and after, nothing timed yet."""
     if native.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
-    monkeypatch.setattr(lean_panels, "_ahead_timed", [])
-    monkeypatch.delenv("SPECVIZ_KERNEL_AHEAD", raising=False)
-    native.panel_ahead(native.PANEL_AHEAD)
+    monkeypatch.setattr(lean_panels, "_prefetch_timed", [])
+    monkeypatch.delenv("SPECVIZ_KERNEL_PREFETCH", raising=False)
+    native.panel_prefetch(native.PANEL_PREFETCH)
     yield
-    native.panel_ahead(native.PANEL_AHEAD)
+    native.panel_prefetch(native.PANEL_PREFETCH)
 
 
 @pytest.mark.parametrize("isa", ["AVX-512", "AVX2"])
-def test_any_prefetch_distance_computes_the_same_bits(ahead, isa):
+def test_any_prefetch_computes_the_same_bits(prefetch, isa):
     if native.use_isa(isa) != isa:
         native.use_isa(None)
         pytest.skip(f"this CPU has no {isa}")
     torch.manual_seed(3)
-    mats = [(torch.randn(n, 576).to(dt), n) for n, dt in ((960, torch.float32), (101, torch.float16))]
+    mats = [(native.pack(torch.randn(n, 576).to(dt)), n) for n, dt in ((960, torch.float32), (101, torch.float16))]
     x = torch.randn(native.MAX_ROWS, 576)
     got = {}
     try:
-        for d in (native.PANEL_AHEAD, 0, 1, 200, 5000):  # 5000: capped at 1024, beyond any panel's end
-            assert native.panel_ahead(d) == min(d, 1024)
-            got[d] = [native.few_rows(x[:m].contiguous(), native.pack(w), n=n) for w, n in mats for m in (1, 2, 5, 16)]
+        for setting in (native.PANEL_PREFETCH, "none", "L2:64", "L1:1", "l2:1024"):
+            assert native.panel_prefetch(setting) == (setting.upper() if setting != "none" else "none")
+            got[setting] = [native.few_rows(x[:m].contiguous(), w, n=n) for w, n in mats for m in (1, 2, 5, 16)]
     finally:
         native.use_isa(None)
-    want = got[native.PANEL_AHEAD]
+    want = got[native.PANEL_PREFETCH]
     assert all(all(torch.equal(a, b) for a, b in zip(g, want)) for g in got.values())
 
 
-@pytest.mark.parametrize("times, chosen", [({32: 1.0, 0: 0.96}, 0), ({32: 1.0, 0: 0.98}, 32), ({32: 0.9, 0: 1.0}, 32)])
-def test_the_prefetch_stays_unless_none_was_clearly_faster(times, chosen):
-    assert kernels.ahead_pays(times) == chosen
+@pytest.mark.parametrize("bad", ["L3:32", "L1:0", "L2:2000", "L1", "fast", ""])
+def test_a_prefetch_setting_that_is_not_one_is_refused_in_words_and_auto_ignores_it(prefetch, monkeypatch, bad):
+    with pytest.raises(ValueError, match="a panel prefetch is none, L1:ROWS or L2:ROWS"):
+        native.panel_prefetch(bad)
+    assert native.panel_prefetch() == native.PANEL_PREFETCH
+    monkeypatch.setenv("SPECVIZ_KERNEL_PREFETCH", bad)
+    assert kernels.prefetch_mode() is None  # timed, as auto
 
 
-def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enough(ahead, monkeypatch, tiny_pair):
+@pytest.mark.parametrize(
+    "times, chosen",
+    [
+        ({"L1:32": 1.0, "none": 0.96, "L2:64": 0.99}, "none"),
+        ({"L1:32": 1.0, "none": 0.90, "L2:64": 0.85}, "L2:64"),
+        ({"L1:32": 1.0, "none": 0.98, "L2:64": 0.975}, "L1:32"),  # within the margin: the compiled one
+        ({"L1:32": 0.9, "none": 1.0, "L2:64": 0.95}, "L1:32"),
+    ],
+)
+def test_the_compiled_prefetch_stays_unless_another_was_clearly_faster(times, chosen):
+    assert kernels.prefetch_pays(times) == chosen
+
+
+@pytest.mark.parametrize(
+    "draws, chosen, n",
+    [
+        ([{"L1:32": 1.0, "none": 0.80, "L2:64": 0.85}], "none", 1),  # clear: one draw
+        ([{"L1:32": 1.0, "none": 1.20, "L2:64": 1.30}], "L1:32", 1),
+        ([{"L1:32": 1.0, "none": 0.99, "L2:64": 1.1}, {"L1:32": 1.2, "none": 0.9, "L2:64": 1.0}], "none", 2),
+        ([{"L1:32": 1.0, "none": 0.95, "L2:64": 1.0}, {"L1:32": 0.9, "none": 1.0, "L2:64": 1.0}], "L1:32", 2),
+    ],
+)
+def test_a_close_prefetch_timing_gets_a_second_draw(monkeypatch, draws, chosen, n):
+    left = list(draws)
+    monkeypatch.setattr(kernels, "time_prefetch", lambda call: left.pop(0))
+    assert kernels.judged_prefetch(None) == chosen and len(draws) - len(left) == n
+
+
+def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enough(prefetch, monkeypatch, tiny_pair):
     from specviz.models import CACHE, load_model
 
     timed = []
-    monkeypatch.setattr(kernels, "time_ahead", lambda call: timed.append(call(4)) or {32: 1.0, 0: 0.5})
+    fake = {"L1:32": 1.0, "none": 0.9, "L2:64": 0.5}
+    monkeypatch.setattr(kernels, "time_prefetch", lambda call: timed.append(call(4)) or fake)
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")
     CACHE.clear()
     fwd = load_model(tiny_pair[0], device="cpu").lean
-    assert fwd.packed and timed == [] and native.panel_ahead() == 32  # a few kB of panels: timing says nothing
+    assert fwd.packed and timed == [] and native.panel_prefetch() == "L1:32"  # a few kB of panels: untimed
     assert lean_panels.passes_note() == ""
     monkeypatch.setattr(lean_panels, "PASSES_MIN_BYTES", 1)
-    lean_panels.choose_ahead(fwd)
-    lean_panels.choose_ahead(fwd)
-    assert timed == [None] and native.panel_ahead() == 0  # once, on a call the model ran
-    assert lean_panels.passes_note() == "; panels not prefetched (timed)"
-    monkeypatch.setenv("SPECVIZ_KERNEL_AHEAD", "16")  # forced: set, never timed
-    lean_panels.choose_ahead(fwd)
-    assert native.panel_ahead() == 16 and timed == [None]
-    monkeypatch.setattr(lean_panels, "_ahead_timed", [])
-    assert lean_panels.passes_note() == "; panels prefetched 16 rows ahead (SPECVIZ_KERNEL_AHEAD)"
+    lean_panels.choose_prefetch(fwd)
+    lean_panels.choose_prefetch(fwd)
+    assert timed == [None] and native.panel_prefetch() == "L2:64"  # once, on a call the model ran
+    assert lean_panels.passes_note() == "; panels prefetched into L2 64 rows ahead (timed)"
+    monkeypatch.setenv("SPECVIZ_KERNEL_PREFETCH", "none")  # forced: set, never timed
+    lean_panels.choose_prefetch(fwd)
+    assert native.panel_prefetch() == "none" and timed == [None]
+    monkeypatch.setattr(lean_panels, "_prefetch_timed", [])
+    assert lean_panels.passes_note() == "; panels not prefetched (SPECVIZ_KERNEL_PREFETCH)"
     CACHE.clear()
 
 
-def test_time_ahead_times_both_distances_on_whole_calls_and_leaves_the_setting_as_it_was(ahead, monkeypatch):
+def test_time_prefetch_times_every_setting_on_whole_calls_and_leaves_the_setting_as_it_was(prefetch, monkeypatch):
     monkeypatch.setattr(kernels, "LAYOUT_REPS", 2)
-    native.panel_ahead(7)
+    native.panel_prefetch("L1:7")
     seen = []
-    times = kernels.time_ahead(lambda m: seen.append((m, native.panel_ahead())))
-    assert set(times) == {native.PANEL_AHEAD, 0} and all(t > 0 for t in times.values())
-    assert {(2, 32), (4, 32), (2, 0), (4, 0)} == set(seen) and native.panel_ahead() == 7
+    times = kernels.time_prefetch(lambda m: seen.append((m, native.panel_prefetch())))
+    assert set(times) == set(kernels.PREFETCHES) and all(t > 0 for t in times.values())
+    assert set(seen) == {(m, s) for m in (2, 4) for s in kernels.PREFETCHES} and native.panel_prefetch() == "L1:7"
 
 
-@pytest.mark.parametrize("distance", ["0", "32"])
+@pytest.mark.parametrize("setting", ["none", "L1:32", "L2:64"])
 def test_greedy_spec_equals_plain_and_sampling_follows_the_target_whatever_the_prefetch(
-    ahead, monkeypatch, tiny_pair, small_vocab_pair, distance
+    prefetch, monkeypatch, tiny_pair, small_vocab_pair, setting
 ):
     from specviz import load_pair
     from specviz.models import CACHE
 
-    monkeypatch.setenv("SPECVIZ_KERNEL_AHEAD", distance)
+    monkeypatch.setenv("SPECVIZ_KERNEL_PREFETCH", setting)
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")
     CACHE.clear()
     p, q = load_pair(*tiny_pair, device="cpu")
-    assert p.lean.packed and native.panel_ahead() == int(distance)
+    assert p.lean.packed and native.panel_prefetch() == setting
     for gamma, prompt in itertools.product((1, 4), PROMPTS):
         ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=24)
         assert generate(prompt, target=p, draft=q, gamma=gamma, max_new_tokens=24).token_ids == ar.token_ids

@@ -317,10 +317,17 @@ int few_rows_passes(int wtype, const int* r, int* out) {
 // again: 1.27-1.30 -> 1.10-1.12 steps in a slow minute, 1.59-1.63 -> 1.18-1.21 in a fast one; 9-16 rows take passes
 // of 8 (1.31-1.53 -> 1.22-1.38).
 #define PANEL_AHEAD 32
-// The distance in use (few_rows_panel_ahead; 0: no prefetches). On the 2-core Zen 4 of 2 Dec 2026 (54 GB/s) the
-// prefetches made a call of 2-5 tokens 1.26-1.52 steps against 1.03-1.16 without (`scripts/cpu_costs.py`, two runs
-// each, alternated): the distance is timed per process (kernels.time_ahead), as the CPUs disagree.
-static int ahead = PANEL_AHEAD;
+// The prefetch in use (few_rows_panel_ahead): how many rows of k ahead (0: none) and into which cache (0: L1, T0;
+// 1: L2, T1). On the 2-core Zen 4 of 2 Dec 2026 (33-57 GB/s) L1 at 32 rows made a call of 2-5 tokens 1.26-1.52
+// steps against 1.03-1.16 without, and L2 at 64 rows 0.94-1.10; the race at gamma 3 ran 1.31-1.46x, 1.51-1.73x and
+// 1.53-1.66x those ways (scripts/prefetch_ab.py): the setting is timed per process (kernels.time_prefetch), as the
+// CPUs disagree.
+static int ahead = PANEL_AHEAD, ahead_l2 = 0;
+#define PREFETCH_PANEL(addr)                                                                               \
+    do {                                                                                                   \
+        if (l2) _mm_prefetch((const char*)(addr), _MM_HINT_T1);                                            \
+        else _mm_prefetch((const char*)(addr), _MM_HINT_T0);                                               \
+    } while (0)
 #define PANEL_512(MM, G)                                                                                   \
     {                                                                                                      \
         __m512 acc[MM][G];                                                                                 \
@@ -329,7 +336,7 @@ static int ahead = PANEL_AHEAD;
         for (long k = 0; k < K; k++) {                                                                     \
             __m512 wv[G];                                                                                  \
             if (MM > 1 && ah) PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++)                              \
-                _mm_prefetch((const char*)(w + ((p + g) * K + k + ah) * 16), _MM_HINT_T0);                 \
+                PREFETCH_PANEL(w + ((p + g) * K + k + ah) * 16);                                           \
             PRAGMA(GCC unroll 4) for (int g = 0; g < G; g++) wv[g] = LOADW(w + ((p + g) * K + k) * 16);    \
             PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
                 __m512 b = _mm512_set1_ps(x[m * K + k]);                                                   \
@@ -365,7 +372,7 @@ static int ahead = PANEL_AHEAD;
         __m256 acc[MM][2];                                                                                 \
         PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();     \
         for (long k = 0; k < K; k++) {                                                                     \
-            if (MM > 1 && ah) _mm_prefetch((const char*)(w + (p * K + k + ah) * 16), _MM_HINT_T0);         \
+            if (MM > 1 && ah) PREFETCH_PANEL(w + (p * K + k + ah) * 16);                                   \
             __m256 w0 = LOADW(w + (p * K + k) * 16), w1 = LOADW(w + (p * K + k) * 16 + 8);                 \
             PRAGMA(GCC unroll 8) for (int m = 0; m < MM; m++) {                                            \
                 __m256 b = _mm256_broadcast_ss(x + m * K + k);                                             \
@@ -383,6 +390,7 @@ static int ahead = PANEL_AHEAD;
                                         float* restrict y0, long p0, long p1) {                            \
         long most = M > 6 ? 3 : 4, part = M > 6 ? 8 : 6; /* panels at a time, rows of x a pass */         \
         const long ah = ahead;                                                                             \
+        const int l2 = ahead_l2;                                                                           \
         for (long p = p0; p < p1;) {                                                                       \
             long g = p1 - p < most ? p1 - p : most;                                                        \
             for (long m0 = 0; m0 < M; m0 += part) {                                                        \
@@ -423,6 +431,7 @@ PANELS(i8, int8_t, A512)
                                         float* restrict y0, long p0, long p1) {                            \
         long parts = (M + 5) / 6, part = (M + parts - 1) / parts; /* rows of x a pass, balanced */        \
         const long ah = ahead;                                                                             \
+        const int l2 = ahead_l2;                                                                           \
         for (long p = p0; p < p1; p++)                                                                     \
             for (long m0 = 0; m0 < M; m0 += part) {                                                        \
                 long mm = M - m0 < part ? M - m0 : part;                                                   \
@@ -588,11 +597,17 @@ static void panels_part(const void* w, int wtype, const float* scale, const floa
             for (long n = p0 * 16; n < n1; n++) y[m * N + n] *= scale[n];
 }
 
-// The panels' prefetch distance in rows of k (0: none); with rows >= 0 first set it (to at most 1024).
-int few_rows_panel_ahead(int rows) {
-    if (rows >= 0) ahead = rows < 1024 ? rows : 1024;
+// The panels' prefetch distance in rows of k (0: none); with rows >= 0 first set it (to at most 1024) and the cache
+// it fills (level 0: L1, 1: L2).
+int few_rows_panel_ahead(int rows, int level) {
+    if (rows >= 0) {
+        ahead = rows < 1024 ? rows : 1024;
+        ahead_l2 = level == 1;
+    }
     return ahead;
 }
+
+int few_rows_panel_level(void) { return ahead_l2; }
 
 // 2 = AVX-512F, 1 = AVX2 + FMA + F16C, 0 = neither (the caller keeps PyTorch's path).
 int few_rows_isa(void) {

@@ -121,6 +121,18 @@ def save_pair(root, vocab_size: int, chat: bool = True, draft_noise: float = 0.3
     return paths
 
 
+@pytest.fixture(autouse=True)
+def _panels_prefetch_as_compiled(monkeypatch):
+    """Each test starts with the panels' prefetch as compiled and none timed: it is one setting per process, which
+    a test that loaded the built-in target (64 MB or more in panels) may have timed to another (lean_panels.
+    choose_prefetch), and headers name it. Never builds the kernel just to reset it."""
+    from specviz import lean_panels, native
+
+    monkeypatch.setattr(lean_panels, "_prefetch_timed", [])
+    if native.library.cache_info().currsize and native.library() is not None:
+        native.panel_prefetch(native.PANEL_PREFETCH)
+
+
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory):
     """(target_dir, draft_dir): vocabulary 64, with a chat template."""

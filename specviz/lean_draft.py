@@ -20,7 +20,6 @@ INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU
 # (alpha 0.50 either way, BENCHMARKS "An int8 draft"), so any gain beyond the timing's noise is one. At 0.85 a Zen 1,
 # where a draw's share is 0.73-0.86, kept float weights in 1 of 18 processes timed (c 0.06-0.07, not 0.04-0.05)
 INT8_PAYS = 0.95
-CLOSE = 0.1  # a first draw within this of its bar (INT8_PAYS, ACT8_PAYS) is too close to call: a second draw
 
 
 # int8 activations are kept where the int8 draft's cold step takes under this share of its time without them: they
@@ -83,13 +82,9 @@ def _act8(target: LeanLlama | None, fwd: LeanLlama) -> LeanLlama:
 
 
 def _judged_steps(target: LeanLlama, drafts: list[LeanLlama], bar: float) -> list[float]:
-    """`_cold_steps` of drafts[0] and the ways to weigh against it; where the best of those lands within CLOSE of
-    bar (of drafts[0]'s time), too close to call (a busy moment, an app starting, may have blurred it): a second
-    draw, each the best of both."""
-    times = _cold_steps(target, drafts)
-    if abs(min(times[1:]) / times[0] - bar) <= CLOSE:
-        times = [min(a, b) for a, b in zip(times, _cold_steps(target, drafts))]
-    return times
+    """`_cold_steps` of drafts[0] and the ways to weigh against it, drawn again where the best of those lands too
+    close to bar (of drafts[0]'s time) to call (kernels.judged)."""
+    return kernels.judged(lambda: _cold_steps(target, drafts), bar)
 
 
 def _variants(small: LeanLlama) -> list[LeanLlama]:

@@ -150,7 +150,7 @@ def passes_note() -> str:
         f"{names[t]}{','.join(map(str, r))}" for t, r in sorted(_passes_timed.items()) if r != native.pass_limits(t)[0]
     ]
     notes = [f"rows of W per pass {'; '.join(changed)} (timed)"] if changed else []
-    prefetch = native.panel_prefetch() if native.library.cache_info().currsize else None  # never built to say so
+    prefetch = native.panel_prefetch() if native.loaded() else None
     if prefetch is not None and prefetch != native.PANEL_PREFETCH:
         how = "timed" if _prefetch_timed else "SPECVIZ_KERNEL_PREFETCH"
         level, _, rows = prefetch.partition(":")

@@ -47,7 +47,7 @@ def machine_info() -> dict:
         "usable_cpus": cpus.cpus_for(quota, len(cpus.affinity())),
         "threads_why": cpus.fitted(),
         "kernel_passes": kernel_passes(),
-        "panel_prefetch": native.panel_prefetch() if native.library.cache_info().currsize else None,
+        "panel_prefetch": native.panel_prefetch() if native.loaded() else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
@@ -58,6 +58,6 @@ def machine_info() -> dict:
 def kernel_passes() -> dict | None:
     """The AVX2 rows kernels' rows of W per pass for 1..8 tokens by weight type (native.passes), where the kernel is
     loaded and runs AVX2 (never built just to say so); else None."""
-    if not native.library.cache_info().currsize or native.passes(0) is None:
+    if not native.loaded() or native.passes(0) is None:
         return None
     return {t: list(native.passes(w)) for t, w in (("float32", 0), ("float16", 1), ("int8", 2))}

@@ -141,6 +141,11 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def loaded() -> bool:
+    """Whether the kernel library is loaded and available in this process (never builds or loads it to say so)."""
+    return bool(library.cache_info().currsize) and library() is not None
+
+
 def why_not() -> str | None:
     """Why the kernel is not available here, in words; None when it is."""
     return None if library() is not None else (_why[-1] if _why else "it is not available")

@@ -129,7 +129,7 @@ def _panels_prefetch_as_compiled(monkeypatch):
     from specviz import lean_panels, native
 
     monkeypatch.setattr(lean_panels, "_prefetch_timed", [])
-    if native.library.cache_info().currsize and native.library() is not None:
+    if native.loaded():
         native.panel_prefetch(native.PANEL_PREFETCH)
 
 

@@ -347,23 +347,20 @@ def prefetch_pays(times: dict[str, float]) -> str:
 
 
 def judged(draw, bar: float) -> list[float]:
-    """draw() -> [the base's time, the others' times...]; where the best of the others lands within CLOSE of bar (of
-    the base's time), too close to call (a busy moment, an app starting, may have blurred it): a second draw, each
-    the best of both. For every choice kept by a ratio to a bar (lean_draft's int8 and int8 activations, the panels'
-    prefetch)."""
+    """draw() -> [the base's time, the others'...]; where the best of the others lands within CLOSE of bar (of the
+    base's time), too close to call (a busy moment may have blurred it): a second draw, each the best of both."""
     times = draw()
     if abs(min(times[1:]) / times[0] - bar) <= CLOSE:
         times = [min(a, b) for a, b in zip(times, draw())]
     return times
 
 
-CLOSE = 0.1
+CLOSE = 0.1  # for every choice kept by a ratio to a bar: lean_draft's int8 and int8 activations, the panels' prefetch
 
 
 def judged_prefetch(call) -> str:
     """`prefetch_pays` of `time_prefetch(call)`, drawn again where too close to call (`judged`). On the Zen 4 of
-    2 Dec 2026, with one draw, one load in three kept L1:32, 20 % slower in the six draws of a process that timed
-    them one after another."""
+    2 Dec 2026, with one draw, one load in three kept L1:32 (20 % slower)."""
 
     def draw() -> list[float]:
         times = time_prefetch(call)

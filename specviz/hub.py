@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
+from . import lean
 from .config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
-from .kernels import use_fast_linear
+from .kernels import KERNEL_MARGIN, LEAN_MARGIN, use_fast_linear
 from .quant import quant_config as _quant_config
 
 HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
@@ -204,6 +205,12 @@ def read_model(name: str, device: torch.device, dtype: torch.dtype, quantize: st
         except (RuntimeError, TypeError) as e:
             raise SpecvizError(f"The model {name} could not be moved to {device}: {_first_line(e)}.") from None
     model.eval()
-    use_fast_linear(model)
+    use_fast_linear(model, kernel_margin(model))
     memory = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
     return model, tokenizer, source, memory
+
+
+def kernel_margin(model: torch.nn.Module) -> float:
+    """How much slower than PyTorch's the kernel's products may time and still be kept (kernels.choose): LEAN_MARGIN
+    where the lean forward will run this model (the kernel brings llama.c's whole forward), else KERNEL_MARGIN."""
+    return LEAN_MARGIN if lean.mode() == "auto" and lean.why_not(model) is None else KERNEL_MARGIN

@@ -2,32 +2,23 @@
 
 1. The linear layers (`use_fast_linear`). Speculative decoding counts on a verify of gamma + 1 tokens costing
 about one single-token step: both read every weight once, and at these sizes reading the weights is the work.
-PyTorch's BLAS paths do not behave so for 2-8 rows, and how far off they are depends on the CPU:
-- on an AMD EPYC (MKL), `F.linear` for 2-16 rows took about twice a one-row call; the transposed product
-  (W·xᵀ)ᵀ got the 3-token call from 86 to 40 ms on SmolLM2-135M;
-- on an Intel Xeon with the same MKL the transposed product does the opposite (2 tokens 34 -> 70 ms), while
-  `F.linear` keeps 2-3 rows near one step but jumps at 4 (about 1.7 one-row products over the built-in
-  target's layers).
-So there are three paths, each timed once per process on the model's own layers (SPECVIZ_CPU_GEMM=auto), one
-row and four rows, the fastest in sum used (the kernel unless another is faster by more than KERNEL_MARGIN):
-- "torch": `F.linear` as PyTorch runs it;
-- "transposed": (W·xᵀ)ᵀ for 2-64 rows, `F.linear` otherwise;
-- "kernel": specviz's own few-token kernel (native.py, csrc/few_rows.c) for 1-16 rows, which streams the weights
-  once and is near the memory-bound limit for any M up to 8; `F.linear` for longer calls (a prompt's prefill).
-  Where it is chosen a plain step uses it too, so a token's logits are the same bit for bit whether it was
-  computed alone or inside a verify.
-SPECVIZ_CPU_GEMM=torch / transposed / kernel forces one (0 and 1, the older spellings, mean torch and
-transposed). Under llama.c the kernel reads a model's weights in one of two layouts (`panels_pay`): as they are
-stored, row by row, or packed in panels of 16 output columns (no horizontal sums, one stream per panel), timed once
-per model on its own weights. The result is the same product up to float32 rounding; quantised layers, GPUs and
-other dtypes are left alone. The same loaded model serves every lane, so comparisons stay fair.
+PyTorch's BLAS paths do not behave so for 2-8 rows, by CPU: on an AMD EPYC (MKL) `F.linear` for 2-16 rows took
+about twice a one-row call and the transposed product (W·xᵀ)ᵀ got a 3-token call from 86 to 40 ms; on an Intel
+Xeon the transposed product did the opposite (2 tokens 34 -> 70 ms) and `F.linear` jumped at 4 rows. So three paths
+are timed once per process on the model's own layers (SPECVIZ_CPU_GEMM=auto), one row and four rows, the fastest
+in sum used (the kernel unless another is faster by more than its margin, LEAN_MARGIN or KERNEL_MARGIN): "torch", `F.linear`;
+"transposed", (W·xᵀ)ᵀ for 2-64 rows; "kernel", specviz's own few-token kernel (native.py, csrc/few_rows.c) for 1-16
+rows, near the memory-bound limit for any M up to 8 (`F.linear` for a prefill). Where it is chosen a plain step
+uses it too, so a token's logits are the same bit for bit alone or inside a verify. SPECVIZ_CPU_GEMM=torch /
+transposed / kernel forces one (0 and 1 mean torch and transposed). Under llama.c the kernel reads a model's weights
+as stored, row by row, or packed in panels of 16 output columns (`panels_pay`), timed once per model. The result is
+the same product up to float32 rounding; quantised layers, GPUs and other dtypes are left alone.
 
 2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound by
 memory traffic: in half precision it reads half the bytes (the built-in draft: 4.1 -> 1.6 ms a step on an EPYC),
 which cuts c. CPUs that convert float16 slowly can lose instead, so (SPECVIZ_CPU_HALF_DRAFT=auto) a one-token
-product with float16 and with float32 weights is timed once per process, each by its fastest path, and a draft
-loaded without a dtype takes float16 only where it is clearly faster; `1` forces it, `0` never. Only the guesses
-change: speculative decoding's output does not depend on them.
+product in float16 and in float32 is timed once per process, each by its fastest path, and a draft loaded without a
+dtype takes float16 only where clearly faster; `1` forces it, `0` never. Only the guesses change, not the output.
 """
 
 from __future__ import annotations
@@ -43,13 +34,14 @@ import torch.nn.functional as F
 
 from . import native
 
-# The kernel is kept unless another path is clearly faster at the products alone: the kernel's path also runs a
-# Llama model's whole forward in llama.c (lean.py), which timing the products cannot see (a step of the built-in
-# target: 22.2 ms on llama.c, 53.4 ms for the lean forward on PyTorch's products; `scripts/cpu_costs.py`, 2-core
-# EPYC Zen 3); and a busy neighbour (a free Space) can put one timing a few percent off: without a margin, a
-# process on a loaded machine once took PyTorch's path, and with it less than half the speed. Chromium starting beside
-# a load (Zen 4, 2 Dec 2026) still did (plain 12.9 tokens/s, not 33.5): where the kernel loses, `choose` draws again.
+# The kernel is kept unless another path is clearly faster at the products alone (KERNEL_MARGIN): a busy neighbour
+# can put one timing a few percent off, and where the kernel loses, `choose` draws again (Chromium starting beside a
+# load on a Zen 4, 2 Dec 2026, once gave PyTorch's path: plain 12.9 tokens/s, not 33.5). Where the kernel also brings
+# a Llama's whole forward in llama.c (lean.py), products timed one by one from Python cannot see it: on a 2-core Zen 3
+# (3 Dec 2026) they took 97-151 ms for a step and a 4-token call (transposed 117-142) where llama.c's forward takes 41
+# and PyTorch's 133 (`scripts/cpu_costs.py`), and 1 fresh process of 19 took PyTorch's path: LEAN_MARGIN there.
 KERNEL_MARGIN = 1.15
+LEAN_MARGIN = 2.0
 MAX_ROWS = 64  # the transposed product's range: past a few dozen rows MKL's usual path is fine again (a prefill)
 PATHS = ("torch", "transposed", "kernel")
 _DTYPES = (torch.float32, torch.float16)
@@ -143,31 +135,32 @@ _CHOSEN: dict[tuple, str] = {}  # (dtype, layer shapes) -> the path chosen for t
 _USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> path it runs
 
 
-def choose(layers: list[torch.nn.Linear]) -> str:
-    """The path for these layers on this machine: forced by SPECVIZ_CPU_GEMM, or timed once per set of shapes."""
+def choose(layers: list[torch.nn.Linear], margin: float = KERNEL_MARGIN) -> str:
+    """The path for these layers here: forced by SPECVIZ_CPU_GEMM, or timed once per set of shapes and margin."""
     dtype = layers[0].weight.dtype
     allowed = candidates(dtype)
     how = mode()
     if how != "auto":
         return how if how in allowed else "torch"  # a forced path this machine cannot run: PyTorch's own
-    key = (dtype, tuple(tuple(layer.weight.shape) for layer in layers))
+    key = (dtype, margin, tuple(tuple(layer.weight.shape) for layer in layers))
     if key not in _CHOSEN:
         times = time_paths(layers, allowed)
-        if "kernel" in allowed and _fastest(times, allowed) != "kernel":  # a second draw, each the best of both
+        if "kernel" in allowed and _fastest(times, allowed, margin) != "kernel":  # a second draw, each the best
             again = time_paths(layers, allowed)
             times = {p: list(map(min, times[p], again[p])) for p in allowed}
-        _CHOSEN[key] = _fastest(times, allowed)
+        _CHOSEN[key] = _fastest(times, allowed, margin)
     return _CHOSEN[key]
 
 
-def _fastest(times: dict[str, list], allowed: list[str]) -> str:
-    """The path fastest in sum, or the kernel within KERNEL_MARGIN of it (it also brings llama.c's forward)."""
+def _fastest(times: dict[str, list], allowed: list[str], margin: float) -> str:
+    """The path fastest in sum, or the kernel within `margin` of it."""
     best = min(allowed, key=lambda p: sum(times[p]))
-    return "kernel" if "kernel" in allowed and sum(times["kernel"]) <= KERNEL_MARGIN * sum(times[best]) else best
+    return "kernel" if "kernel" in allowed and sum(times["kernel"]) <= margin * sum(times[best]) else best
 
 
-def use_fast_linear(model: torch.nn.Module) -> str:
-    """Switch the CPU `nn.Linear` layers of `model` (float32 or float16) to the fastest path here; returns its name."""
+def use_fast_linear(model: torch.nn.Module, margin: float = KERNEL_MARGIN) -> str:
+    """Switch the CPU `nn.Linear` layers of `model` (float32 or float16) to the fastest path here (the kernel kept
+    within `margin`: hub.kernel_margin); returns its name."""
     layers = [
         mod
         for mod in model.modules()
@@ -175,7 +168,7 @@ def use_fast_linear(model: torch.nn.Module) -> str:
     ]
     if not layers or len({layer.weight.dtype for layer in layers}) > 1:
         return "torch"
-    path = choose(layers)
+    path = choose(layers, margin)
     forward = _FORWARDS[path]
     for mod in layers:
         if forward is None:

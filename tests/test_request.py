@@ -61,6 +61,7 @@ def test_the_api_the_cli_and_the_page_start_from_the_one_request(tiny_pair, load
 
     ctx = UIContext(limits=Limits(), device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
     demo = build_demo(ctx)  # (its preloader loads the tiny pair)
+    assert demo.preloader.wait(120) == "ready" and "Ready." in demo.preloader.html()
     fns = {f.api_name: f for f in (demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)}
     race_values = named(RACE_INPUTS, [c.value for c in fns["race"].inputs])  # the page as it first shows
     assert page_request(ctx, race_values) == default and race_values["drafter2"] == "none"

@@ -74,6 +74,11 @@ class Preloader:
     def start(self) -> None:
         self.thread.start()
 
+    def wait(self, timeout_s: float | None = None) -> str:
+        """Block until the load is over (or timeout_s has passed); its state: "loading", "ready" or "error"."""
+        self.thread.join(timeout_s)
+        return self.state
+
     def _run(self) -> None:
         try:
             p, q = self.ctx.pair()
@@ -140,4 +145,5 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
         demo.load(poll, None, [status, timer], api_visibility="private", show_progress="hidden", queue=False)
     demo.queue(default_concurrency_limit=ctx.limits.concurrency, max_size=ctx.limits.max_queue)
     loader.start()
+    demo.preloader = loader  # scripts that start a browser wait for it first (scripts/screenshot.py)
     return demo

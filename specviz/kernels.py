@@ -131,7 +131,7 @@ def time_paths(layers: list[torch.nn.Linear], paths: list[str], rows: tuple[int,
     return out
 
 
-_CHOSEN: dict[tuple, str] = {}  # (dtype, layer shapes) -> the path chosen for them in this process
+_CHOSEN: dict[tuple, str] = {}  # (dtype, margin, layer shapes) -> the path chosen for them in this process
 _USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> path it runs
 
 

@@ -6,13 +6,14 @@ PyTorch's BLAS paths do not behave so for 2-8 rows, by CPU: on an AMD EPYC (MKL)
 about twice a one-row call and the transposed product (W·xᵀ)ᵀ got a 3-token call from 86 to 40 ms; on an Intel
 Xeon the transposed product did the opposite (2 tokens 34 -> 70 ms) and `F.linear` jumped at 4 rows. So three paths
 are timed once per process on the model's own layers (SPECVIZ_CPU_GEMM=auto), one row and four rows, the fastest
-in sum used (the kernel unless another is faster by more than its margin, LEAN_MARGIN or KERNEL_MARGIN): "torch", `F.linear`;
-"transposed", (W·xᵀ)ᵀ for 2-64 rows; "kernel", specviz's own few-token kernel (native.py, csrc/few_rows.c) for 1-16
-rows, near the memory-bound limit for any M up to 8 (`F.linear` for a prefill). Where it is chosen a plain step
-uses it too, so a token's logits are the same bit for bit alone or inside a verify. SPECVIZ_CPU_GEMM=torch /
-transposed / kernel forces one (0 and 1 mean torch and transposed). Under llama.c the kernel reads a model's weights
-as stored, row by row, or packed in panels of 16 output columns (`panels_pay`), timed once per model. The result is
-the same product up to float32 rounding; quantised layers, GPUs and other dtypes are left alone.
+in sum used (the kernel unless another is faster by more than its margin, LEAN_MARGIN or KERNEL_MARGIN): "torch",
+`F.linear`; "transposed", (W·xᵀ)ᵀ for 2-64 rows; "kernel", specviz's own few-token kernel (native.py,
+csrc/few_rows.c) for 1-16 rows, near the memory-bound limit for any M up to 8 (`F.linear` for a prefill). Where it is
+chosen a plain step uses it too, so a token's logits are the same bit for bit alone or inside a verify.
+SPECVIZ_CPU_GEMM=torch / transposed / kernel forces one (0 and 1 mean torch and transposed). Under llama.c the
+kernel reads a model's weights as stored, row by row, or packed in panels of 16 output columns (`panels_pay`), timed
+once per model. The result is the same product up to float32 rounding; quantised layers, GPUs and other dtypes are
+left alone.
 
 2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound by
 memory traffic: in half precision it reads half the bytes (the built-in draft: 4.1 -> 1.6 ms a step on an EPYC),

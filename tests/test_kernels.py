@@ -270,8 +270,7 @@ def test_a_llama_the_lean_forward_runs_keeps_the_kernel_at_a_wider_margin(monkey
     monkeypatch.setenv("SPECVIZ_FORWARD", forward)
     monkeypatch.setattr(kernels, "_CHOSEN", {})
     staged = {"torch": [1.0, 1.5], "transposed": [1.5, 3.0], "kernel": [1.7, 2.55]}  # 1.7 times torch's sum
-    seen = []
-    monkeypatch.setattr(kernels, "time_paths", lambda layers, paths: seen.append(paths) or staged)
+    monkeypatch.setattr(kernels, "time_paths", lambda layers, paths: staged)
     llama = make_model(64, seed=0)
     assert lean.why_not(llama) is None  # the lean forward fits it
     assert kernels.use_fast_linear(llama, hub.kernel_margin(llama)) == ("kernel" if forward == "auto" else "torch")

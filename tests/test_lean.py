@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -167,6 +168,29 @@ def test_llama_cs_numbers_are_the_same_bits_at_any_thread_count(layout, threads)
         outs[n] = got
     for n in (2, 3):
         assert all(torch.equal(a, b) for a, b in zip(outs[1], outs[n])), n
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["rows", "panels"])
+def test_llama_cs_numbers_are_the_same_bits_from_any_python_thread(layout, threads):
+    """The app loads and computes on threads of its own, so several OpenMP teams share the CPUs and llama.c's steps
+    meet at its own spinning barrier: calls from two Python threads, taking turns on 2 and on 3 OpenMP threads
+    (more than this machine may have), give the bits one thread's calls give."""
+    _, fwd = _llama(72)
+    lean_panels.use(fwd, layout == "panels")
+    ids = torch.tensor([(7 * i) % 40 for i in range(23)])
+
+    def run() -> list[torch.Tensor]:
+        cache = fwd.new_cache()
+        return [fwd.forward(cache, ids[:19])[0], fwd.forward(cache, ids[19:20])[0], fwd.forward(cache, ids[20:23])[0]]
+
+    threads(1)
+    want = run()
+    with ThreadPoolExecutor(1) as other:
+        for n in (2, 3):
+            threads(n)
+            for got in (run(), other.submit(run).result(), run(), other.submit(run).result()):
+                assert all(torch.equal(a, b) for a, b in zip(want, got)), n
 
 
 @pytest.mark.parametrize("forward", FORWARDS[:2])

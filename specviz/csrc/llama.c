@@ -31,12 +31,46 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                    int t, int T);
 
 #define A256 __attribute__((target("avx2,fma")))
+
+// The forward's threads wait for each other 11 times a layer. libgomp's barriers spin a while, then sleep; and once
+// a process has more OpenMP threads than CPUs (a second Python thread ran a parallel region: the app's load and
+// compute threads) they hardly spin, so each wait was a sleep and a wake-up: the built-in target's calls of 2 and 4
+// tokens took 54-66 ms against 31-33 (a 2-core Zen 4, 3 Dec 2026; BENCHMARKS.md, "The Zen 4 without AVX-512"). So
+// the steps meet at a barrier of their own that spins, yields the CPU after SPINS rounds (to a thread the system
+// has descheduled) and never sleeps. Acquire and release order memory across it as an OpenMP barrier does.
+#define SPINS 4096
+typedef struct {
+    atomic_int arrived, round;
+} meet_t;
+
+static void meet(meet_t* b, int nt) {
+    if (nt < 2) return;
+    int round = atomic_load_explicit(&b->round, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel) == nt - 1) {
+        atomic_store_explicit(&b->arrived, 0, memory_order_relaxed);
+        atomic_store_explicit(&b->round, round + 1, memory_order_release);
+        return;
+    }
+    for (long i = 0; atomic_load_explicit(&b->round, memory_order_acquire) == round; i++) {
+        if (i < SPINS) _mm_pause();
+        else sched_yield();
+    }
+}
+
+// Thread t of nt takes items [*lo, *hi) of n: contiguous shares, as OpenMP's static schedule gives.
+static void span(long n, int t, int nt, long* lo, long* hi) {
+    long share = (n + nt - 1) / nt;
+    *lo = t * share < n ? t * share : n;
+    *hi = *lo + share < n ? *lo + share : n;
+}
 
 // out = w * (x / sqrt(mean(x^2) + eps)), one row of H.
 static void rmsnorm(const float* x, const float* w, float eps, long H, float* out) {
@@ -202,21 +236,23 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     if (!buf) return -1;
     float *h = buf, *qkv = h + L * H, *att = qkv + L * nqkv, *tmp = att + L * hq * d, *gu = tmp + L * H;
     float *act = gu + L * 2 * I, *scores = act + L * I;
+    meet_t bar = {0, 0};
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long lo, hi;  // this thread's rows (or items) of a step: span
         for (long li = 0; li < layers; li++) {
             const void* const* w = weights + 4 * li;
             const float* const* sc = scales + 4 * li;
             float *kl = kc + li * hk * cap * d, *vl = vc + li * hk * cap * d;
             // 1. h = RMSNorm(x); qkv = h . Wqkv^T
-#pragma omp for schedule(static)
-            for (long l = 0; l < L; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
+            span(L, t, nt, &lo, &hi);
+            for (long l = lo; l < hi; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
+            meet(&bar, nt);
             few_rows_part(w[0], wtype, sc[0], h, L, H, nqkv, qkv, t, nt);
-#pragma omp barrier
+            meet(&bar, nt);
             // 2. RoPE on q and k; k and v into the cache
-#pragma omp for schedule(static)
-            for (long l = 0; l < L; l++) {
+            for (long l = lo; l < hi; l++) {
                 float* row = qkv + l * nqkv;
                 for (long j = 0; j < hq + hk; j++) rope(row + j * d, cos + l * d, sin + l * d, d);
                 for (long j = 0; j < hk; j++)
@@ -225,39 +261,44 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
                         vl[(j * cap + base + l) * d + i] = row[(hq + hk + j) * d + i];
                     }
             }
+            meet(&bar, nt);
             // 3. attention, a (token, query head) pair per iteration; head j reads kv head j / g
-#pragma omp for schedule(static)
-            for (long p = 0; p < L * hq; p++) {
+            span(L * hq, t, nt, &lo, &hi);
+            for (long p = lo; p < hi; p++) {
                 long l = p / hq, j = p % hq, kv = j / g;
                 attend(qkv + l * nqkv + j * d, kl + kv * cap * d, vl + kv * cap * d, d, mask ? T : base + l + 1,
                        mask ? mask + l * T : NULL, scale, scores + (long)t * T, att + l * hq * d + j * d);
             }
+            meet(&bar, nt);
             // 4. x += att . Wo^T; h = RMSNorm(x)
             few_rows_part(w[1], wtype, sc[1], att, L, hq * d, H, tmp, t, nt);
-#pragma omp barrier
-#pragma omp for schedule(static)
-            for (long l = 0; l < L; l++) {
+            meet(&bar, nt);
+            span(L, t, nt, &lo, &hi);
+            for (long l = lo; l < hi; l++) {
                 for (long k = 0; k < H; k++) x[l * H + k] += tmp[l * H + k];
                 rmsnorm(x + l * H, norms[2 * li + 1], eps, H, h + l * H);
             }
+            meet(&bar, nt);
             // 5. x += (SiLU(h . Wgate^T) * (h . Wup^T)) . Wdown^T
             few_rows_part(w[2], wtype, sc[2], h, L, H, 2 * I, gu, t, nt);
-#pragma omp barrier
-#pragma omp for schedule(static)
-            for (long l = 0; l < L; l++) {
+            meet(&bar, nt);
+            for (long l = lo; l < hi; l++) {
                 float *a = gu + l * 2 * I, *u = a + I, *out = act + l * I;
                 for (long i = 0; i < I; i++) out[i] = -a[i];
                 exp_n(out, I);
                 for (long i = 0; i < I; i++) out[i] = a[i] / (1.0f + out[i]) * u[i];
             }
+            meet(&bar, nt);
             few_rows_part(w[3], wtype, sc[3], act, L, I, H, tmp, t, nt);
-#pragma omp barrier
-#pragma omp for schedule(static)
-            for (long e = 0; e < L * H; e++) x[e] += tmp[e];
+            meet(&bar, nt);
+            span(L * H, t, nt, &lo, &hi);
+            for (long e = lo; e < hi; e++) x[e] += tmp[e];
+            meet(&bar, nt);
         }
         // 6. hn = RMSNorm(x); logits = hn[L - out_rows:] . Whead^T
-#pragma omp for schedule(static)
-        for (long l = 0; l < L; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
+        span(L, t, nt, &lo, &hi);
+        for (long l = lo; l < hi; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
+        meet(&bar, nt);
         if (out_rows)
             few_rows_part(head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);
     }

@@ -304,8 +304,9 @@ def load_pair(
     q_dtype = dtype
     if dtype in (None, "", "auto"):  # float16 where this CPU runs it faster (kernels.draft_dtype); p keeps its own
         q_dtype = draft_dtype(_resolve_device(q_device)) or dtype
-    if timeout_s is not None and not isinstance(draft, LoadedModel):  # both load at once, even if we give up
-        CACHE.start(*_request(draft, q_device, q_dtype, None, trust_remote_code)[:2])
+    if timeout_s is not None and not isinstance(draft, LoadedModel):  # both load even if this request gives up
+        first = None if isinstance(target, LoadedModel) else (target or BUILTIN_TARGET, device, dtype, quantize)
+        _start_after(first, _request(draft, q_device, q_dtype, None, trust_remote_code), trust_remote_code)
     p = load_model(
         target or BUILTIN_TARGET,
         device=device,
@@ -326,3 +327,28 @@ def load_pair(
         if fast is not q.lean:
             q = dataclasses.replace(q, lean=fast, memory_bytes=q.memory_bytes + fast.copied_bytes)  # its int8 copy too
     return p, q
+
+
+def _start_after(target: tuple | None, draft_request: tuple, trust_remote_code: bool) -> None:
+    """Start loading the target (name, device, dtype, quantize; None: one already loaded), then the draft once the
+    target is in, in the background: both land in the cache for the next caller if this one gives up waiting, but
+    one after the other, since each load times its kernels' choices (kernels.py, lean_panels.py). With the draft
+    loading beside it on a 2-core Zen 4, the target's calls timed for the panels' prefetch took 47-79 ms against 33
+    settled, and 1 of 6 fresh processes kept no prefetch (a 4-token call 14 % slower; BENCHMARKS.md, "The Zen 4
+    without AVX-512")."""
+    key, make = draft_request[:2]
+    if target is None:  # a target already loaded
+        CACHE.start(key, make)
+        return
+    cpus.fit_threads()  # as load_model does, before the first load times anything
+    t_key, t_make = _request(*target, trust_remote_code)[:2]
+    CACHE.start(t_key, t_make)
+
+    def after_target():
+        try:
+            CACHE.get(t_key, t_make)
+        except Exception:  # noqa: BLE001 - the target's own caller reports its failure; the draft loads anyway
+            pass
+        return make()
+
+    CACHE.start(key, after_target)

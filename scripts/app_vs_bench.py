@@ -41,8 +41,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def app_speedups(prompts: list[str], max_new_tokens: int, log_path: Path) -> tuple[list[float], str]:
-    """The speedup the page reports for each prompt (its summary line), raced through /race at page defaults."""
+def app_speedups(prompts: list[str], max_new_tokens: int, log_path: Path) -> tuple[list[float], str, list[float]]:
+    """The speedup the page reports for each prompt (its summary line), raced through /race at page defaults; the
+    app's status line; each prompt's plain tokens/s (the plain pane's)."""
     port = _free_port()
     env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port)}
     env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -66,7 +67,7 @@ def app_speedups(prompts: list[str], max_new_tokens: int, log_path: Path) -> tup
         page = RunRequest()  # the page's controls start at these: gamma "auto" (the auto policy, at most 8 a round)
         settings = [page.gamma, page.temperature, page.top_k, page.top_p]
         client.predict(prompts[0], *settings, 16, page.seed, api_name="/race")  # warm-up: first-use costs untimed
-        out = []
+        out, plain = [], []
         for prompt in prompts:
             job = client.submit(
                 prompt, *settings, max_new_tokens, page.seed, page.drafter, page.gamma_policy, api_name="/race"
@@ -77,13 +78,16 @@ def app_speedups(prompts: list[str], max_new_tokens: int, log_path: Path) -> tup
             if not found:
                 raise SystemExit(f"no speedup in the page's message for {prompt!r}: {message}")
             out.append(float(found.group(1)))
-        return out, status
+            lanes = " ".join(re.sub(r"<[^>]+>", " ", x) for x in final if isinstance(x, str))
+            rate = re.search(r"([0-9]+\.[0-9])\s+tokens/s", lanes)  # the plain pane's, the first on the page
+            plain.append(float(rate.group(1)) if rate else float("nan"))
+        return out, status, plain
     finally:
         proc.terminate()
         proc.wait(30)
 
 
-def bench_speedups(prompts: list[str], max_new_tokens: int, folder: Path) -> tuple[list[float], dict]:
+def bench_speedups(prompts: list[str], max_new_tokens: int, folder: Path) -> tuple[list[float], dict, list[float]]:
     """Per-prompt speedup of the default configuration over plain decoding, from `python -m specviz bench`."""
     pfile, out = folder / "prompts.txt", folder / "bench.json"
     pfile.write_text("\n".join(p.replace("\n", "\\n") for p in prompts) + "\n", encoding="utf-8")
@@ -105,7 +109,8 @@ def bench_speedups(prompts: list[str], max_new_tokens: int, folder: Path) -> tup
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     data = json.loads(out.read_text())
     rate = {(r["method"], r["prompt"]): r["tokens_per_s"] for r in data["runs"]}
-    return [rate[("spec", i)] / rate[("ar", i)] for i in range(len(prompts))], data["machine"]
+    n = range(len(prompts))
+    return [rate[("spec", i)] / rate[("ar", i)] for i in n], data["machine"], [rate[("ar", i)] for i in n]
 
 
 def main() -> None:
@@ -119,20 +124,25 @@ def main() -> None:
     from specviz.bench_inputs import load_prompts
 
     prompts = [p for s in a.sets.split(",") for p in load_prompts(s.strip(), a.limit)]
-    apps, benches, machines, statuses = [], [], [], []
+    apps, benches, machines, statuses, app_plain, bench_plain = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
-            got, status = app_speedups(prompts, a.max_new_tokens, Path(tmp) / f"app{r}.log")
+            got, status, rates = app_speedups(prompts, a.max_new_tokens, Path(tmp) / f"app{r}.log")
             apps.append(got)
             statuses.append(status)
-            got, machine = bench_speedups(prompts, a.max_new_tokens, Path(tmp))
+            app_plain.append(rates)
+            got, machine, rates = bench_speedups(prompts, a.max_new_tokens, Path(tmp))
             benches.append(got)
             machines.append(machine)
+            bench_plain.append(rates)
     app = [statistics.median(v) for v in zip(*apps)]
     bench = [statistics.median(v) for v in zip(*benches)]
     print(f"{machine.get('cpu')} ({machine.get('cpu_id')}; {machine.get('cpu_vector')})")
-    for r, (status, m, x, y) in enumerate(zip(statuses, machines, apps, benches), 1):
-        print(f"round {r}: app {statistics.median(x):.2f}x, bench {statistics.median(y):.2f}x")
+    for r, (status, m, x, y, u, v) in enumerate(zip(statuses, machines, apps, benches, app_plain, bench_plain), 1):
+        print(
+            f"round {r}: app {statistics.median(x):.2f}x, bench {statistics.median(y):.2f}x; plain decoding "
+            f"{statistics.median(u):.1f} tokens/s in the app, {statistics.median(v):.1f} in the bench"
+        )
         print(f"  app status: {status}")
         print(f"  bench: {m.get('backend')}")
     print(f"{'prompt':60s} {'app':>6s} {'bench':>6s}")
@@ -142,7 +152,8 @@ def main() -> None:
     print(f"{'median':60s} {ma:6.2f} {mb:6.2f}   app / bench = {ma / mb:.3f}; lowest app {min(app):.2f}")
     if a.json_out:
         out = {"machine": machine, "machines": machines, "app_status": statuses, "prompts": prompts}
-        Path(a.json_out).write_text(json.dumps({**out, "app": apps, "bench": benches}))
+        rates = {"app_plain_tokens_per_s": app_plain, "bench_plain_tokens_per_s": bench_plain}
+        Path(a.json_out).write_text(json.dumps({**out, "app": apps, "bench": benches, **rates}))
 
 
 if __name__ == "__main__":

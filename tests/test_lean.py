@@ -451,6 +451,35 @@ def test_auto_gives_an_int8_draft_int8_activations_only_where_its_cold_step_is_f
 
 
 @pytest.mark.parametrize(
+    "int8_s,act8_s,int8,act8",
+    [
+        (0.99e-3, 0.80e-3, True, True),  # int8 weights alone within 5 % of float, with int8 activations clearly faster
+        (0.80e-3, 0.99e-3, True, False),  # int8 weights clearly faster, their activations no help
+        (0.99e-3, 0.98e-3, False, False),  # neither form clearly faster: the float draft
+    ],
+)
+def test_auto_weighs_an_int8_drafts_int8_activations_against_the_float_draft_in_one_draw(
+    pair_with, monkeypatch, int8_s, act8_s, int8, act8
+):
+    """The int8 draft's fastest form is weighed against the float draft, not its int8 weights alone first."""
+    p, q = pair_with("llama.c")
+    calls = []
+
+    def fake(target, drafts):
+        calls.append([(d.is_int8, d.is_act8) for d in drafts])
+        return [act8_s if d.is_act8 else int8_s if d.is_int8 else 1.0e-3 for d in drafts]
+
+    monkeypatch.setattr(lean_draft, "_cold_steps", fake)
+    monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)
+    monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
+    monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", "auto")
+    fwd = lean_draft.draft_forward(p.lean, lean.LeanLlama(q.model, "kernel"))
+    assert fwd.is_int8 is int8 and bool(fwd.is_act8) is act8
+    assert calls[0][0] == (False, False) and calls[0][-1] == (True, True)  # float first, int8 activations last
+    assert all(kinds == calls[0] for kinds in calls)  # a second draw (too close to call) times the same forms
+
+
+@pytest.mark.parametrize(
     "rows_s,panels_s,chosen",
     [
         ((1.0, 1.0), (0.80, 0.85), True),  # clearly faster for a step and a verify

@@ -332,10 +332,9 @@ def load_pair(
 def _start_after(target: tuple | None, draft_request: tuple, trust_remote_code: bool) -> None:
     """Start loading the target (name, device, dtype, quantize; None: one already loaded), then the draft once the
     target is in, in the background: both land in the cache for the next caller if this one gives up waiting, but
-    one after the other, since each load times its kernels' choices (kernels.py, lean_panels.py). With the draft
-    loading beside it on a 2-core Zen 4, the target's calls timed for the panels' prefetch took 47-79 ms against 33
-    settled, and 1 of 6 fresh processes kept no prefetch (a 4-token call 14 % slower; BENCHMARKS.md, "The Zen 4
-    without AVX-512")."""
+    one after the other, since each load times its kernels' choices (kernels.py, lean_panels.py). Started together,
+    the built-in target's kernel choice (kernels.choose, 10.4-14.1 s into the load on a 2-core Zen 4) was timed
+    while the draft timed its own kernels and layouts (10.5-11.1 s; BENCHMARKS.md, "The Zen 4 without AVX-512")."""
     key, make = draft_request[:2]
     if target is None:  # a target already loaded
         CACHE.start(key, make)

@@ -40,7 +40,7 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
 
 #define A256 __attribute__((target("avx2,fma")))
 
-// The forward's threads wait for each other 11 times a layer. libgomp's barriers spin a while, then sleep; and once
+// The forward's threads wait for each other 10 times a layer. libgomp's barriers spin a while, then sleep; and once
 // a process has more OpenMP threads than CPUs (a second Python thread ran a parallel region: the app's load and
 // compute threads) they hardly spin, so each wait was a sleep and a wake-up: the built-in target's calls of 2 and 4
 // tokens took 54-66 ms against 31-33 (a 2-core Zen 4, 3 Dec 2026; BENCHMARKS.md, "The Zen 4 without AVX-512"). So

@@ -240,19 +240,21 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        long lo, hi;  // this thread's rows (or items) of a step: span
+        long r0, r1, p0, p1, e0, e1;  // this thread's rows, (token, query head) pairs and elements of x: span
+        span(L, t, nt, &r0, &r1);
+        span(L * hq, t, nt, &p0, &p1);
+        span(L * H, t, nt, &e0, &e1);
         for (long li = 0; li < layers; li++) {
             const void* const* w = weights + 4 * li;
             const float* const* sc = scales + 4 * li;
             float *kl = kc + li * hk * cap * d, *vl = vc + li * hk * cap * d;
             // 1. h = RMSNorm(x); qkv = h . Wqkv^T
-            span(L, t, nt, &lo, &hi);
-            for (long l = lo; l < hi; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
+            for (long l = r0; l < r1; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
             meet(&bar, nt);
             few_rows_part(w[0], wtype, sc[0], h, L, H, nqkv, qkv, t, nt);
             meet(&bar, nt);
             // 2. RoPE on q and k; k and v into the cache
-            for (long l = lo; l < hi; l++) {
+            for (long l = r0; l < r1; l++) {
                 float* row = qkv + l * nqkv;
                 for (long j = 0; j < hq + hk; j++) rope(row + j * d, cos + l * d, sin + l * d, d);
                 for (long j = 0; j < hk; j++)
@@ -263,8 +265,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             }
             meet(&bar, nt);
             // 3. attention, a (token, query head) pair per iteration; head j reads kv head j / g
-            span(L * hq, t, nt, &lo, &hi);
-            for (long p = lo; p < hi; p++) {
+            for (long p = p0; p < p1; p++) {
                 long l = p / hq, j = p % hq, kv = j / g;
                 attend(qkv + l * nqkv + j * d, kl + kv * cap * d, vl + kv * cap * d, d, mask ? T : base + l + 1,
                        mask ? mask + l * T : NULL, scale, scores + (long)t * T, att + l * hq * d + j * d);
@@ -273,8 +274,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             // 4. x += att . Wo^T; h = RMSNorm(x)
             few_rows_part(w[1], wtype, sc[1], att, L, hq * d, H, tmp, t, nt);
             meet(&bar, nt);
-            span(L, t, nt, &lo, &hi);
-            for (long l = lo; l < hi; l++) {
+            for (long l = r0; l < r1; l++) {
                 for (long k = 0; k < H; k++) x[l * H + k] += tmp[l * H + k];
                 rmsnorm(x + l * H, norms[2 * li + 1], eps, H, h + l * H);
             }
@@ -282,7 +282,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             // 5. x += (SiLU(h . Wgate^T) * (h . Wup^T)) . Wdown^T
             few_rows_part(w[2], wtype, sc[2], h, L, H, 2 * I, gu, t, nt);
             meet(&bar, nt);
-            for (long l = lo; l < hi; l++) {
+            for (long l = r0; l < r1; l++) {
                 float *a = gu + l * 2 * I, *u = a + I, *out = act + l * I;
                 for (long i = 0; i < I; i++) out[i] = -a[i];
                 exp_n(out, I);
@@ -291,13 +291,11 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             meet(&bar, nt);
             few_rows_part(w[3], wtype, sc[3], act, L, I, H, tmp, t, nt);
             meet(&bar, nt);
-            span(L * H, t, nt, &lo, &hi);
-            for (long e = lo; e < hi; e++) x[e] += tmp[e];
+            for (long e = e0; e < e1; e++) x[e] += tmp[e];
             meet(&bar, nt);
         }
         // 6. hn = RMSNorm(x); logits = hn[L - out_rows:] . Whead^T
-        span(L, t, nt, &lo, &hi);
-        for (long l = lo; l < hi; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
+        for (long l = r0; l < r1; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
         meet(&bar, nt);
         if (out_rows)
             few_rows_part(head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);

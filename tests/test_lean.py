@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -191,6 +192,44 @@ def test_llama_cs_numbers_are_the_same_bits_from_any_python_thread(layout, threa
             threads(n)
             for got in (run(), other.submit(run).result(), run(), other.submit(run).result()):
                 assert all(torch.equal(a, b) for a, b in zip(want, got)), n
+
+
+SMALL_TEAM = """
+import ctypes, sys
+import torch
+sys.path[:0] = [{tests!r}, {root!r}]
+from conftest import make_model
+from specviz import cpus, lean, lean_panels
+assert ctypes.CDLL("libgomp.so.1").omp_get_thread_limit() == 1  # every parallel region gets a team of one
+cpus._most = None  # the count as set
+fwd = lean.LeanLlama(make_model(40, seed=72, layers=2, hidden=288), "kernel")
+ids = torch.tensor([(7 * i) % 40 for i in range(23)])
+for panels in (False, True):
+    lean_panels.use(fwd, panels)
+    outs = []
+    for n in (1, 3):
+        torch.set_num_threads(n)
+        cache = fwd.new_cache()
+        outs.append([fwd.forward(cache, ids[:19])[0], fwd.forward(cache, ids[19:23])[0]])
+    assert all(torch.equal(a, b) for a, b in zip(*outs)), panels
+print("same bits")
+"""
+
+
+@needs_kernel
+def test_a_team_smaller_than_the_threads_asked_for_still_computes_every_column():
+    """llama.c sets out every product's work as one share per thread asked for, and a thread through its own share
+    takes what is left of the others': where OpenMP gives fewer threads (OMP_THREAD_LIMIT, a nested region), the
+    threads that came compute the missing ones' shares too, and the bits are one thread's."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    code = SMALL_TEAM.format(tests=str(tests), root=str(tests.parent))
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("forward", FORWARDS[:2])

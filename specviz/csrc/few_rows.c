@@ -22,6 +22,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -544,57 +545,56 @@ AVNNI static void panel_q8_vnni(const int8_t* restrict w, const int8_t* restrict
 static int vnni = -1;  // whether the CPU has AVX-512 VNNI (and BW); used where the level in use is AVX-512
 static __thread int8_t* q8_buf;  // each thread's quantised x (a call's rows), grown as needed, kept
 static __thread long q8_cap;
-// Thread t of T: x quantised (every thread its own copy: M K values, about a microsecond for a draft's call), then
-// its share of the panels, each panel against every row of x while it sits in the core's cache.
-A256 static void panels_q8_part(const int8_t* w, const float* scale, const float* x, long M, long K, long N, float* y,
-                                int t, int T) {
-    long np = (N + 15) / 16, share = (np + T - 1) / T;
-    long p0 = t * share, p1 = p0 + share < np ? p0 + share : np;
-    if (p0 >= p1) return;
+// x quantised for wtype 7 into this thread's own buffer (M K values, about a microsecond for a draft's call; every
+// thread its own copy); NULL when there is no memory for it (a few KB).
+static int8_t* quantised(const float* x, long M, long K, float** s) {
     long need = M * K + (long)sizeof(float) * M * (K / QBLOCK) + 64;
     if (need > q8_cap) {
         int8_t* grown = realloc(q8_buf, need);
-        if (!grown) {  // no memory for a few KB: this share's outputs are NaN (a draft's guesses only)
-            for (long m = 0; m < M; m++)
-                for (long n = p0 * 16; n < N && n < p1 * 16; n++) y[m * N + n] = __builtin_nanf("");
-            return;
-        }
+        if (!grown) return NULL;
         q8_buf = grown;
         q8_cap = need;
     }
-    int8_t* q = q8_buf;
-    float* s = (float*)(q8_buf + ((M * K + 63) & ~63L));
-    quant_rows(x, M, K, q, s);
+    *s = (float*)(q8_buf + ((M * K + 63) & ~63L));
+    quant_rows(x, M, K, q8_buf, *s);
+    return q8_buf;
+}
+
+// Panels c0 .. c1 - 1 of wtype 7 (q, s: x quantised), each panel against every row of x while it sits in the core's
+// cache; with q NULL (no memory for it) their outputs are NaN (a draft's guesses only).
+A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q, const float* s, long M, long K, long N,
+                           float* y, long c0, long c1) {
     float out[16];
     int fast = isa == 2 && vnni > 0;
-    for (long p = p0; p < p1; p++)
+    for (long p = c0; p < c1; p++)
         for (long m = 0; m < M; m++) {
+            long n0 = p * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+            if (!q) {
+                for (long n = n0; n < n1; n++) y[m * N + n] = __builtin_nanf("");
+                continue;
+            }
             if (fast) panel_q8_vnni(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
             else panel_q8(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
-            long n0 = p * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
             for (long n = n0; n < n1; n++) y[m * N + n] = out[n - n0] * scale[n];
         }
 }
 
-// Thread t of T: its share of the panels (ceil(N / 16); the last one may be partial, done by PANEL_TAIL).
-static void panels_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
-                        int t, int T) {
-    long np = (N + 15) / 16, full = N / 16, share = (np + T - 1) / T;
-    long p0 = t * share, p1 = p0 + share < np ? p0 + share : np;
-    if (p0 >= p1) return;
-    long q1 = p1 < full ? p1 : full;  // the share's whole panels end here; a partial one follows if p1 > full
-#define RUN(F, WT) { if (p0 < q1) panels_##F((const WT*)w, x, M, K, N, y, p0, q1); \
-                     if (p1 > full) panel_tail_##F((const WT*)w, x, M, K, N, y); }
+// Panels c0 .. c1 - 1 (ceil(N / 16) in all; the last one may be partial, done by PANEL_TAIL) of wtypes 4-6.
+static void panels_range(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N,
+                         float* y, long c0, long c1) {
+    long full = N / 16, q1 = c1 < full ? c1 : full;  // whole panels end at q1; a partial one follows if c1 > full
+#define RUN(F, WT) { if (c0 < q1) panels_##F((const WT*)w, x, M, K, N, y, c0, q1); \
+                     if (c1 > full) panel_tail_##F((const WT*)w, x, M, K, N, y); }
     if (isa == 2) {
         if (wtype == 6) RUN(i8_512, int8_t) else if (wtype == 5) RUN(f16_512, uint16_t) else RUN(f32_512, float)
     } else {
         if (wtype == 6) RUN(i8_256, int8_t) else if (wtype == 5) RUN(f16_256, uint16_t) else RUN(f32_256, float)
     }
 #undef RUN
-    long n1 = p1 * 16 < N ? p1 * 16 : N;
+    long n1 = c1 * 16 < N ? c1 * 16 : N;
     if (wtype == 6)
         for (long m = 0; m < M; m++)
-            for (long n = p0 * 16; n < n1; n++) y[m * N + n] *= scale[n];
+            for (long n = c0 * 16; n < n1; n++) y[m * N + n] *= scale[n];
 }
 
 // The panels' prefetch distance in rows of k (0: none); with rows >= 0 first set it (to at most 1024) and the cache
@@ -628,26 +628,24 @@ int few_rows_use_isa(int level) {
     return isa;
 }
 
-// Thread t of T computes its share of y's columns (whole 16-row blocks of W): called inside a parallel region, by
-// few_rows below and by llama.c's forward pass. wtype: 0 float32, 1 float16, 2 int8 with one float32 scale per
-// row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x), 3 NF4 (scale:
+// y's columns 16 c0 .. min(16 c1, N) for every row of x: panels c0 .. c1 - 1 (wtypes 4-7), or those blocks of 16
+// rows of W (wtypes 0-3). q, qs: x quantised (wtype 7). An output element is the same chain of operations whatever
+// range it falls in and whichever thread computes it. wtype: 0 float32, 1 float16, 2 int8 with one float32 scale
+// per row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x), 3 NF4 (scale:
 // its 16 code values, then an absmax per 64 weights; above); 4-6 those first three in panels; 7 int8 in panels of
 // 4-byte groups against int8 activations (a draft's; above).
-void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
-                   int t, int T) {
-    if (isa < 0) few_rows_use_isa(-1);
+static void blocks(const void* w, int wtype, const float* scale, const float* x, const int8_t* q, const float* qs,
+                   long M, long K, long N, float* y, long c0, long c1) {
     if (wtype == 7) {
-        panels_q8_part((const int8_t*)w, scale, x, M, K, N, y, t, T);
+        panels_q8((const int8_t*)w, scale, q, qs, M, K, N, y, c0, c1);
         return;
     }
     if (wtype >= 4) {
-        panels_part(w, wtype, scale, x, M, K, N, y, t, T);
+        panels_range(w, wtype, scale, x, M, K, N, y, c0, c1);
         return;
     }
-    long share = ((N + T - 1) / T + 15) & ~15L;
-    long n0 = t * share, n1 = n0 + share < N ? n0 + share : N;
-    if (n0 >= n1) return;
-    // Up to MAX_M rows: one pass over the share. More: each BLOCK of W's rows against x's rows in parts of MAX_M
+    long n0 = c0 * 16, n1 = c1 * 16 < N ? c1 * 16 : N;
+    // Up to MAX_M rows: one pass over the range. More: each BLOCK of W's rows against x's rows in parts of MAX_M
     // (an output element is the same chain of operations either way).
     long step = M <= MAX_M ? n1 - n0 : BLOCK;
     for (long b0 = n0; b0 < n1; b0 += step) {
@@ -672,6 +670,57 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
     if (wtype == 2)
         for (long m = 0; m < M; m++)
             for (long n = n0; n < n1; n++) y[m * N + n] *= scale[n];
+}
+
+// Thread t of T's share of the ceil(N / 16) blocks of 16 columns: c0 .. c1 - 1, T contiguous shares.
+void few_rows_share(long N, int t, int T, long* c0, long* c1) {
+    long nb = (N + 15) / 16, share = (nb + T - 1) / T;
+    *c0 = t * share < nb ? t * share : nb;
+    *c1 = *c0 + share < nb ? *c0 + share : nb;
+}
+
+// Thread t of T computes its share of y's columns (few_rows_share). Called inside a parallel region, by few_rows.
+void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                   int t, int T) {
+    if (isa < 0) few_rows_use_isa(-1);
+    long c0, c1;
+    few_rows_share(N, t, T, &c0, &c1);
+    if (c0 >= c1) return;
+    float* qs = NULL;
+    const int8_t* q = wtype == 7 ? quantised(x, M, K, &qs) : NULL;
+    blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
+}
+
+// Take up to n blocks from the front (front != 0) or the back of the blocks [lo, hi) left in *share (lo | hi << 32):
+// the blocks taken, [*c0, *c1), or 0 when none are left.
+static int take(atomic_long* share, long n, int front, long* c0, long* c1) {
+    long v = atomic_load_explicit(share, memory_order_relaxed);
+    for (;;) {
+        long lo = v & 0xffffffffL, hi = v >> 32;
+        if (lo >= hi) return 0;
+        long k = hi - lo < n ? hi - lo : n;
+        long next = front ? (lo + k) | (hi << 32) : lo | ((hi - k) << 32);
+        if (atomic_compare_exchange_weak_explicit(share, &v, next, memory_order_relaxed, memory_order_relaxed)) {
+            *c0 = front ? lo : hi - k;
+            *c1 = front ? lo + k : hi;
+            return 1;
+        }
+    }
+}
+
+// Like few_rows_part, but a thread that is through its own share takes what is left of the others' from their far
+// ends, so none waits long for a slower core (llama.c's forward). shares: T words, word u holding share u's blocks
+// (few_rows_share) as lo | hi << 32 before the product starts; each owner takes its own from the front, a few blocks
+// at a time, reading its weights front to back as before. Which thread computes a column does not change its numbers.
+void few_rows_steal(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                    int t, int T, atomic_long* shares) {
+    if (isa < 0) few_rows_use_isa(-1);
+    long nb = (N + 15) / 16, grain = nb / (16L * T) > 1 ? nb / (16L * T) : 1, c0, c1;
+    float* qs = NULL;
+    const int8_t* q = wtype == 7 ? quantised(x, M, K, &qs) : NULL;
+    while (take(shares + t, grain, 1, &c0, &c1)) blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
+    for (int o = 1; o < T; o++)
+        while (take(shares + (t + o) % T, 1, 0, &c0, &c1)) blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
 }
 
 int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,

@@ -7,8 +7,8 @@
 // synchronised on its own, and their number grows with the tokens fed. Here every layer is one pass through
 // plain loops: RMSNorm, the fused q/k/v product, RoPE, the KV cache write, attention, the output product, the
 // residual, RMSNorm, the fused gate/up product, SiLU, the down product, the residual; then the final RMSNorm and
-// the output layer. The threads split each product's output columns (few_rows_part) and each step's rows or
-// heads, with a barrier between steps. The output layer is in the same region, so a forward is one call with no
+// the output layer. The threads split each product's output columns (few_rows_steal: a share each, and a thread
+// through its own takes what is left of the others') and each step's rows or heads, with a barrier between steps. The output layer is in the same region, so a forward is one call with no
 // Python between its parts: in the decode loop on a 2-core EPYC Zen 3 the int8 draft's call went from 1.43-1.70
 // to 1.43-1.49 ms (two A/B runs of 12 prompts; alone, back to back, both take 1.0-1.2 ms: the rest of a call in
 // the loop is its weights coming back from memory after the target's verify).
@@ -35,8 +35,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-void few_rows_part(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
-                   int t, int T);
+void few_rows_share(long N, int t, int T, long* c0, long* c1);
+void few_rows_steal(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
+                    int t, int T, atomic_long* shares);
 
 #define A256 __attribute__((target("avx2,fma")))
 
@@ -236,7 +237,26 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     if (!buf) return -1;
     float *h = buf, *qkv = h + L * H, *att = qkv + L * nqkv, *tmp = att + L * hq * d, *gu = tmp + L * H;
     float *act = gu + L * 2 * I, *scores = act + L * I;
+    // Each product's shares of its blocks of 16 columns, one word a thread asked for, set before any thread runs:
+    // few_rows_steal lets a thread through its own share take from the far end of another's, so a core the system
+    // or the memory slowed is not waited for (with fixed shares the waits after the four products took 22-79 us of
+    // a 330-620 us layer for 1-6 tokens, after it 6-8 us; the target's calls 0-6 % faster on the 2-core Zen 4
+    // without AVX-512, BENCHMARKS.md), and where OpenMP gives fewer threads than asked the ones that came compute
+    // every share.
+    atomic_long* shares = malloc(sizeof(atomic_long) * (4 * layers + 1) * threads);
+    if (!shares) {
+        free(buf);
+        return -1;
+    }
+    long outs[4] = {nqkv, H, 2 * I, H};
+    for (long i = 0; i < 4 * layers + 1; i++)
+        for (int u = 0; u < threads; u++) {
+            long c0, c1;
+            few_rows_share(i < 4 * layers ? outs[i % 4] : V, u, threads, &c0, &c1);
+            atomic_init(shares + i * threads + u, c0 | (c1 << 32));
+        }
     meet_t bar = {0, 0};
+#define PRODUCT(i, W, WT, SC, X, M, K, N, Y) few_rows_steal(W, WT, SC, X, M, K, N, Y, t, threads, shares + (i) * threads)
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -251,7 +271,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             // 1. h = RMSNorm(x); qkv = h . Wqkv^T
             for (long l = r0; l < r1; l++) rmsnorm(x + l * H, norms[2 * li], eps, H, h + l * H);
             meet(&bar, nt);
-            few_rows_part(w[0], wtype, sc[0], h, L, H, nqkv, qkv, t, nt);
+            PRODUCT(4 * li, w[0], wtype, sc[0], h, L, H, nqkv, qkv);
             meet(&bar, nt);
             // 2. RoPE on q and k; k and v into the cache
             for (long l = r0; l < r1; l++) {
@@ -272,7 +292,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             }
             meet(&bar, nt);
             // 4. x += att . Wo^T; h = RMSNorm(x)
-            few_rows_part(w[1], wtype, sc[1], att, L, hq * d, H, tmp, t, nt);
+            PRODUCT(4 * li + 1, w[1], wtype, sc[1], att, L, hq * d, H, tmp);
             meet(&bar, nt);
             for (long l = r0; l < r1; l++) {
                 for (long k = 0; k < H; k++) x[l * H + k] += tmp[l * H + k];
@@ -280,7 +300,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             }
             meet(&bar, nt);
             // 5. x += (SiLU(h . Wgate^T) * (h . Wup^T)) . Wdown^T
-            few_rows_part(w[2], wtype, sc[2], h, L, H, 2 * I, gu, t, nt);
+            PRODUCT(4 * li + 2, w[2], wtype, sc[2], h, L, H, 2 * I, gu);
             meet(&bar, nt);
             for (long l = r0; l < r1; l++) {
                 float *a = gu + l * 2 * I, *u = a + I, *out = act + l * I;
@@ -289,7 +309,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
                 for (long i = 0; i < I; i++) out[i] = a[i] / (1.0f + out[i]) * u[i];
             }
             meet(&bar, nt);
-            few_rows_part(w[3], wtype, sc[3], act, L, I, H, tmp, t, nt);
+            PRODUCT(4 * li + 3, w[3], wtype, sc[3], act, L, I, H, tmp);
             meet(&bar, nt);
             for (long e = e0; e < e1; e++) x[e] += tmp[e];
             meet(&bar, nt);
@@ -298,8 +318,10 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
         for (long l = r0; l < r1; l++) rmsnorm(x + l * H, fnorm, eps, H, hn + l * H);
         meet(&bar, nt);
         if (out_rows)
-            few_rows_part(head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits, t, nt);
+            PRODUCT(4 * layers, head, head_wtype, head_scale, hn + (L - out_rows) * H, out_rows, H, V, logits);
     }
+#undef PRODUCT
+    free(shares);
     free(buf);
     return 0;
 }

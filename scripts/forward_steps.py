@@ -8,8 +8,8 @@ It compiles a copy of the C sources in a temporary folder with a cycle counter (
 llama.c's barrier (`meet`), loads that copy instead of the kernel (same code otherwise), and prints for each call size
 the mean over threads, per layer, of the microseconds spent computing each step (from leaving one wait to entering
 the next) and waiting after it; the final norm counts under "norm", the output layer (no wait after it) nowhere. The
-counter's rate is taken against perf_counter. Sizes run one after the other, so the memory's drift shows between
-them (read the steps within a row; scripts/cpu_costs.py interleaves sizes for what a call costs). The
+counter's rate is taken against perf_counter. The sizes take turns, call by call, so the memory's drift from second
+to second falls on all of them alike. The
 sources change under it: the script stops with one sentence where the text it instruments has moved.
 """
 
@@ -82,6 +82,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,2,4,6")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--prefetch", default="", help='the panels\' prefetch, e.g. "none", "L1:32", "L2:64" (default: timed)'
+    )
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
 
@@ -107,11 +110,13 @@ def main() -> None:
         compute = ((ctypes.c_ulonglong * 10) * 2).in_dll(lib, "steps_compute")
         wait = ((ctypes.c_ulonglong * 10) * 2).in_dll(lib, "steps_wait")
         p = load_model(BUILTIN_TARGET, device="cpu")
+        if a.prefetch:
+            native.panel_prefetch(a.prefetch)
         rate = tsc_per_us(lib)
         layers = p.model.config.num_hidden_layers
         m = machine_info()
         print(f"{m['cpu']} ({m['cpu_id']}; {m['cpu_vector']}); {pair_backend(p, p)}")
-        print(f"time stamp counter: {rate:.0f} per microsecond")
+        print(f"time stamp counter: {rate:.0f} per microsecond; panels' prefetch {native.panel_prefetch()}")
         prompt = torch.tensor(p.tokenizer(PROMPT)["input_ids"])
         with torch.inference_mode():
             run = open_run(p, p.vocab_size)
@@ -119,23 +124,31 @@ def main() -> None:
             base = run.length
             block = prompt.repeat(max(sizes) // len(prompt) + 1)[: max(sizes)]
             for r in range(a.rounds):
+                sums = {size: [[0] * 10, [0] * 10, 0.0] for size in sizes}  # compute, wait (both threads), seconds
+                for _ in range(a.calls):  # the sizes interleaved: the memory's drift falls on all of them alike
+                    for size in sizes:
+                        for t in range(2):
+                            for j in range(10):
+                                compute[t][j] = wait[t][j] = 0
+                        t0 = time.perf_counter()
+                        run.feed(block[:size])
+                        sums[size][2] += time.perf_counter() - t0
+                        run.rollback(base)
+                        for j in range(10):
+                            sums[size][0][j] += compute[0][j] + compute[1][j]
+                            sums[size][1][j] += wait[0][j] + wait[1][j]
                 print(f"round {r + 1}: microseconds a layer, computing + waiting after (mean of 2 threads)")
                 print(f"{'tokens':>6s} {'ms a call':>9s} " + " ".join(f"{s:>15s}" for s in STEPS))
+                per = a.calls * layers * rate * 2
                 for size in sizes:
-                    for t in range(2):
-                        for j in range(10):
-                            compute[t][j] = wait[t][j] = 0
-                    t0 = time.perf_counter()
-                    for _ in range(a.calls):
-                        run.feed(block[:size])
-                        run.rollback(base)
-                    ms = (time.perf_counter() - t0) / a.calls * 1e3
-                    per = a.calls * layers * rate * 2
-                    cells = [
-                        f"{(compute[0][j] + compute[1][j]) / per:.1f}+{(wait[0][j] + wait[1][j]) / per:.1f}"
-                        for j in range(10)
-                    ]
-                    print(f"{size:6d} {ms:9.2f} " + " ".join(f"{c:>15s}" for c in cells))
+                    c, w, seconds = sums[size]
+                    cells = [f"{c[j] / per:.1f}+{w[j] / per:.1f}" for j in range(10)]
+                    print(f"{size:6d} {seconds / a.calls * 1e3:9.2f} " + " ".join(f"{x:>15s}" for x in cells))
+                    products, waits = sum(c[j] for j in (1, 4, 6, 8)) / per, sum(w[j] for j in (1, 4, 6, 8)) / per
+                    rest, rest_waits = sum(c) / per - products, sum(w) / per - waits
+                    print(
+                        f"{'':16s} four products {products:.1f} + {waits:.1f}, the other steps {rest:.1f} + {rest_waits:.1f}"
+                    )
         print(f"read bandwidth now {read_bandwidth(540 << 20):.1f} GB/s")
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -366,7 +366,9 @@ def judged_prefetch(call) -> str:
     return prefetch_pays(dict(zip(PREFETCHES, judged(draw, PREFETCH_MARGIN))))
 
 
-PREFETCHES = (native.PANEL_PREFETCH, "none", "L2:64")  # the compiled one first: judged's base
+PREFETCHES = (native.PANEL_PREFETCH, "none", "L2:64", "L2:128", "L2:256")  # the compiled one first: judged's base.
+# L2:128 and L2:256: on the 2-core Zen 4 without AVX-512 (3 Dec 2026) a verify of 2-5 tokens took 1.06-1.19 steps
+# with them against 1.10-1.35 with L1:32 and 1.15-1.33 with L2:64, in one process, interleaved (BENCHMARKS.md)
 PREFETCH_MARGIN = 0.97
 
 

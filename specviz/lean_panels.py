@@ -53,8 +53,8 @@ _prefetch_timed: list[str] = []  # the panels' prefetch this process chose by ti
 def choose_prefetch(fwd) -> None:
     """How the panel kernels prefetch in calls of 2+ tokens, forced by SPECVIZ_KERNEL_PREFETCH or timed once per
     process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2 and 4
-    tokens, about 1 s for the built-in target on a 2-core Zen 4); one setting for every model of the process. Any
-    setting computes the same numbers."""
+    tokens, five settings, about 2 s for the built-in target on a 2-core Zen 4); one setting for every model of the
+    process. Any setting computes the same numbers."""
     forced = kernels.prefetch_mode()
     if forced is not None:
         native.panel_prefetch(forced)

@@ -263,6 +263,7 @@ def test_a_prefetch_setting_that_is_not_one_is_refused_in_words_and_auto_ignores
         ({"L1:32": 1.0, "none": 0.90, "L2:64": 0.85}, "L2:64"),
         ({"L1:32": 1.0, "none": 0.98, "L2:64": 0.975}, "L1:32"),  # within the margin: the compiled one
         ({"L1:32": 0.9, "none": 1.0, "L2:64": 0.95}, "L1:32"),
+        ({"L1:32": 1.0, "none": 1.1, "L2:64": 1.05, "L2:128": 0.9, "L2:256": 0.92}, "L2:128"),  # the Zen 4, AVX2
     ],
 )
 def test_the_compiled_prefetch_stays_unless_another_was_clearly_faster(times, chosen):
@@ -280,7 +281,8 @@ def test_the_compiled_prefetch_stays_unless_another_was_clearly_faster(times, ch
 )
 def test_a_close_prefetch_timing_gets_a_second_draw(monkeypatch, draws, chosen, n):
     left = list(draws)
-    monkeypatch.setattr(kernels, "time_prefetch", lambda call: left.pop(0))
+    slower = dict.fromkeys(kernels.PREFETCHES, 9.0)  # every candidate timed; those not named here far slower
+    monkeypatch.setattr(kernels, "time_prefetch", lambda call: {**slower, **left.pop(0)})
     assert kernels.judged_prefetch(None) == chosen and len(draws) - len(left) == n
 
 
@@ -288,7 +290,7 @@ def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enoug
     from specviz.models import CACHE, load_model
 
     timed = []
-    fake = {"L1:32": 1.0, "none": 0.9, "L2:64": 0.5}
+    fake = {**dict.fromkeys(kernels.PREFETCHES, 2.0), "L1:32": 1.0, "none": 0.9, "L2:64": 0.5}
     monkeypatch.setattr(kernels, "time_prefetch", lambda call: timed.append(call(4)) or fake)
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")

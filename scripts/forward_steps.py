@@ -92,7 +92,7 @@ def main() -> None:
 
     from specviz import native
     from specviz.config import BUILTIN_TARGET
-    from specviz.costs import open_run, read_bandwidth
+    from specviz.costs import feed_seconds, open_run, read_bandwidth
     from specviz.machine import machine_info
     from specviz.models import load_model, pair_backend
 
@@ -130,10 +130,7 @@ def main() -> None:
                         for t in range(2):
                             for j in range(10):
                                 compute[t][j] = wait[t][j] = 0
-                        t0 = time.perf_counter()
-                        run.feed(block[:size])
-                        sums[size][2] += time.perf_counter() - t0
-                        run.rollback(base)
+                        sums[size][2] += feed_seconds(run, block[:size], base)
                         for j in range(10):
                             sums[size][0][j] += compute[0][j] + compute[1][j]
                             sums[size][1][j] += wait[0][j] + wait[1][j]

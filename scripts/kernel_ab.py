@@ -21,14 +21,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PROMPT = "Tell me about gravity, the moon and the tides of the sea, and why a day on the moon is so long."
-FUNCTIONS = ("few_rows", "llama_forward", "llama_chain", "first_max", "few_rows_use_isa", "few_rows_panel_ahead")
+FUNCTIONS = (
+    "few_rows",
+    "llama_forward",
+    "llama_chain",
+    "first_max",
+    "few_rows_use_isa",
+    "few_rows_panel_ahead",
+    "few_rows_passes",
+)
 
 
 def base_library(rev: str, folder: Path, new: ctypes.CDLL) -> ctypes.CDLL:
@@ -50,7 +57,7 @@ def base_library(rev: str, folder: Path, new: ctypes.CDLL) -> ctypes.CDLL:
     finally:
         native.SOURCES = kept
     old = ctypes.CDLL(str(out))
-    for fn in (*FUNCTIONS, "few_rows_passes"):
+    for fn in FUNCTIONS:
         getattr(old, fn).argtypes, getattr(old, fn).restype = getattr(new, fn).argtypes, getattr(new, fn).restype
     old.few_rows_use_isa(new.few_rows_use_isa(-1))
     old.few_rows_panel_ahead(new.few_rows_panel_ahead(-1, 0), new.few_rows_panel_level())
@@ -71,7 +78,7 @@ def main() -> None:
 
     from specviz import native
     from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
-    from specviz.costs import open_run, read_bandwidth
+    from specviz.costs import feed_seconds, open_run, read_bandwidth
     from specviz.lean import LeanLlama
     from specviz.machine import machine_info
     from specviz.models import load_model, pair_backend
@@ -113,10 +120,7 @@ def main() -> None:
                     for k in (0, 1) if rep % 2 else (1, 0):
                         use((old, new)[k])
                         for s in lengths:
-                            t0 = time.perf_counter()
-                            run.feed(block[:s])
-                            dt = time.perf_counter() - t0
-                            run.rollback(at)
+                            dt = feed_seconds(run, block[:s], at)
                             if rep:
                                 times[(k, s)].append(dt)
                 for s in lengths:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +33,7 @@ def main() -> None:
 
     from specviz import native
     from specviz.config import BUILTIN_TARGET
-    from specviz.costs import open_run, read_bandwidth
+    from specviz.costs import feed_seconds, open_run, read_bandwidth
     from specviz.machine import machine_info
     from specviz.models import load_model, pair_backend
 
@@ -57,10 +56,7 @@ def main() -> None:
             for s in settings if rep % 2 else settings[::-1]:
                 native.panel_prefetch(s)
                 for n in sizes:
-                    t0 = time.perf_counter()
-                    run.feed(block[:n])
-                    dt = time.perf_counter() - t0
-                    run.rollback(at)
+                    dt = feed_seconds(run, block[:n], at)
                     if rep:
                         times[(s, n)].append(dt)
     native.panel_prefetch(chosen)

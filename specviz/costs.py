@@ -67,15 +67,24 @@ def forward_samples(
     samples: list[list[float]] = [[] for _ in range(max_tokens)]
     for rep in range(reps + 1):  # the first repetition warms up
         for size in range(1, max_tokens + 1):
-            _sync(lm.device)
-            t0 = time.perf_counter()
-            run.feed(block[:size])
-            _sync(lm.device)
-            dt = time.perf_counter() - t0
-            run.rollback(base)
+            dt = feed_seconds(run, block[:size], base, lm.device)
             if rep:
                 samples[size - 1].append(dt)
     return samples
+
+
+def feed_seconds(run, tokens: torch.Tensor, at: int, device: torch.device | None = None) -> float:
+    """Seconds of one call feeding `tokens` to `run` (an open run holding `at` tokens), then rolled back to `at`:
+    a verify's shape, timed as forward_samples and the A/B scripts time it (a GPU's queue waited for)."""
+    if device is not None:
+        _sync(device)
+    t0 = time.perf_counter()
+    run.feed(tokens)
+    if device is not None:
+        _sync(device)
+    dt = time.perf_counter() - t0
+    run.rollback(at)
+    return dt
 
 
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its times; freed with the model

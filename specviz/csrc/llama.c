@@ -8,10 +8,11 @@
 // plain loops: RMSNorm, the fused q/k/v product, RoPE, the KV cache write, attention, the output product, the
 // residual, RMSNorm, the fused gate/up product, SiLU, the down product, the residual; then the final RMSNorm and
 // the output layer. The threads split each product's output columns (few_rows_steal: a share each, and a thread
-// through its own takes what is left of the others') and each step's rows or heads, with a barrier between steps. The output layer is in the same region, so a forward is one call with no
-// Python between its parts: in the decode loop on a 2-core EPYC Zen 3 the int8 draft's call went from 1.43-1.70
-// to 1.43-1.49 ms (two A/B runs of 12 prompts; alone, back to back, both take 1.0-1.2 ms: the rest of a call in
-// the loop is its weights coming back from memory after the target's verify).
+// through its own takes what is left of the others') and each step's rows or heads, with a barrier between steps.
+// The output layer is in the same region, so a forward is one call with no Python between its parts: in the
+// decode loop on a 2-core EPYC Zen 3 the int8 draft's call went from 1.43-1.70 to 1.43-1.49 ms (two A/B runs of 12
+// prompts; alone, back to back, both take 1.0-1.2 ms: the rest of a call in the loop is its weights coming back
+// from memory after the target's verify).
 //
 // Same numbers whatever the call's length: every row of every step is computed by the same sequence of operations
 // whether it is fed alone or with others (attention goes through the rows in order; a row a token may not see
@@ -256,7 +257,8 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
             atomic_init(shares + i * threads + u, c0 | (c1 << 32));
         }
     meet_t bar = {0, 0};
-#define PRODUCT(i, W, WT, SC, X, M, K, N, Y) few_rows_steal(W, WT, SC, X, M, K, N, Y, t, threads, shares + (i) * threads)
+#define PRODUCT(i, W, WT, SC, X, M, K, N, Y) \
+    few_rows_steal(W, WT, SC, X, M, K, N, Y, t, threads, shares + (i) * threads)
 #pragma omp parallel num_threads(threads)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();

@@ -1,5 +1,5 @@
 """What a verify costs in one-token steps under each of the panels' prefetch settings, in one process, interleaved:
-the numbers behind kernels.PREFETCHES (the settings the load times) on this CPU.
+the numbers behind lean_panels.PREFETCHES (the settings the load times) on this CPU.
 
     python scripts/prefetch_costs.py                              # none, L1:32, L2:64, L2:128, L2:256, L2:512
     python scripts/prefetch_costs.py --settings L1:32,L2:128 --reps 30

@@ -58,7 +58,7 @@ def draft_forward(target: LeanLlama | None, draft: LeanLlama) -> LeanLlama:
             pays = min(times[1:]) < INT8_PAYS * times[0]
             if len(small) == 2:  # the int8 weights' layout by the same steps, before anyone runs them; once:
                 if pays:  # another pairing must not switch it under a run
-                    lean_panels.use(i8, times[2] < kernels.PANELS_MARGIN * times[1], small[1].packed)
+                    lean_panels.use(i8, times[2] < lean_panels.PANELS_MARGIN * times[1], small[1].packed)
                 i8.layout_timed_cold = True
             if act8:  # built again in _act8, after the layout: this copy was for timing
                 i8.act8_pays = times[-1] < ACT8_PAYS * min(times[1:-1])
@@ -97,16 +97,16 @@ def _act8_to_time(fwd: LeanLlama) -> list[LeanLlama]:
 
 def _judged_steps(target: LeanLlama, drafts: list[LeanLlama], bar: float) -> list[float]:
     """`_cold_steps` of drafts[0] and the ways to weigh against it, drawn again where the best of those lands too
-    close to bar (of drafts[0]'s time) to call (kernels.judged)."""
-    return kernels.judged(lambda: _cold_steps(target, drafts), bar)
+    close to bar (of drafts[0]'s time) to call (lean_panels.judged)."""
+    return lean_panels.judged(lambda: _cold_steps(target, drafts), bar)
 
 
 def _variants(small: LeanLlama) -> list[LeanLlama]:
     """The int8 draft read by rows and in panels, to be timed the way a round runs it (where the layout is timed:
-    kernels.layout_mode): its few MB stay in the caches when timed back to back, which favours rows, while a round
+    lean_panels.layout_mode): its few MB stay in the caches when timed back to back, which favours rows, while a round
     reads them after the target's verify has streamed through the caches (on the Zen 4 of 27 Nov 2026 its step took
     0.89-0.99 ms in panels against 1.05-1.17 by rows that way, while timed warm it chose rows)."""
-    if kernels.layout_mode() != "auto" or small.layout_timed_cold or not lean_panels.can(small):
+    if lean_panels.layout_mode() != "auto" or small.layout_timed_cold or not lean_panels.can(small):
         return [small]
     return [lean_panels.copy_with(small, False), lean_panels.copy_with(small, True)]
 

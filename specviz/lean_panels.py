@@ -1,6 +1,6 @@
 """How llama.c reads a model's weights: as they are stored, row by row, or packed in panels of 16 output columns
 (native.pack; few_rows.c's panel kernels: no horizontal sums, one stream per panel), whichever runs this model's
-products faster here (kernels.panels_pay). A draft's choice is made again by its step right after a target step
+products faster here (panels_pay). A draft's choice is made again by its step right after a target step
 (lean_draft). The same numbers for a token whatever the call's length, in either layout; the two layouts' numbers
 differ by float32 rounding, so a target's layout is fixed when its forward is built (plain and speculative decoding
 then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses. By rows
@@ -10,6 +10,7 @@ how a call of 2+ tokens prefetches its weights (choose_prefetch): any count or d
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 
@@ -35,12 +36,12 @@ def choose(fwd) -> None:
     of float32's bytes, and a panel copy would hold its weights twice (an 8-bit built-in target 440 MB, not 270)."""
     if not can(fwd):
         return fwd.point()
-    if fwd.quantised and kernels.layout_mode() == "auto":
+    if fwd.quantised and layout_mode() == "auto":
         use(fwd, False)
         return choose_passes(fwd)
     packed = packs(fwd)
     mats = [(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in fwd.weights()]
-    use(fwd, kernels.panels_pay(mats), packed)
+    use(fwd, panels_pay(mats), packed)
     if not fwd.packed:
         choose_passes(fwd)
     else:
@@ -55,7 +56,7 @@ def choose_prefetch(fwd) -> None:
     process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2 and 4
     tokens, five settings, about 2 s for the built-in target on a 2-core Zen 4); one setting for every model of the
     process. Any setting computes the same numbers."""
-    forced = kernels.prefetch_mode()
+    forced = prefetch_mode()
     if forced is not None:
         native.panel_prefetch(forced)
         return
@@ -68,7 +69,7 @@ def choose_prefetch(fwd) -> None:
         cache.length = 16
         fwd.forward(cache, ids[16 : 16 + m])
 
-    _prefetch_timed.append(native.panel_prefetch(kernels.judged_prefetch(call)))
+    _prefetch_timed.append(native.panel_prefetch(judged_prefetch(call)))
 
 
 PASSES_MIN_BYTES = 64 << 20  # timed on this many bytes of a model's weights: they stream from memory, as in a step
@@ -77,9 +78,9 @@ _passes_timed: dict[int, tuple[int, ...]] = {}  # weight type -> the counts this
 
 def choose_passes(fwd) -> None:
     """The AVX2 rows kernels' rows of W per pass for fwd's weight type, timed once per process on the first model
-    of that type large enough to stream from memory (kernels.time_passes; 0.7 s for the built-in target on a 2-core
+    of that type large enough to stream from memory (time_passes; 0.7 s for the built-in target on a 2-core
     Zen 1); smaller models keep what was chosen (or the defaults). Any counts compute the same numbers."""
-    if fwd.wtype in _passes_timed or native.passes(fwd.wtype) is None or not kernels.passes_timed():
+    if fwd.wtype in _passes_timed or native.passes(fwd.wtype) is None or not passes_timed():
         return
     mats, size = [], 0
     for w in fwd.weights():
@@ -88,7 +89,7 @@ def choose_passes(fwd) -> None:
         mats.append((w, fwd.scales.get(w.data_ptr())))
         size += w.numel() * w.element_size()
     if size >= PASSES_MIN_BYTES:
-        _passes_timed[fwd.wtype] = kernels.time_passes(mats, fwd.wtype)
+        _passes_timed[fwd.wtype] = time_passes(mats, fwd.wtype)
 
 
 def _bytes(packed: dict[int, torch.Tensor]) -> int:
@@ -160,3 +161,183 @@ def passes_note() -> str:
             else f"panels prefetched into {level} {rows} rows ahead ({how})"
         )
     return "".join(f"; {n}" for n in notes)
+
+
+# Panels take a copy of the weights (the model keeps its own for PyTorch's paths), so a target keeps them only where
+# a step's and a 4-token verify's passes over its products take this share of rows' time together or less
+# (PANELS_SUM_MARGIN) and neither alone takes PANELS_GUARD times rows' or more (panels_pay); an int8 draft, judged by
+# its step right after a target step (lean_draft), only where that is PANELS_MARGIN of rows' or less.
+PANELS_MARGIN = 0.97
+PANELS_SUM_MARGIN = 0.99
+PANELS_GUARD = 1.06
+LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in target on a 2-core Zen 3
+
+
+def layout_mode() -> str:
+    """SPECVIZ_KERNEL_LAYOUT: "auto" (default: time both layouts once per model), "panels" or "rows" (forced)."""
+    v = os.environ.get("SPECVIZ_KERNEL_LAYOUT", "auto").strip().lower()
+    return v if v in ("panels", "rows") else "auto"
+
+
+@torch.inference_mode()
+def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Seconds of a pass over a model's products by rows and in panels, for each of `rows` tokens (a plain step and
+    a typical verify); mats: (weight as stored, the same packed, its scale or None) in the order a forward reads
+    them. The layouts alternate within each of LAYOUT_REPS repetitions, so a busy machine slows both alike; the best
+    of each."""
+    inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _, _ in mats} for m in rows}
+    best = [[float("inf")] * len(rows) for _ in (0, 1)]
+    for _ in range(LAYOUT_REPS):
+        for i in (0, 1):
+            for j, m in enumerate(rows):
+                t = kernels.best_seconds(
+                    lambda i=i, m=m: [
+                        native.few_rows(inputs[m][w.shape[1]], (w, p)[i], sc, w.shape[0]) for w, p, sc in mats
+                    ],
+                    2,
+                )
+                best[i][j] = min(best[i][j], t)
+    return tuple(best[0]), tuple(best[1])
+
+
+@torch.inference_mode()
+def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
+    """Rows of W per pass (native.passes) for each call size of 2..8 tokens on the AVX2 rows kernels, timed over
+    these (weight, scale) products (enough of a model's weights to stream from memory, in a forward's order): every
+    count up to the most each size takes (native.pass_limits), alternating within each of 3 repetitions; a count
+    other than the default is kept only where it beat the default by PASSES_MARGIN in every repetition (one burst of
+    other work must not decide a process's counts), the fastest such by its best time. A step's count (1 token)
+    stays the compiled one, the best on every CPU measured (Xeon, Zen 1, 3, 4). Leaves the chosen counts set."""
+    default, most = native.passes(wtype), native.pass_limits(wtype)[1]
+    chosen = list(default)
+    for m in range(2, 9):
+        x = {w.shape[1]: torch.randn(m, w.shape[1]) for w, _ in mats}
+        counts = range(1, most[m - 1] + 1)
+        times: dict[int, list[float]] = {r: [] for r in counts}
+        for _ in range(3):
+            for r in counts:
+                native.set_passes(wtype, tuple(chosen[: m - 1]) + (r,) + default[m:])
+                times[r].append(
+                    kernels.best_seconds(
+                        lambda x=x: [native.few_rows(x[w.shape[1]], w, sc, w.shape[0]) for w, sc in mats], 1
+                    )
+                )
+        base = times[default[m - 1]]
+        wins = [r for r in counts if all(t < PASSES_MARGIN * b for t, b in zip(times[r], base))]
+        if wins:
+            chosen[m - 1] = min(wins, key=lambda r: min(times[r]))
+    native.set_passes(wtype, tuple(chosen))
+    return tuple(chosen)
+
+
+PASSES_MARGIN = 0.95
+
+
+def prefetch_mode() -> str | None:
+    """SPECVIZ_KERNEL_PREFETCH: "auto" (default: timed once per process, `time_prefetch`) or the panels' prefetch
+    forced ("none", "L1:32", "L2:64": native.panel_prefetch); a setting it cannot read counts as auto."""
+    v = os.environ.get("SPECVIZ_KERNEL_PREFETCH", "auto").strip()
+    try:
+        native.parse_prefetch(v)
+    except ValueError:
+        return None
+    return v
+
+
+@torch.inference_mode()
+def time_prefetch(call, rows: tuple[int, ...] = (2, 4)) -> dict[str, float]:
+    """Seconds of a model's calls of `rows` tokens (call(m) runs one call of m tokens: a verify's whole forward, its
+    attention and barriers included), summed over `rows`, for each of PREFETCHES, alternating within each of
+    LAYOUT_REPS repetitions (the best of each). Leaves the setting as it found it. Whole calls, not the products: on
+    the Zen 4 of 2 Dec 2026 the products understated the difference enough to keep L1:32 in one process of three."""
+    was = native.panel_prefetch()
+    best = {s: [float("inf")] * len(rows) for s in PREFETCHES}
+    try:
+        for _ in range(LAYOUT_REPS):
+            for s in PREFETCHES:
+                native.panel_prefetch(s)
+                for j, m in enumerate(rows):
+                    best[s][j] = min(best[s][j], kernels.best_seconds(lambda m=m: call(m), 2))
+    finally:
+        native.panel_prefetch(was)
+    return {s: sum(t) for s, t in best.items()}
+
+
+def prefetch_pays(times: dict[str, float]) -> str:
+    """The setting to keep from `time_prefetch`'s sums: the fastest, where it was PREFETCH_MARGIN faster than the
+    compiled one, else the compiled one. L1:32 made calls of 3-6 tokens 1.23-1.28 -> 1.17-1.20 steps on a 2-core Zen 5;
+    on a 2-core Zen 4 2-5 tokens took 1.26-1.52 steps with it, 1.03-1.16 with none, 0.94-1.10 with L2:64."""
+    fastest = min(times, key=times.get)
+    return fastest if times[fastest] < PREFETCH_MARGIN * times[native.PANEL_PREFETCH] else native.PANEL_PREFETCH
+
+
+def judged(draw, bar: float, ratio=None, most: int = 2) -> list[float]:
+    """draw() -> [the base's time, the others'...]; while ratio(times) (default: the best of the others over the
+    base's time) lands within CLOSE of bar, too close to call (a busy moment may have blurred it), another draw, up
+    to `most` in all; each time the best of every draw so far."""
+    ratio = ratio or (lambda t: min(t[1:]) / t[0])
+    times = draw()
+    for _ in range(most - 1):
+        if abs(ratio(times) - bar) > CLOSE:
+            break
+        times = [min(a, b) for a, b in zip(times, draw())]
+    return times
+
+
+CLOSE = 0.1  # for every choice kept by a ratio to a bar: lean_draft's int8 and int8 activations, the panels' layout
+# and prefetch
+
+
+def judged_prefetch(call) -> str:
+    """`prefetch_pays` of `time_prefetch(call)`, drawn again while too close to call (`judged`, PREFETCH_DRAWS at
+    most). On the Zen 4 of 2 Dec 2026, with one draw, one load in three kept L1:32 (20 % slower). On the Zen 4
+    without AVX-512 of 3 Dec, with two, 4 loads of 17 still did, each after two tied draws: the memory has slow spells
+    in which every setting ties (a step 17-19 ms, not 14-15), and a draw in a fast moment sets L2:128 10-17 % ahead
+    at 2-4 tokens."""
+
+    def draw() -> list[float]:
+        times = time_prefetch(call)
+        return [times[s] for s in PREFETCHES]
+
+    return prefetch_pays(dict(zip(PREFETCHES, judged(draw, PREFETCH_MARGIN, most=PREFETCH_DRAWS))))
+
+
+PREFETCHES = (native.PANEL_PREFETCH, "none", "L2:64", "L2:128", "L2:256")  # the compiled one first: judged's base.
+# L2:128 and L2:256: on the 2-core Zen 4 without AVX-512 (3 Dec 2026) a verify of 2-5 tokens took 1.06-1.19 steps
+# with them against 1.10-1.35 with L1:32 and 1.15-1.33 with L2:64, in one process, interleaved (BENCHMARKS.md)
+PREFETCH_MARGIN = 0.97
+PREFETCH_DRAWS = 4  # about 2.5 s each for the built-in target
+
+
+def passes_timed() -> bool:
+    """SPECVIZ_KERNEL_PASSES: "auto" (default: the rows kernels' rows of W per pass timed once per process, on AVX2)
+    or "default" (the compiled defaults, for comparing)."""
+    return os.environ.get("SPECVIZ_KERNEL_PASSES", "auto").strip().lower() != "default"
+
+
+def panels_pay(mats: list[tuple]) -> bool:
+    """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
+    its own weights (`time_layouts`; under a second for the built-in target) and kept where a step and a 4-token
+    verify take clearly less time together than by rows (PANELS_SUM_MARGIN) and neither is clearly slower alone
+    (PANELS_GUARD). On a 2-core Zen 1 (28 Nov 2026) panels took a step 7 % faster but a 4-token call 9 % slower, and
+    the race ran 1.28-1.34x against 1.50-1.54x by rows: rows. On a 2-core Zen 3 (1 Dec 2026) panels ran both lanes
+    faster, but the products alone read a step 0.83-0.95 of rows' time and a 4-token call 0.85-1.05: the earlier
+    rule (a 4-token call 3 % faster, a step not 3 % slower) took rows in 2 of 4 fresh processes. Judged by the two
+    together, the noise of one size weighs half (BENCHMARKS.md, the Zen 1, Zen 5 and Zen 3 sections). Where the two
+    together land within CLOSE of the margin, a second draw (`judged`): on the 2-core Zen 4 without AVX-512 of 3 Dec
+    2026, 2 loads of 21 kept the target by rows (one timed 0.99 and 1.00, where the others read 0.51-0.79 and
+    0.66-0.95)."""
+    how = layout_mode()
+    if how != "auto":
+        return how == "panels"
+
+    def draw() -> list[float]:
+        rows, panels = time_layouts(mats)
+        return [*rows, *panels]
+
+    def together(t: list[float]) -> float:  # panels' time over rows', the step and the verify summed
+        return (t[2] + t[3]) / (t[0] + t[1])
+
+    step_rows, verify_rows, step_panels, verify_panels = times = judged(draw, PANELS_SUM_MARGIN, together)
+    alone = max(step_panels / step_rows, verify_panels / verify_rows)
+    return together(times) < PANELS_SUM_MARGIN and alone < PANELS_GUARD

@@ -535,8 +535,6 @@ def test_auto_weighs_an_int8_drafts_int8_activations_against_the_float_draft_in_
 def test_auto_reads_a_models_weights_in_panels_only_where_a_step_and_a_verify_were_timed_clearly_faster(
     pair_with, monkeypatch, rows_s, panels_s, chosen
 ):
-    import specviz.kernels as kernels
-
     p, q = pair_with("llama.c")
     timed = []
 
@@ -544,12 +542,12 @@ def test_auto_reads_a_models_weights_in_panels_only_where_a_step_and_a_verify_we
         timed.append(mats)
         return rows_s, panels_s
 
-    monkeypatch.setattr(kernels, "time_layouts", fake)
+    monkeypatch.setattr(lean_panels, "time_layouts", fake)
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
     fwd = lean.LeanLlama(p.model, "kernel")
     assert bool(fwd.packed) is chosen and ("weights in panels" in fwd.engine) is chosen
     together = sum(panels_s) / sum(rows_s)  # within CLOSE of the margin: too close to call, drawn twice
-    assert len(timed) == (2 if abs(together - kernels.PANELS_SUM_MARGIN) <= kernels.CLOSE else 1)
+    assert len(timed) == (2 if abs(together - lean_panels.PANELS_SUM_MARGIN) <= lean_panels.CLOSE else 1)
     mats = timed[0]  # timed on this model's own weights: every product, the output layer last
     assert all([w.data_ptr() for w, _, _ in m] == [w.data_ptr() for w, _, _ in mats] for m in timed)
     assert [w.data_ptr() for w, _, _ in mats] == [w.data_ptr() for w in fwd.weights()]
@@ -573,12 +571,10 @@ def test_auto_reads_a_models_weights_in_panels_only_where_a_step_and_a_verify_we
 )
 def test_a_layout_timed_too_close_to_call_gets_a_second_draw(monkeypatch, draws, chosen):
     """On the Zen 4 without AVX-512 one app load in four timed both layouts level and kept the target by rows."""
-    import specviz.kernels as kernels
-
     left = list(draws)
-    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): left.pop(0))
+    monkeypatch.setattr(lean_panels, "time_layouts", lambda mats, rows=(1, 4): left.pop(0))
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
-    assert kernels.panels_pay([]) is chosen and left == []
+    assert lean_panels.panels_pay([]) is chosen and left == []
 
 
 @pytest.mark.parametrize(
@@ -596,8 +592,6 @@ def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(
     """Timed warm a draft's weights stay in the caches; a round reads them after the target's verify: the int8
     draft is timed by rows and in panels against the float draft that way (lean_draft._cold_steps, one call), and
     takes the faster layout, before anyone runs it."""
-    import specviz.kernels as kernels
-
     p, q = pair_with("llama.c")
     calls = []
 
@@ -607,7 +601,7 @@ def test_an_int8_drafts_layout_is_chosen_by_its_step_right_after_a_target_step(
 
     monkeypatch.setattr(lean_draft, "_cold_steps", fake)
     monkeypatch.setattr(lean_draft, "INT8_MIN_BYTES", 0)
-    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): ((1.0, 1.0), (2.0, 2.0)))  # warm: rows
+    monkeypatch.setattr(lean_panels, "time_layouts", lambda mats, rows=(1, 4): ((1.0, 1.0), (2.0, 2.0)))  # warm: rows
     monkeypatch.setenv("SPECVIZ_DRAFT_INT8", "auto")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
     draft = lean.LeanLlama(q.model, "kernel")

@@ -1,4 +1,4 @@
-"""The AVX2 rows kernels' rows of W per pass (few_rows.c's passes256; native.passes, kernels.time_passes,
+"""The AVX2 rows kernels' rows of W per pass (few_rows.c's passes256; native.passes, lean_panels.time_passes,
 lean_panels.choose_passes): timed per process because what pays differs by CPU. Any setting computes the same bits,
 so decoding stays exact whatever a machine chooses; the choice follows the timings and is made once."""
 
@@ -124,7 +124,7 @@ def test_time_passes_keeps_another_count_only_where_clearly_faster_every_time(av
 
     fake_clock(monkeypatch, cost)
     mats = [(torch.randn(48, 32), None)]
-    chosen = kernels.time_passes(mats, 0)
+    chosen = lean_panels.time_passes(mats, 0)
     assert rounds["n"] == 3
     assert chosen == (4, 1, 4, 3, 3, 2, 1, 1) and native.passes(0) == chosen
 
@@ -134,7 +134,7 @@ def test_passes_are_timed_once_per_weight_type_on_a_model_large_enough(avx2, mon
     from specviz.models import CACHE, load_model
 
     timed = []
-    monkeypatch.setattr(kernels, "time_passes", lambda mats, wtype: timed.append((len(mats), wtype)) or (1,) * 8)
+    monkeypatch.setattr(lean_panels, "time_passes", lambda mats, wtype: timed.append((len(mats), wtype)) or (1,) * 8)
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "rows")
     CACHE.clear()
@@ -212,7 +212,7 @@ def test_the_pairs_backend_line_and_the_machine_facts_carry_the_counts(avx2, row
     assert machine_info()["kernel_passes"]["float32"] == [4, 1, 1, 3, 1, 1, 1, 1]
 
 
-# ---- The panels' prefetch (few_rows.c's ahead and ahead_l2; native.panel_prefetch, kernels.time_prefetch,
+# ---- The panels' prefetch (few_rows.c's ahead and ahead_l2; native.panel_prefetch, lean_panels.time_prefetch,
 # lean_panels.choose_prefetch): timed per process, since L1:32 made a verify faster on a Zen 5 and slower on a Zen 4.
 
 
@@ -253,7 +253,7 @@ def test_a_prefetch_setting_that_is_not_one_is_refused_in_words_and_auto_ignores
         native.panel_prefetch(bad)
     assert native.panel_prefetch() == native.PANEL_PREFETCH
     monkeypatch.setenv("SPECVIZ_KERNEL_PREFETCH", bad)
-    assert kernels.prefetch_mode() is None  # timed, as auto
+    assert lean_panels.prefetch_mode() is None  # timed, as auto
 
 
 @pytest.mark.parametrize(
@@ -267,7 +267,7 @@ def test_a_prefetch_setting_that_is_not_one_is_refused_in_words_and_auto_ignores
     ],
 )
 def test_the_compiled_prefetch_stays_unless_another_was_clearly_faster(times, chosen):
-    assert kernels.prefetch_pays(times) == chosen
+    assert lean_panels.prefetch_pays(times) == chosen
 
 
 @pytest.mark.parametrize(
@@ -279,24 +279,28 @@ def test_the_compiled_prefetch_stays_unless_another_was_clearly_faster(times, ch
         ([{"L1:32": 1.0, "none": 0.95, "L2:64": 1.0}, {"L1:32": 0.8, "none": 1.0, "L2:64": 1.0}], "L1:32", 2),
         # tied twice (a slow spell), then a fast moment
         ([{"L1:32": 1.0, "none": 1.0, "L2:128": 0.99}] * 2 + [{"L1:32": 1.0, "L2:128": 0.8}], "L2:128", 3),
-        ([{"L1:32": 1.0, "none": 1.0, "L2:128": 0.99}] * kernels.PREFETCH_DRAWS, "L1:32", kernels.PREFETCH_DRAWS),
+        (
+            [{"L1:32": 1.0, "none": 1.0, "L2:128": 0.99}] * lean_panels.PREFETCH_DRAWS,
+            "L1:32",
+            lean_panels.PREFETCH_DRAWS,
+        ),
     ],
 )
 def test_a_close_prefetch_timing_is_drawn_again_until_clear_or_the_last_draw(monkeypatch, draws, chosen, n):
     """Each draw's times the best of every draw so far; the compiled setting kept where the last is still level (the
     memory's slow spells tie every setting; a moment of fast memory tells them apart)."""
     left = list(draws)
-    slower = dict.fromkeys(kernels.PREFETCHES, 9.0)  # every candidate timed; those not named here far slower
-    monkeypatch.setattr(kernels, "time_prefetch", lambda call: {**slower, **left.pop(0)})
-    assert kernels.judged_prefetch(None) == chosen and len(draws) - len(left) == n
+    slower = dict.fromkeys(lean_panels.PREFETCHES, 9.0)  # every candidate timed; those not named here far slower
+    monkeypatch.setattr(lean_panels, "time_prefetch", lambda call: {**slower, **left.pop(0)})
+    assert lean_panels.judged_prefetch(None) == chosen and len(draws) - len(left) == n
 
 
 def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enough(prefetch, monkeypatch, tiny_pair):
     from specviz.models import CACHE, load_model
 
     timed = []
-    fake = {**dict.fromkeys(kernels.PREFETCHES, 2.0), "L1:32": 1.0, "none": 0.9, "L2:64": 0.5}
-    monkeypatch.setattr(kernels, "time_prefetch", lambda call: timed.append(call(4)) or fake)
+    fake = {**dict.fromkeys(lean_panels.PREFETCHES, 2.0), "L1:32": 1.0, "none": 0.9, "L2:64": 0.5}
+    monkeypatch.setattr(lean_panels, "time_prefetch", lambda call: timed.append(call(4)) or fake)
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels")
     CACHE.clear()
@@ -317,12 +321,12 @@ def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enoug
 
 
 def test_time_prefetch_times_every_setting_on_whole_calls_and_leaves_the_setting_as_it_was(prefetch, monkeypatch):
-    monkeypatch.setattr(kernels, "LAYOUT_REPS", 2)
+    monkeypatch.setattr(lean_panels, "LAYOUT_REPS", 2)
     native.panel_prefetch("L1:7")
     seen = []
-    times = kernels.time_prefetch(lambda m: seen.append((m, native.panel_prefetch())))
-    assert set(times) == set(kernels.PREFETCHES) and all(t > 0 for t in times.values())
-    assert set(seen) == {(m, s) for m in (2, 4) for s in kernels.PREFETCHES} and native.panel_prefetch() == "L1:7"
+    times = lean_panels.time_prefetch(lambda m: seen.append((m, native.panel_prefetch())))
+    assert set(times) == set(lean_panels.PREFETCHES) and all(t > 0 for t in times.values())
+    assert set(seen) == {(m, s) for m in (2, 4) for s in lean_panels.PREFETCHES} and native.panel_prefetch() == "L1:7"
 
 
 @pytest.mark.parametrize("setting", ["none", "L1:32", "L2:64"])

@@ -183,13 +183,15 @@ def test_a_quantised_target_keeps_its_rows_where_panels_would_be_timed_faster(wi
     """With the layout left to timing, an 8-bit target reads its int8 rows as bitsandbytes stores them, never a panel
     copy (its memory would double), where the float draft beside it takes the panels the same timing favours;
     forced by SPECVIZ_KERNEL_LAYOUT=panels it still takes them."""
-    from specviz import kernels
+    from specviz import lean_panels
 
     if native.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
     for name, value in (("SPECVIZ_FORWARD", "auto"), ("SPECVIZ_CPU_GEMM", "kernel"), ("SPECVIZ_DRAFT_INT8", "0")):
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(kernels, "time_layouts", lambda mats, rows=(1, 4): ((1.0, 1.0), (0.5, 0.5)))  # panels 2x faster
+    monkeypatch.setattr(
+        lean_panels, "time_layouts", lambda mats, rows=(1, 4): ((1.0, 1.0), (0.5, 0.5))
+    )  # panels 2x faster
     sizes = {}
     for layout in ("auto", "panels"):
         monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", layout)

@@ -322,7 +322,7 @@ int few_rows_passes(int wtype, const int* r, int* out) {
 // 1: L2, T1). On the 2-core Zen 4 of 2 Dec 2026 (33-57 GB/s) L1 at 32 rows made a call of 2-5 tokens 1.26-1.52
 // steps against 1.03-1.16 without, and L2 at 64 rows 0.94-1.10; the race at gamma 3 ran 1.31-1.46x with L1:32 and
 // 1.51-1.73x with none in one interleaved run, none 1.36-1.63x and L2:64 1.53-1.66x in two more
-// (scripts/prefetch_ab.py): the setting is timed per process (kernels.time_prefetch), as the CPUs disagree.
+// (scripts/prefetch_ab.py): the setting is timed per process (lean_panels.time_prefetch), as the CPUs disagree.
 static int ahead = PANEL_AHEAD, ahead_l2 = 0;
 #define PREFETCH_PANEL(addr)                                                                               \
     do {                                                                                                   \

@@ -5,7 +5,9 @@ products faster here (panels_pay). A draft's choice is made again by its step ri
 differ by float32 rounding, so a target's layout is fixed when its forward is built (plain and speculative decoding
 then compute the same bits); a draft's may change once, when it is paired, and its numbers only shape guesses. By rows
 on AVX2, how many rows of W a pass reads for each call size is timed once per process (choose_passes), and in panels
-how a call of 2+ tokens prefetches its weights (choose_prefetch): any count or distance gives the same bits."""
+how a call of 2+ tokens prefetches its weights (choose_prefetch): any count or distance gives the same bits. The
+timings behind these choices are below (time_layouts, time_passes, time_prefetch), each choice drawn again while too
+close to call (judged)."""
 
 from __future__ import annotations
 
@@ -54,8 +56,9 @@ _prefetch_timed: list[str] = []  # the panels' prefetch this process chose by ti
 def choose_prefetch(fwd) -> None:
     """How the panel kernels prefetch in calls of 2+ tokens, forced by SPECVIZ_KERNEL_PREFETCH or timed once per
     process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2 and 4
-    tokens, five settings, about 2 s for the built-in target on a 2-core Zen 4); one setting for every model of the
-    process. Any setting computes the same numbers."""
+    tokens, five settings, about 2.5 s a draw for the built-in target on a 2-core Zen 4, up to PREFETCH_DRAWS
+    draws while too close to call); one setting for every model of the process. Any setting computes the same
+    numbers."""
     forced = prefetch_mode()
     if forced is not None:
         native.panel_prefetch(forced)
@@ -325,8 +328,8 @@ def panels_pay(mats: list[tuple]) -> bool:
     rule (a 4-token call 3 % faster, a step not 3 % slower) took rows in 2 of 4 fresh processes. Judged by the two
     together, the noise of one size weighs half (BENCHMARKS.md, the Zen 1, Zen 5 and Zen 3 sections). Where the two
     together land within CLOSE of the margin, a second draw (`judged`): on the 2-core Zen 4 without AVX-512 of 3 Dec
-    2026, 2 loads of 21 kept the target by rows (one timed 0.99 and 1.00, where the others read 0.51-0.79 and
-    0.66-0.95)."""
+    2026, 2 app loads of 7 kept the target by rows (one timed 0.99 and 1.00, where the others read 0.51-0.79 and
+    0.66-0.95); with the second draw, 18 of 18 loads took panels."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"

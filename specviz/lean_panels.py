@@ -329,7 +329,7 @@ def panels_pay(mats: list[tuple]) -> bool:
     together, the noise of one size weighs half (BENCHMARKS.md, the Zen 1, Zen 5 and Zen 3 sections). Where the two
     together land within CLOSE of the margin, a second draw (`judged`): on the 2-core Zen 4 without AVX-512 of 3 Dec
     2026, 2 app loads of 7 kept the target by rows (one timed 0.99 and 1.00, where the others read 0.52-0.79 and
-    0.66-0.84); with the second draw, 18 of 18 loads took panels."""
+    0.66-0.84); with the second draw, 34 of 34 loads took panels."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"

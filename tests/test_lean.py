@@ -570,7 +570,7 @@ def test_auto_reads_a_models_weights_in_panels_only_where_a_step_and_a_verify_we
     ],
 )
 def test_a_layout_timed_too_close_to_call_gets_a_second_draw(monkeypatch, draws, chosen):
-    """On the Zen 4 without AVX-512 one app load in four timed both layouts level and kept the target by rows."""
+    """On the Zen 4 without AVX-512 one app load timed both layouts level (0.99, 1.00) and kept the target by rows."""
     left = list(draws)
     monkeypatch.setattr(lean_panels, "time_layouts", lambda mats, rows=(1, 4): left.pop(0))
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")

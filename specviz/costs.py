@@ -169,39 +169,42 @@ _COLD_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # draft -> 
 
 
 @torch.inference_mode()
-def tree_read_calibration(lm: LoadedModel, prompt_ids: list[int], vocab_size: int, reps: int = 5):
-    """([median seconds of one node read by a tree's draft], seconds spent now), once per loaded model.
+def tree_read_calibration(lm: LoadedModel, prompt_ids: list[int], vocab_size: int, greedy: bool = False, reps: int = 5):
+    """([median seconds of one node read by a tree's draft], seconds spent now), once per loaded model and kind of
+    read.
 
     A node read is what each draft call of a token tree costs (drafters.ModelDrafter._propose_tree): one cached
-    call over one token that sees its ancestors only (`feed_tree`), the node's distribution and its top children;
-    a chain's greedy step skips the mask and the V-wide distribution, so it costs less.
+    call over one token that sees its ancestors only, the node's distribution and its top children. At T = 0
+    (`greedy`) it is one native call where the draft has one (CachedModel.tree_read), else `feed_tree` and the
+    distribution in torch; a chain's greedy step skips the mask and the distribution, so it costs less.
     """
     from .drafters import TREE_CHILDREN
     from .sampling import to_probs
 
-    known = _TREE_MEMO.get(lm.model)
-    if known is not None:
-        return known, 0.0
+    memo = _TREE_MEMO.setdefault(lm.model, {})
+    if greedy in memo:
+        return memo[greedy], 0.0
     t0 = time.perf_counter()
     run = open_run(lm, vocab_size)
     prompt = torch.tensor(prompt_ids, device=lm.device)
     run.prefill(prompt)
     if not run.supports_trees:  # its drafter proposes chains only
-        _TREE_MEMO[lm.model] = [0.0]
-        return _TREE_MEMO[lm.model], time.perf_counter() - t0
+        memo[greedy] = [0.0]
+        return memo[greedy], time.perf_counter() - t0
     base, s, times = run.length, SamplingConfig(1.0), []
     for _ in range(reps + 1):  # the first one warms up
         t = time.perf_counter()
-        row = run.feed_tree(prompt[-1:], [base - 1])[-1]
-        torch.topk(to_probs(row, s), min(TREE_CHILDREN, vocab_size))
+        if not greedy or run.tree_read(prompt[-1:], base - 1, TREE_CHILDREN) is None:
+            row = run.feed_tree(prompt[-1:], [base - 1])[-1]
+            torch.topk(to_probs(row, s), min(TREE_CHILDREN, vocab_size))
         _sync(lm.device)
         times.append(time.perf_counter() - t)
         run.rollback(base)
-    _TREE_MEMO[lm.model] = [statistics.median(times[1:])]
-    return _TREE_MEMO[lm.model], time.perf_counter() - t0
+    memo[greedy] = [statistics.median(times[1:])]
+    return memo[greedy], time.perf_counter() - t0
 
 
-_TREE_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> [its node read's seconds]
+_TREE_MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {greedy: [its node read's seconds]}
 
 
 @torch.inference_mode()

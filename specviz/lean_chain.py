@@ -116,3 +116,42 @@ def sampled_chain(lm, cache, ids: torch.Tensor, k: int, temperature: float, gene
         generator.set_state(before)
         return None
     return lm.vocab_map[lm.lean.kept[out]], s, p
+
+
+def tree_read(lm, cache, ids: torch.Tensor, pos0: int, seen: int, extra: list[int], n: int):
+    """A token tree's read at T = 0 in one native call (llama_tree_read): feed `ids` (L,) (target ids) at the cache's
+    next rows, positions pos0.. (seen >= 0: one tree node, L = 1, that sees the cache's first `seen` rows, the tree rows
+    `extra` and itself; seen < 0: a plain call), and return the last token's n most likely proposals at T = 1 as
+    (probabilities, target ids), largest first, each a list of n (0.0 and -1 past the rows above 0); or None where it
+    cannot run here (no native library, no cut output layer whose rows are the ids it proposes, a call longer than
+    llama.c's). The same numbers as `feed_tree` or `feed` then `to_probs` over `lm.proposable` and `topk` (a softmax
+    summed in another order: the last bits of a probability may differ)."""
+    lean = lm.lean
+    if lean is None or lean.lib is None or proposal_order(lm) is None:
+        return None
+    L, embed = ids.numel(), lean.embed
+    if not (1 <= L <= native.MAX_ROWS and 0 <= n <= 16 and embed.is_contiguous()):
+        return None
+    if embed.dtype not in (torch.float32, torch.float16) or (seen >= 0 and L != 1):
+        return None
+    base = cache.length
+    cache.reserve(base + L)
+    lean._rope(pos0 + L)
+    rows = lm.rows_of(ids.view(-1)).to(torch.long).contiguous()
+    x, hn, logits = torch.empty(L, lean.H), torch.empty(L, lean.H), torch.empty(lean.head.shape[0])
+    more = torch.tensor(extra, dtype=torch.long)
+    top_r, top_p = torch.empty(n, dtype=torch.long), torch.empty(n)
+    args = [*lean._layer_args, x.data_ptr(), L, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base]
+    args += [lean.cos.data_ptr(), lean.sin.data_ptr(), *lean._head_args, hn.data_ptr(), logits.data_ptr()]
+    args += [cpus.threads(), embed.data_ptr(), int(embed.dtype == torch.float16), rows.data_ptr(), pos0, seen]
+    args += [more.data_ptr() if extra else None, len(extra), n, top_r.data_ptr(), top_p.data_ptr()]
+    made = lean.lib.llama_tree_read(*args)
+    if made == -1:
+        raise RuntimeError("the draft's tree read refused its arguments")  # unreachable: checked above
+    cache.length = base + L
+    if made == -2:  # every score NaN or -inf: greedy's and draw's error
+        raise SpecvizError(BROKEN)
+    kept = top_r >= 0
+    ids_out = torch.full((n,), -1, dtype=torch.long)
+    ids_out[kept] = kept_ids(lm)[top_r[kept]]
+    return top_p.tolist(), ids_out.tolist()

@@ -129,6 +129,17 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_float,  # keep: the draft's share of them
     ]
     lib.llama_chain.restype = ctypes.c_long
+    lib.llama_tree_read.argtypes = [
+        *lib.llama_chain.argtypes[:27],  # as llama_chain's, up to threads
+        ctypes.c_void_p,  # embed
+        ctypes.c_int,  # embed is float16
+        ctypes.c_void_p,  # rows: the tokens' input rows
+        *[ctypes.c_long] * 2,  # pos0, seen (-1: a plain call)
+        ctypes.c_void_p,  # extra: the tree rows it sees
+        *[ctypes.c_long] * 2,  # n_extra, n
+        *[ctypes.c_void_p] * 2,  # top rows and probabilities out
+    ]
+    lib.llama_tree_read.restype = ctypes.c_long
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]

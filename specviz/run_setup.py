@@ -42,7 +42,7 @@ def make_run(
             (step_s, next_s), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V, greedy)
             spent += spent_q
             if tree_auto:  # and a tree node's read
-                (read_s,), spent_q = tree_read_calibration(draft, d_ids, V)
+                (read_s,), spent_q = tree_read_calibration(draft, d_ids, V, greedy)
                 spent += spent_q
         if head is not None:  # one head step, for its cost
             (head_s,), spent_q = head_calibration(head)

@@ -125,6 +125,30 @@ class CachedModel:
             self.calls += k
         return made
 
+    def tree_read(self, ids: torch.Tensor, parent: int | None, n: int) -> tuple[list[float], list[int]] | None:
+        """A token tree's read at T = 0 in one native call, where this model has one (lean_chain.tree_read): with
+        parent None ids (L,) fed as `feed` feeds them (a round's root), else one token continuing cache row `parent`
+        as `feed_tree` feeds it; the last token's n likeliest proposals at T = 1 as (probabilities, target ids).
+        None: nothing was fed (the caller feeds and reads as before)."""
+        if not sampling.FAST_GREEDY or (parent is not None and (parent < 0 or ids.numel() != 1)):
+            return None
+        base, tail, row = self.length, [], parent
+        if parent is None:
+            seen, pos = -1, base
+        else:
+            while row in self.tree_rows:  # a tree row: climb to the plain rows, as _line does
+                tail.append(row)
+                row = self.tree_rows[row][0]
+            seen, pos = row + 1, self._pos(parent, base, []) + 1
+        out = lean_chain.tree_read(self.lm, self.cache, ids, pos if parent is not None else base, seen, tail, n)
+        if out is None:
+            return None
+        if parent is not None:
+            self.tree_rows[base] = (parent, pos)
+        self.length += ids.numel()
+        self.calls += 1
+        return out
+
     def feed_tree(self, ids: torch.Tensor, parents: list[int], hidden: bool = False):
         """Feed tokens that branch: token i continues cache row parents[i] (-1: none, the very start; row
         length + j is the j-th token of this call, so parents[i] < length + i). Each token sees only its own

@@ -307,9 +307,11 @@ def test_auto_prices_a_tree_node_by_the_drafts_own_timed_read(loaded_pair):
 
     p, q = loaded_pair
     ids = _ids(p, "hello world")
-    (read_s,), _ = tree_read_calibration(q, ids, p.vocab_size)
-    again, spent = tree_read_calibration(q, ids, p.vocab_size)
-    assert read_s > 0 and again == [read_s] and spent == 0.0  # measured once per loaded model
+    (read_s,), _ = tree_read_calibration(q, ids, p.vocab_size, greedy=True)  # as the greedy runs below read
+    again, spent = tree_read_calibration(q, ids, p.vocab_size, greedy=True)
+    assert read_s > 0 and again == [read_s] and spent == 0.0  # measured once per loaded model and kind of read
+    (sampled_s,), spent = tree_read_calibration(q, ids, p.vocab_size)  # at T > 0 (or with detail): torch's read
+    assert sampled_s > 0 and spent > 0.0
     _, _, tree, _ = make_run(p, q, ids, SpecConfig(gamma_policy="auto", tree="auto", drafter="model"), None)
     assert tree.read_s == read_s and tree.fixed is None
     _, _, fixed, _ = make_run(p, q, ids, SpecConfig(tree=4, drafter="model"), None)

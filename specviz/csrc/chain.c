@@ -28,6 +28,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
@@ -117,4 +118,63 @@ long llama_chain(const void* const* weights, const float* const* scales, const f
         L = 1;
     }
     return k;
+}
+
+// A token tree's read at T = 0 (drafters.ModelDrafter._propose_tree through lean_chain.tree_read): one llama.c call
+// over the L tokens whose input rows are rows[0..L-1] (their embeddings read as embed_row reads them, into x (L, H)),
+// written to cache rows base .. base + L - 1 at positions pos0 .. pos0 + L - 1 (cos and sin: the tables from
+// position 0). With seen >= 0 the call is one token (L = 1), a tree node, that sees cache rows 0 .. seen - 1, the
+// n_extra rows of `extra` (its ancestors fed as tree nodes) and itself; with seen < 0 the rows fed see what a plain
+// call's do. The last token's scores over the V output rows become probabilities at T = 1 (what a node's children
+// are scored by), and the n largest (n <= 16) go to top_p, their rows to top_r, largest first, the lower row first
+// among equals; where fewer than n rows have a probability above 0, the rest of top_r is -1.
+// The Python read it stands for (feed_tree or feed, then to_probs and topk) built a V-wide row, a mask and positions
+// in torch for every node: about 0.6 ms a node on a 2-core Zen 3 beside 0.5 ms of llama.c (BENCHMARKS.md).
+// Returns 0; -1 where llama_forward refused its arguments or the mask could not be made; -2 where no score is
+// above -inf (greedy's error).
+long llama_tree_read(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
+                     int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc,
+                     float* vc, long cap, long base, const float* cos, const float* sin, const float* fnorm,
+                     const void* head, const float* head_scale, int head_wtype, long V, float* hn, float* logits,
+                     int threads, const void* embed, int embed_f16, const long* rows, long pos0, long seen,
+                     const long* extra, long n_extra, long n, long* top_r, float* top_p) {
+    if (L < 1 || n < 0 || n > 16 || (seen >= 0 && L != 1)) return -1;
+    for (long l = 0; l < L; l++) embed_row(embed, embed_f16, rows[l], H, x + l * H);
+    float* mask = NULL;
+    if (seen >= 0) {
+        long T = base + 1;
+        mask = malloc(sizeof(float) * T);
+        if (!mask) return -1;
+        for (long r = 0; r < T; r++) mask[r] = r < seen ? 0.0f : -INFINITY;
+        for (long i = 0; i < n_extra; i++)
+            if (extra[i] >= 0 && extra[i] < T) mask[extra[i]] = 0.0f;
+        mask[base] = 0.0f;
+    }
+    int failed = llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
+                               cos + pos0 * d, sin + pos0 * d, mask, fnorm, head, head_scale, head_wtype, V, 1, hn,
+                               logits, threads);
+    free(mask);
+    if (failed) return -1;
+    // probabilities as to_probs_row makes them (NaN read as -inf, +inf entries sharing the mass, else a softmax at
+    // T = 1), the softmax's total summed in double: within a few parts in 10^7 of torch.softmax's
+    float best = -INFINITY;
+    long inf = 0;
+    for (long j = 0; j < V; j++) {
+        if (logits[j] == INFINITY) inf++;
+        if (logits[j] > best) best = logits[j];  // NaN never compares greater
+    }
+    if (!inf && !(best > -INFINITY)) return -2;
+    double total = 0.0;
+    for (long j = 0; !inf && j < V; j++) total += logits[j] > -INFINITY ? expf(logits[j] - best) : 0.0f;
+    for (long i = 0; i < n; i++) top_r[i] = -1, top_p[i] = 0.0f;
+    for (long j = 0; n && j < V; j++) {
+        float s = logits[j], p;
+        if (inf) p = s == INFINITY ? 1.0f / (float)inf : 0.0f;
+        else p = s > -INFINITY ? (float)(expf(s - best) / total) : 0.0f;  // NaN: 0
+        if (!(p > top_p[n - 1])) continue;  // 0, or not above the n-th so far
+        long i = n - 1;
+        for (; i > 0 && p > top_p[i - 1]; i--) top_p[i] = top_p[i - 1], top_r[i] = top_r[i - 1];
+        top_p[i] = p, top_r[i] = j;
+    }
+    return 0;
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import blocking_pair
+from test_chain import BLOCKED, FORWARDS, PROMPTS  # the chain's tiny pair with a cut output layer, and its forwards
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import Round, SpecConfig, generate, lean_chain, runtime
@@ -18,11 +19,6 @@ from specviz.drafters import TREE_CHILDREN
 from specviz.engine import speculative_decode
 from specviz.runtime import CachedModel
 from specviz.sampling import to_probs
-
-PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
-BLOCKED = [r for r in range(64) if r % 4]  # 48 of the tiny draft's 64 rows: its output layer is cut to 16
-FORWARDS = [("llama.c", "0", "0"), ("llama.c", "1", "0"), ("llama.c, weights in panels", "1", "0")]
-FORWARDS += [("llama.c", "0", "1")]  # a float16 draft: its embedding rows read as float16
 
 
 @pytest.fixture

@@ -140,7 +140,7 @@ class CachedModel:
                 tail.append(row)
                 row = self.tree_rows[row][0]
             seen, pos = row + 1, self._pos(parent, base, []) + 1
-        out = lean_chain.tree_read(self.lm, self.cache, ids, pos if parent is not None else base, seen, tail, n)
+        out = lean_chain.tree_read(self.lm, self.cache, ids, pos, seen, tail, n)
         if out is None:
             return None
         if parent is not None:

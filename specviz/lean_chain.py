@@ -54,6 +54,21 @@ def proposal_order(lm) -> torch.Tensor | None:
     return made[1]
 
 
+def _fits(lean, L: int) -> bool:
+    """Whether llama_chain and llama_tree_read take a first call of L tokens over this draft's embedding."""
+    embed = lean.embed
+    return 1 <= L <= native.MAX_ROWS and embed.is_contiguous() and embed.dtype in (torch.float32, torch.float16)
+
+
+def _forward_args(lean, cache, x: torch.Tensor, base: int, hn: torch.Tensor, logits: torch.Tensor) -> list:
+    """The arguments llama_chain and llama_tree_read share, in their order: the forward's (x (L, H) at cache row
+    base), the threads, then the embedding table and whether it is float16."""
+    embed = lean.embed
+    args = [*lean._layer_args, x.data_ptr(), x.shape[0], cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2]]
+    args += [base, lean.cos.data_ptr(), lean.sin.data_ptr(), *lean._head_args, hn.data_ptr(), logits.data_ptr()]
+    return args + [cpus.threads(), embed.data_ptr(), int(embed.dtype == torch.float16)]
+
+
 def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None, mix: tuple | None = None):
     """The chain's call (llama_chain): the output rows chosen (k,), or None where it cannot run here. sampled: (1 / T,
     uniforms (k,) float64, proposal_order, scores out (k, kept), probabilities out (k, kept)); None: greedy. mix
@@ -61,20 +76,16 @@ def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None, mix: tuple
     lean = lm.lean
     if lean is None or lean.lib is None or lean.kept is None or lm.vocab_map is None:
         return None
+    if not (_fits(lean, ids.numel()) and k >= 1):
+        return None
     L, embed = ids.numel(), lean.embed
-    if not (1 <= L <= native.MAX_ROWS and k >= 1 and embed.is_contiguous()):
-        return None
-    if embed.dtype not in (torch.float32, torch.float16):
-        return None
     x = F.embedding(lm.rows_of(ids.view(-1)), embed).float().contiguous()  # (L, H), overwritten
     base, end = cache.length, cache.length + L + k - 1
     cache.reserve(end)
     lean._rope(end)
     hn, logits = torch.empty(L, lean.H), torch.empty(lean.head.shape[0])
     out, table = torch.empty(k, dtype=torch.long), next_rows(lm)
-    args = [*lean._layer_args, x.data_ptr(), L, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base]
-    args += [lean.cos.data_ptr(), lean.sin.data_ptr(), *lean._head_args, hn.data_ptr(), logits.data_ptr()]
-    args += [cpus.threads(), embed.data_ptr(), int(embed.dtype == torch.float16), table.data_ptr(), k, out.data_ptr()]
+    args = _forward_args(lean, cache, x, base, hn, logits) + [table.data_ptr(), k, out.data_ptr()]
     inv_t, *tensors = sampled or (0.0, None, None, None, None)  # greedy: no uniforms
     args += [inv_t, *(None if t is None else t.data_ptr() for t in tensors)]
     args += [None, 1.0] if mix is None else [mix[0].data_ptr(), float(mix[1])]
@@ -129,10 +140,8 @@ def tree_read(lm, cache, ids: torch.Tensor, pos0: int, seen: int, extra: list[in
     lean = lm.lean
     if lean is None or lean.lib is None or proposal_order(lm) is None:
         return None
-    L, embed = ids.numel(), lean.embed
-    if not (1 <= L <= native.MAX_ROWS and 0 <= n <= 16 and embed.is_contiguous()):
-        return None
-    if embed.dtype not in (torch.float32, torch.float16) or (seen >= 0 and L != 1):
+    L = ids.numel()
+    if not (_fits(lean, L) and 0 <= n <= 16) or (seen >= 0 and L != 1):
         return None
     base = cache.length
     cache.reserve(base + L)
@@ -141,9 +150,7 @@ def tree_read(lm, cache, ids: torch.Tensor, pos0: int, seen: int, extra: list[in
     x, hn, logits = torch.empty(L, lean.H), torch.empty(L, lean.H), torch.empty(lean.head.shape[0])
     more = torch.tensor(extra, dtype=torch.long)
     top_r, top_p = torch.empty(n, dtype=torch.long), torch.empty(n)
-    args = [*lean._layer_args, x.data_ptr(), L, cache.k.data_ptr(), cache.v.data_ptr(), cache.k.shape[2], base]
-    args += [lean.cos.data_ptr(), lean.sin.data_ptr(), *lean._head_args, hn.data_ptr(), logits.data_ptr()]
-    args += [cpus.threads(), embed.data_ptr(), int(embed.dtype == torch.float16), rows.data_ptr(), pos0, seen]
+    args = _forward_args(lean, cache, x, base, hn, logits) + [rows.data_ptr(), pos0, seen]
     args += [more.data_ptr() if extra else None, len(extra), n, top_r.data_ptr(), top_p.data_ptr()]
     made = lean.lib.llama_tree_read(*args)
     if made == -1:

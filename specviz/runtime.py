@@ -132,13 +132,11 @@ class CachedModel:
         None: nothing was fed (the caller feeds and reads as before)."""
         if not sampling.FAST_GREEDY or (parent is not None and (parent < 0 or ids.numel() != 1)):
             return None
-        base, tail, row = self.length, [], parent
+        base, tail = self.length, []
         if parent is None:
             seen, pos = -1, base
         else:
-            while row in self.tree_rows:  # a tree row: climb to the plain rows, as _line does
-                tail.append(row)
-                row = self.tree_rows[row][0]
+            row, tail = self._climb(parent)
             seen, pos = row + 1, self._pos(parent, base, []) + 1
         out = lean_chain.tree_read(self.lm, self.cache, ids, pos, seen, tail, n)
         if out is None:
@@ -185,11 +183,17 @@ class CachedModel:
         """The rows a token continuing `row` sees: `row` and everything `row` saw (nothing for -1)."""
         if row >= base:
             return lines[row - base]
+        row, tail = self._climb(row)
+        return list(range(row + 1)) + tail[::-1]
+
+    def _climb(self, row: int) -> tuple[int, list[int]]:
+        """From a cached row up through the tree rows of earlier calls: (the plain row reached, the tree rows passed,
+        nearest first)."""
         tail = []
-        while row in self.tree_rows:  # a tree row from an earlier call: climb to the plain rows
+        while row in self.tree_rows:
             tail.append(row)
             row = self.tree_rows[row][0]
-        return list(range(row + 1)) + tail[::-1]
+        return row, tail
 
     def keep_path(self, prefix: int, rows: list[int]) -> None:
         """Keep the first `prefix` rows and then `rows` (a path of tree rows, each continuing the one before),

@@ -33,7 +33,7 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bf16"))) static void amx(
   c.rows[1]=M; c.colsb[1]=64; c.rows[2]=M; c.colsb[2]=64;
   c.rows[3]=16; c.colsb[3]=64; c.rows[4]=16; c.colsb[4]=64;
   c.rows[5]=M; c.colsb[5]=64; c.rows[6]=16; c.colsb[6]=64; c.rows[7]=16; c.colsb[7]=64;
-  _tile_loadconfig(&c);
+  __asm__ volatile("ldtilecfg %0" ::"m"(c));  // not _tile_loadconfig: GCC 12's lets the stores above be dropped
   long C=K/32;
   long p=p0;
   for(;p+2<=p1;p+=2){ _tile_zero(0); _tile_zero(5);

@@ -11,6 +11,7 @@ from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 import specviz.pairs as pairs
 import specviz.pairs_measure as pairs_measure
 from specviz import SpecvizError, check_pair
+from specviz.models import load_pair
 from specviz.pairs import expected_speedup, speedup_table
 from specviz.translate import compare_tokenizers
 
@@ -159,11 +160,14 @@ def test_identical_tokenizers_fast_draft_is_compatible_with_numbers(fast_pair):
     assert rep.target_params > 3 * rep.draft_params and 0 < rep.param_ratio < 1
     q_bytes = 2 if rep.dtype == "float32, draft float16" else 4  # float16 where this CPU runs it faster
     assert rep.dtype in ("float32", "float32, draft float16")
-    for n_params, mem, width in (
-        (rep.target_params, rep.target_memory_bytes, 4),
-        (rep.draft_params, rep.draft_memory_bytes, q_bytes),
+    p, q = load_pair(*fast_pair, device="cpu", check_vocab=False)  # the models the check ran (cached)
+    for n_params, mem, width, m in (
+        (rep.target_params, rep.target_memory_bytes, 4, p),
+        (rep.draft_params, rep.draft_memory_bytes, q_bytes, q),
     ):
-        assert n_params * width <= mem < n_params * width + 4096  # the weights plus a few small buffers
+        copies = m.lean.copied_bytes if m.lean is not None else 0  # e.g. panels where this CPU reads them faster
+        held = n_params * width + copies
+        assert held <= mem < held + 4096  # the weights, their copies, a few small buffers
     assert 0 < rep.c < 0.8, rep.report()
     assert rep.c == pytest.approx(rep.draft_step_s / rep.target_step_s)
     acc = rep.acceptance
@@ -236,10 +240,13 @@ def test_trimmed_vocabulary_draft_is_compatible(fast_pair, tmp_path):
 
 
 def test_slow_draft_with_low_acceptance_is_not_worth_it(tiny_pair, tmp_path):
-    draft = save(tmp_path / "slow", make_model(V, seed=7, layers=6), make_tokenizer(V, chat=True))
+    # 8 layers 512 wide against 2 layers 32 wide: 150x the weights. With equal widths, 6 layers against 2 read
+    # c = 0.33 on a Xeon with AVX512-FP16 (float16 draft in panels: a tiny forward's cost is its fixed part)
+    slow = make_model(V, seed=7, layers=8, hidden=512)
+    draft = save(tmp_path / "slow", slow, make_tokenizer(V, chat=True))
     rep = check_pair(tiny_pair[0], draft, device="cpu", max_new_tokens=12)
     assert rep.verdict == "not worth it", rep.report()
-    assert rep.c > 1.0 and rep.best_speedup < 1.05  # six layers against two
+    assert rep.c > 1.0 and rep.best_speedup < 1.05, rep.report()
     assert any("too slow" in r and f"{rep.c:.2f}" in r for r in rep.reasons)
     if rep.acceptance.a < 0.5:
         assert any("too rarely" in r for r in rep.reasons)

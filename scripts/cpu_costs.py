@@ -6,8 +6,8 @@ choice and the per-CPU tables in BENCHMARKS.md.
 
 A path is a linear-layer path (SPECVIZ_CPU_GEMM: torch, transposed, kernel), run by the lean forward where the
 model fits (specviz/lean.py: llama.c with the kernel, PyTorch ops otherwise); ":transformers" runs it through
-transformers' own forward instead (SPECVIZ_FORWARD=transformers); "@rows" or "@panels" forces how llama.c reads the
-weights (SPECVIZ_KERNEL_LAYOUT; otherwise timed, lean_panels.py), e.g. `--paths kernel@rows,kernel@panels`.
+transformers' own forward instead (SPECVIZ_FORWARD=transformers); "@rows", "@panels" or "@tiles" (AMX) forces how
+llama.c reads the weights (SPECVIZ_KERNEL_LAYOUT; otherwise timed, lean_panels.py), e.g. `--paths kernel@rows,kernel@panels`.
 For each path (forced, in a fresh process each, interleaved over --rounds) it prints the target's
 one-token step in ms, the cost of a call of 2..N tokens in one-token steps of the same path, and the draft's step
 and c (draft step / target step) in float32 and float16. The limit: the target's weights in bytes over the

@@ -26,6 +26,16 @@ def can(fwd) -> bool:
     return fwd.lib is not None and all(native.can_pack(w) for w in fwd.weights())
 
 
+def can_tile(fwd) -> bool:
+    """Whether llama.c can read every weight of this float32 forward on AMX tiles (native.tile)."""
+    return fwd.lib is not None and all(native.can_tile(w) for w in fwd.weights())
+
+
+def tiles(fwd) -> dict[int, torch.Tensor]:
+    """Every weight of fwd as two bfloat16 parts for AMX tiles (native.tile), by the address of the weight as stored."""
+    return {w.data_ptr(): native.tile(w) for w in fwd.weights()}
+
+
 def packs(fwd) -> dict[int, torch.Tensor]:
     """Every weight of fwd in panels, by the address of the weight as stored: its own where it reads panels."""
     return fwd.packed or {w.data_ptr(): native.pack(w) for w in fwd.weights()}
@@ -35,19 +45,29 @@ def choose(fwd) -> None:
     """Panels where they run this forward's products faster here (timed on its own weights), else rows (with the
     rows of W per pass timed, where this is the process's first such model: `choose_passes`). A target bitsandbytes
     quantised keeps its rows unless SPECVIZ_KERNEL_LAYOUT forces panels: it was loaded in 8 bits to hold a quarter
-    of float32's bytes, and a panel copy would hold its weights twice (an 8-bit built-in target 440 MB, not 270)."""
+    of float32's bytes, and a panel copy would hold its weights twice (an 8-bit built-in target 440 MB, not 270).
+    On a CPU with AMX, a float32 model of TILES_MIN_BYTES or more is then timed on tiles (native.tile) against the
+    layout chosen, and kept there where they pay (second_pays): on the 2-core Xeon of 5 Dec 2026 the built-in
+    target's step took 20.3 ms on tiles against 21.0 in panels, and a call of 9 tokens 1.09 steps against 1.35."""
     if not can(fwd):
         return fwd.point()
+    if layout_mode() == "tiles" and can_tile(fwd):
+        return use(fwd, True, tiles(fwd))
     if fwd.quantised and layout_mode() == "auto":
         use(fwd, False)
         return choose_passes(fwd)
     packed = packs(fwd)
     mats = [(w, packed[w.data_ptr()], fwd.scales.get(w.data_ptr())) for w in fwd.weights()]
     use(fwd, panels_pay(mats), packed)
+    del packed, mats
     if not fwd.packed:
         choose_passes(fwd)
     else:
         choose_prefetch(fwd)
+    if layout_mode() == "auto" and can_tile(fwd) and fwd.weight_bytes >= TILES_MIN_BYTES:
+        tiled = tiles(fwd)  # against the layout just chosen (and its prefetch), in whole calls
+        if second_pays(lambda: [t for ts in time_calls([fwd, with_tiles(fwd, tiled)]) for t in ts]):
+            use(fwd, True, tiled)
 
 
 _prefetch_timed: list[str] = []  # the panels' prefetch this process chose by timing (one at most)
@@ -99,6 +119,9 @@ def _bytes(packed: dict[int, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in packed.values())
 
 
+LAYOUT_NAMES = {False: "weights in panels", True: "weights as bfloat16 pairs on AMX tiles"}  # in engine strings
+
+
 def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
     """Read the weights in panels (on; `packed` where already made) or as stored; then llama.c's call arguments.
     The panels are a copy, counted in copied_bytes: PyTorch's paths (a long prefill) and the transformers model
@@ -108,12 +131,15 @@ def use(fwd, on: bool, packed: dict[int, torch.Tensor] | None = None) -> None:
     fwd.copied_bytes -= _bytes(fwd.packed)
     if not on or act8:
         fwd.packed = {}
-    if on and not fwd.packed:
+    if on and (packed or not fwd.packed):  # packed given: it replaces what fwd reads now
         fwd.packed = packed or packs(fwd)
     fwd.copied_bytes += _bytes(fwd.packed)
-    fwd.engine = fwd.engine.replace(", weights in panels", "").replace("int8 weights and activations", "int8 weights")
+    for kind in LAYOUT_NAMES.values():
+        fwd.engine = fwd.engine.replace(f", {kind}", "")
+    fwd.engine = fwd.engine.replace("int8 weights and activations", "int8 weights")
     if fwd.packed:
-        fwd.engine = fwd.engine.replace("llama.c", "llama.c, weights in panels", 1)
+        tiles = any(native.wtype_of(t) == native.TILES for t in fwd.packed.values())
+        fwd.engine = fwd.engine.replace("llama.c", f"llama.c, {LAYOUT_NAMES[tiles]}", 1)
     fwd.point()
 
 
@@ -135,6 +161,15 @@ def with_act8(fwd):
     new.act8, new.act8_pays = None, None
     new.engine = fwd.engine.replace(", weights in panels", "").replace("int8 weights", "int8 weights and activations")
     new.point()
+    return new
+
+
+def with_tiles(fwd, tiled: dict[int, torch.Tensor]):
+    """A shallow copy of fwd reading its weights on AMX tiles (`tiles`), to time against fwd (the weights shared)."""
+    new = copy.copy(fwd)
+    new.copied_bytes -= _bytes(fwd.packed)
+    new.packed = {}
+    use(new, True, tiled)
     return new
 
 
@@ -173,34 +208,62 @@ def passes_note() -> str:
 PANELS_MARGIN = 0.97
 PANELS_SUM_MARGIN = 0.99
 PANELS_GUARD = 1.06
+# AMX tiles (native.tile) are timed only against a model this large: a smaller one's products run from the caches,
+# where the timing says little about a step that streams the weights after a verify (a draft's)
+TILES_MIN_BYTES = 64 << 20
 LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in target on a 2-core Zen 3
 
 
 def layout_mode() -> str:
-    """SPECVIZ_KERNEL_LAYOUT: "auto" (default: time both layouts once per model), "panels" or "rows" (forced)."""
+    """SPECVIZ_KERNEL_LAYOUT: "auto" (default: time the layouts once per model), "panels", "rows" or "tiles"
+    (forced; tiles where the CPU has AMX, can_tile)."""
     v = os.environ.get("SPECVIZ_KERNEL_LAYOUT", "auto").strip().lower()
-    return v if v in ("panels", "rows") else "auto"
+    return v if v in ("panels", "rows", "tiles") else "auto"
 
 
 @torch.inference_mode()
 def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Seconds of a pass over a model's products by rows and in panels, for each of `rows` tokens (a plain step and
-    a typical verify); mats: (weight as stored, the same packed, its scale or None) in the order a forward reads
-    them. The layouts alternate within each of LAYOUT_REPS repetitions, so a busy machine slows both alike; the best
-    of each."""
-    inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _, _ in mats} for m in rows}
+    """Seconds of a pass over a model's products in two layouts, for each of `rows` tokens (a plain step and a
+    typical verify); mats, in the order a forward reads them: (weight as stored, the same packed, its scale or None)
+    for rows against panels, or (weight as stored, one layout, another, its scale or None). The layouts alternate
+    within each of LAYOUT_REPS repetitions, so a busy machine slows both alike; the best of each."""
+    mats = [(m[0], m[0], *m[1:]) if len(m) == 3 else m for m in mats]
+    inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, *_ in mats} for m in rows}
     best = [[float("inf")] * len(rows) for _ in (0, 1)]
     for _ in range(LAYOUT_REPS):
         for i in (0, 1):
             for j, m in enumerate(rows):
                 t = kernels.best_seconds(
                     lambda i=i, m=m: [
-                        native.few_rows(inputs[m][w.shape[1]], (w, p)[i], sc, w.shape[0]) for w, p, sc in mats
+                        native.few_rows(inputs[m][w.shape[1]], (a, b)[i], sc, w.shape[0]) for w, a, b, sc in mats
                     ],
                     2,
                 )
                 best[i][j] = min(best[i][j], t)
     return tuple(best[0]), tuple(best[1])
+
+
+@torch.inference_mode()
+def time_calls(fwds: list, rows: tuple[int, ...] = (1, 4)) -> list[tuple[float, ...]]:
+    """Seconds of whole calls of `rows` tokens after 16 in the cache (a plain step and a typical verify: attention
+    and barriers included) for each forward, alternating within each of LAYOUT_REPS repetitions; the best of each.
+    For AMX tiles against panels: on the Xeon of 5 Dec 2026 the products alone, one parallel region each, read tiles
+    1-2 % slower at 1 and 4 tokens, where a forward's calls ran them 3 % faster at 1 and 10 % at 4."""
+    ids = torch.arange(16 + max(rows)) % min(f.embed.shape[0] for f in fwds)
+    caches = [f.new_cache() for f in fwds]
+    for f, c in zip(fwds, caches):
+        f.forward(c, ids[:16])
+    best = [[float("inf")] * len(rows) for _ in fwds]
+
+    def call(f, c, m: int) -> None:
+        c.length = 16
+        f.forward(c, ids[16 : 16 + m])
+
+    for _ in range(LAYOUT_REPS):
+        for i, (f, c) in enumerate(zip(fwds, caches)):
+            for j, m in enumerate(rows):
+                best[i][j] = min(best[i][j], kernels.best_seconds(lambda f=f, c=c, m=m: call(f, c, m), 2))
+    return [tuple(b) for b in best]
 
 
 @torch.inference_mode()
@@ -333,14 +396,18 @@ def panels_pay(mats: list[tuple]) -> bool:
     how = layout_mode()
     if how != "auto":
         return how == "panels"
+    return second_pays(lambda: [t for ts in time_layouts(mats) for t in ts])
 
-    def draw() -> list[float]:
-        rows, panels = time_layouts(mats)
-        return [*rows, *panels]
 
-    def together(t: list[float]) -> float:  # panels' time over rows', the step and the verify summed
+def second_pays(draw) -> bool:
+    """Whether a second layout runs a step and a 4-token verify together clearly faster than the first
+    (PANELS_SUM_MARGIN) and neither clearly slower alone (PANELS_GUARD), drawn again where too close to call
+    (`judged`); draw() -> [the first's step, its verify, the second's step, its verify] in seconds. Panels against
+    rows by the products (panels_pay), AMX tiles against the layout so chosen by whole calls (choose)."""
+
+    def together(t: list[float]) -> float:  # the second's time over the first's, the step and the verify summed
         return (t[2] + t[3]) / (t[0] + t[1])
 
-    step_rows, verify_rows, step_panels, verify_panels = times = judged(draw, PANELS_SUM_MARGIN, together)
-    alone = max(step_panels / step_rows, verify_panels / verify_rows)
+    step_a, verify_a, step_b, verify_b = times = judged(draw, PANELS_SUM_MARGIN, together)
+    alone = max(step_b / step_a, verify_b / verify_a)
     return together(times) < PANELS_SUM_MARGIN and alone < PANELS_GUARD

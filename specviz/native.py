@@ -143,6 +143,7 @@ def library() -> ctypes.CDLL | None:
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
+    lib.few_rows_amx.restype = ctypes.c_int
     lib.few_rows_panel_ahead.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.few_rows_pass_limits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -276,9 +277,38 @@ def pack8(weight: torch.Tensor) -> torch.Tensor:
     return _padded(weight).view(-1, 16, weight.shape[1] // 4, 4).transpose(1, 2).contiguous()
 
 
+TILES = 8  # the kernel's weight type of `tile`'s packing
+
+
+def amx() -> bool:
+    """Whether this process can multiply on AMX tiles (the CPU has AMX-BF16 and AVX-512 BF16, and Linux gave the
+    process the tiles' state; few_rows.c's few_rows_amx)."""
+    lib = library()
+    return lib is not None and lib.few_rows_amx() == 1
+
+
+def can_tile(weight: torch.Tensor) -> bool:
+    """Whether the kernel can read this (N, K) float32 weight on AMX tiles (`tile`): AMX here, K a multiple of 32."""
+    return weight.dim() == 2 and weight.dtype == torch.float32 and weight.shape[1] % 32 == 0 and amx()
+
+
+def tile(weight: torch.Tensor) -> torch.Tensor:
+    """(N, K) float32 -> (ceil(N / 16), 2, K / 32, 16, 32) bfloat16, contiguous: panel p of 16 output columns, the
+    weights' hi part (rounded to nearest even) then lo part (the rest, rounded), chunk c of 32 k, row r holding
+    k = 32c + 2r and 32c + 2r + 1 side by side for each column, as AMX pairs them (few_rows.c, weight type 8)."""
+    w = _padded(weight)
+    hi = w.to(torch.bfloat16)
+    lo = (w - hi.float()).to(torch.bfloat16)
+    n, k = w.shape
+    parts = torch.stack([hi, lo]).view(2, n // 16, 16, k // 32, 16, 2)  # (part, p, column, c, r, pair)
+    return parts.permute(1, 0, 3, 4, 2, 5).contiguous().view(n // 16, 2, k // 32, 16, 32)
+
+
 def wtype_of(weight: torch.Tensor) -> int:
-    """The kernel's weight type for a weight as stored: row-major (N, K), packed (N / 16, K, 16), or packed for
-    int8 activations (N / 16, K / 4, 16, 4)."""
+    """The kernel's weight type for a weight as stored: row-major (N, K), packed (N / 16, K, 16), packed for
+    int8 activations (N / 16, K / 4, 16, 4), or on AMX tiles (N / 16, 2, K / 32, 16, 32)."""
+    if weight.dim() == 5:
+        return TILES
     if weight.dim() == 4:
         return ACT8
     return WTYPES[weight.dtype] + (PANELS if weight.dim() == 3 else 0)

@@ -205,17 +205,20 @@ def blocking_pair(pair: list[str], folder, blocked: list[int], reverse: bool = F
 @pytest.fixture
 def pair_with(tiny_pair, monkeypatch):
     """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
-    from specviz import load_pair, native
+    from specviz import lean_panels, load_pair, native
     from specviz.models import CACHE, backend
 
     def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0", act8: str = "0"):
         if forward.startswith("llama.c") and native.library() is None:
             pytest.skip("no C compiler or no AVX2 here")
+        if "AMX tiles" in forward and not native.amx():
+            pytest.skip("this CPU (or this process) has no AMX tiles")
         monkeypatch.setenv("SPECVIZ_DRAFT_INT8", int8)
         monkeypatch.setenv("SPECVIZ_DRAFT_ACT8", act8)
         monkeypatch.setenv("SPECVIZ_FORWARD", "transformers" if forward == "transformers" else "auto")
         monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel" if forward.startswith("llama.c") else "torch")
-        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "panels" if "panels" in forward else "rows")
+        layout = "panels" if "panels" in forward else "tiles" if "AMX tiles" in forward else "rows"
+        monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", layout)
         monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", half)
         CACHE.clear()
         p, q = load_pair(*pair, device="cpu")
@@ -223,8 +226,11 @@ def pair_with(tiny_pair, monkeypatch):
         assert q.precision.startswith("int8") is (int8 == "1" and forward.startswith("llama.c"))
         for lm in (p, q):
             engine = lm.lean.engine if lm.lean is not None else "transformers"
-            assert engine.removesuffix(", int8 weights and activations").removesuffix(", int8 weights") == forward
-            assert forward in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
+            want = forward
+            if layout == "tiles" and not lean_panels.can_tile(lm.lean):  # tiles take float32: a float16 draft's rows
+                want = "llama.c"
+            assert engine.removesuffix(", int8 weights and activations").removesuffix(", int8 weights") == want
+            assert want in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))
         return p, q
 
     yield load

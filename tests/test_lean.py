@@ -23,7 +23,8 @@ from specviz.models import backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
-FORWARDS = ["llama.c", "llama.c, weights in panels", "PyTorch ops", "transformers"]
+TILES = "llama.c, weights as bfloat16 pairs on AMX tiles"  # where the CPU has AMX (lean_panels; skipped elsewhere)
+FORWARDS = ["llama.c", "llama.c, weights in panels", "PyTorch ops", "transformers", TILES]
 needs_kernel = pytest.mark.skipif(native.library() is None, reason="no C compiler or no AVX2 here")
 
 
@@ -75,7 +76,7 @@ def test_a_prefill_in_llama_c_calls_reads_a_given_mask_row_by_row(pair_with, mon
 
 
 @needs_kernel
-@pytest.mark.parametrize("forward", FORWARDS[:2])
+@pytest.mark.parametrize("forward", [*FORWARDS[:2], TILES])
 def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(pair_with, forward):
     p, _ = pair_with(forward)
     ids = [5, 9, 12, 30, 7, 8] + list(range(40, 56))
@@ -84,6 +85,13 @@ def test_on_llama_c_a_tokens_logits_are_the_same_bits_alone_or_inside_a_verify(p
     block.prefill(torch.tensor(ids[:6]))
     one_by_one = torch.cat([alone.feed(torch.tensor([t])) for t in ids[5:21]])
     assert torch.equal(one_by_one, block.feed(torch.tensor(ids[5:21])))  # bit for bit, 16 tokens in one call
+
+
+def _read_as(fwd, layout: str) -> None:
+    """fwd reads its weights by rows, in panels or on AMX tiles (the test skipped where the CPU has none)."""
+    if layout == "tiles" and not native.amx():
+        pytest.skip("this CPU (or this process) has no AMX tiles")
+    lean_panels.use(fwd, layout != "rows", lean_panels.tiles(fwd) if layout == "tiles" else None)
 
 
 def _llama(d: int):
@@ -150,12 +158,12 @@ def threads(monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("layout", ["rows", "panels"])
+@pytest.mark.parametrize("layout", ["rows", "panels", "tiles"])
 def test_llama_cs_numbers_are_the_same_bits_at_any_thread_count(layout, threads):
     """cpus.py fits the thread count to a CPU quota: each output is computed whole by one thread, so a step, a
     verify and a tree's masked call give the same bits on 1, 2 or 3 threads."""
     _, fwd = _llama(72)
-    lean_panels.use(fwd, layout == "panels")
+    _read_as(fwd, layout)
     ids = torch.tensor([(7 * i) % 40 for i in range(23)])
     mask = torch.zeros(3, 23 + 3)  # nodes 0 and 1 under the cache, node 2 under node 0
     mask[:, 23:] = -torch.inf
@@ -172,13 +180,13 @@ def test_llama_cs_numbers_are_the_same_bits_at_any_thread_count(layout, threads)
 
 
 @needs_kernel
-@pytest.mark.parametrize("layout", ["rows", "panels"])
+@pytest.mark.parametrize("layout", ["rows", "panels", "tiles"])
 def test_llama_cs_numbers_are_the_same_bits_from_any_python_thread(layout, threads):
     """The app loads and computes on threads of its own, so several OpenMP teams share the CPUs and llama.c's steps
     meet at its own spinning barrier: calls from two Python threads, taking turns on 2 and on 3 OpenMP threads
     (more than this machine may have), give the bits one thread's calls give."""
     _, fwd = _llama(72)
-    lean_panels.use(fwd, layout == "panels")
+    _read_as(fwd, layout)
     ids = torch.tensor([(7 * i) % 40 for i in range(23)])
 
     def run() -> list[torch.Tensor]:
@@ -308,7 +316,7 @@ def test_every_forward_writes_the_same_greedy_text(pair_with):
     """Whichever forward runs, a visitor sees the same tokens (they differ by float32 rounding only)."""
     outs = {}
     for forward in FORWARDS:
-        if forward.startswith("llama.c") and native.library() is None:
+        if forward.startswith("llama.c") and native.library() is None or forward == TILES and not native.amx():
             continue
         p, q = pair_with(forward)
         outs[forward] = [generate(pr, target=p, draft=q, max_new_tokens=40).token_ids for pr in PROMPTS]

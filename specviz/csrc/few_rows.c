@@ -20,11 +20,15 @@
 // F16C; without either the caller keeps PyTorch's path (few_rows_isa() returns 0). Threads: OpenMP, the team
 // PyTorch's own libgomp already runs.
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define MAX_M 8     // rows of x one register kernel takes
 #define MAX_CALL 16 // rows of x a call takes (in parts of MAX_M)
@@ -560,8 +564,15 @@ static int8_t* quantised(const float* x, long M, long K, float** s) {
     return q8_buf;
 }
 
+// NaN in y's columns 16 c0 .. min(16 c1, N) for every row: what a product gives where the thread had no memory to
+// prepare x (wtypes 7 and 8, `prepared`).
+static void nan_columns(float* y, long M, long N, long c0, long c1) {
+    for (long m = 0; m < M; m++)
+        for (long n = c0 * 16; n < c1 * 16 && n < N; n++) y[m * N + n] = __builtin_nanf("");
+}
+
 // Panels c0 .. c1 - 1 of wtype 7 (q, s: x quantised), each panel against every row of x while it sits in the core's
-// cache; with q NULL (no memory for it) their outputs are NaN (a draft's guesses only).
+// cache (q NULL, no memory for it: `blocks` writes NaN instead, a draft's guesses only).
 A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q, const float* s, long M, long K, long N,
                            float* y, long c0, long c1) {
     float out[16];
@@ -569,14 +580,154 @@ A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q,
     for (long p = c0; p < c1; p++)
         for (long m = 0; m < M; m++) {
             long n0 = p * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-            if (!q) {
-                for (long n = n0; n < n1; n++) y[m * N + n] = __builtin_nanf("");
-                continue;
-            }
             if (fast) panel_q8_vnni(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
             else panel_q8(w + p * K * 16, q + m * K, s + m * (K / QBLOCK), K, out);
             for (long n = n0; n < n1; n++) y[m * N + n] = out[n - n0] * scale[n];
         }
+}
+
+// ---- float32 weights as two bfloat16 parts each, on AMX tiles (wtype 8) ----
+// Why: past 4-5 tokens a call on two cores is bound by its float32 multiply-adds, not by the memory (a 2-core Xeon
+// with AMX, 5 Dec 2026: the built-in target's products took 1.17 one-token steps at 8 tokens and 1.62 at 16 in
+// panels), so a token tree's verify cost more than a chain's. An AMX tile multiply does 16 x 16 x 32 of them at once:
+// the same products at 1-16 tokens then cost what reading the weights costs. AMX multiplies bfloat16 (8 bits of
+// significand), so each weight is stored as hi + lo, two bfloat16 (hi = w rounded to nearest even, lo = w - hi
+// rounded: 16 of float32's 24 bits, in float32's 4 bytes), each row of x likewise, and a product sums
+// hi.hi + lo.hi + hi.lo in float32 (lo.lo, below 2^-16 of it, left out): the numbers of a float32 product to about
+// 1e-5 of a logit's size, not its bits, so a model keeps this layout for every call (lean_panels) and plain and
+// speculative decoding compute the same bits. Same numbers whatever M and whichever thread: every output is its own
+// chain of tile multiply-adds over k in order (the tile unit's order within a 32-wide chunk is fixed by the CPU).
+// Layout (native.tile): (ceil(N / 16), 2, K / 32, 16, 32) bfloat16: panel p of 16 output columns, its hi part then
+// its lo part (two streams: one stream with the parts alternating per chunk made the products 9 % slower on the Xeon
+// of 5 Dec 2026, scripts/amx_products.c), chunk c of 32 k, row r holding k = 32c + 2r and 32c + 2r + 1 side by
+// side for each column (AMX's pairs). K a multiple of 32. The Linux kernel hands a process the tiles' state only when
+// asked (few_rows_amx).
+#define AAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+#define TILE (16 * 32)  // bfloat16 elements in a tile of W: 16 pairs of k by 16 columns
+// Chunks of k the weights are prefetched ahead (panels_amx). On the Xeon of 5 Dec 2026 a one-token step of the
+// built-in target took 19.8-19.9 ms without, 19.2-20.1 with 1-3 chunks into L1 (floats in panels: 19.3-20.9 in the same
+// minutes) and 20.3-20.8 with 2-8 into L2 (a process per setting, interleaved, best of 25 calls after 24 tokens;
+// BENCHMARKS.md "The Xeon with AMX: tiles in the forward").
+#define TILE_AHEAD 2
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config_t;
+
+static int amx = -1;  // whether this process can run the tiles (few_rows_amx)
+
+// 1 where the CPU has AMX with bfloat16 and AVX-512 BF16 and the system gave this process the tiles' state, else 0.
+int few_rows_amx(void) {
+    if (amx < 0) {
+        unsigned a, b, c, d, a1 = 0, b1, c1, d1;
+        int cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1) && (b >> 16 & 1) &&
+                  (b >> 30 & 1) && __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 >> 5 & 1);
+        // ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): refused where a thread's signal stack is too small
+        amx = cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+    }
+    return amx;
+}
+
+// The tiles this thread's calls use: 0-1 two panels' outputs (M x 16 float32), 2-3 x's hi and lo parts (M x 32), 4-7
+// two panels' hi and lo weights (16 pairs x 16 columns).
+AAMX static void tiles_begin(long M) {
+    tile_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = i < 4 ? (uint8_t)M : 16;
+    }
+    // Not _tile_loadconfig: GCC 12's takes the 64 bytes as one pointer's worth of memory, and dropped the stores above
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+AAMX static void tiles_end(void) { _tile_release(); }
+
+// x (M, K) float32 -> hi, lo (M, K) bfloat16 (lo right after hi): hi = x rounded to nearest even, lo = the rest
+// rounded (M K a multiple of 16).
+AAMX static void split_rows(const float* restrict x, long n, uint16_t* restrict hi, uint16_t* restrict lo) {
+    for (long i = 0; i < n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+        __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        _mm256_storeu_si256((__m256i*)(hi + i), h);
+        _mm256_storeu_si256((__m256i*)(lo + i), (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back)));
+    }
+}
+
+// One output tile (M x 16) into y's columns of panel p, the part past N left out.
+AAMX static void tile_out(int which, float* y, long N, long M, long p) {
+    if ((p + 1) * 16 <= N) {
+        if (which == 0) _tile_stored(0, y + p * 16, N * 4);
+        else _tile_stored(1, y + p * 16, N * 4);
+        return;
+    }
+    float part[16 * MAX_CALL];
+    if (which == 0) _tile_stored(0, part, 64);
+    else _tile_stored(1, part, 64);
+    for (long m = 0; m < M; m++)
+        for (long n = p * 16; n < N; n++) y[m * N + n] = part[m * 16 + n - p * 16];
+}
+
+// Panels c0 .. c1 - 1, two at a time; xs: x's hi parts, then its lo parts (split_rows). tiles_begin(M) first.
+AAMX static void panels_amx(const uint16_t* restrict w, const uint16_t* restrict xs, long M, long K, long N,
+                            float* restrict y, long c0, long c1) {
+    const uint16_t* xl = xs + M * K;
+    long C = K / 32;
+    for (long p = c0; p < c1; p += 2) {
+        const uint16_t* a = w + p * C * 2 * TILE;  // panel p, then p + 1 right after it
+        const uint16_t* b = a + C * 2 * TILE;
+        int two = p + 1 < c1;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (long c = 0; c < C; c++) {
+            if (c + TILE_AHEAD < C) {  // the weights TILE_AHEAD chunks on, into L1: 16 lines in each tile
+                const char* f = (const char*)(a + (c + TILE_AHEAD) * TILE);
+                for (int l = 0; l < 16; l++) {
+                    _mm_prefetch(f + 64 * l, _MM_HINT_T0);
+                    _mm_prefetch(f + C * TILE * 2 + 64 * l, _MM_HINT_T0);
+                    if (two) {
+                        _mm_prefetch(f + C * TILE * 4 + 64 * l, _MM_HINT_T0);
+                        _mm_prefetch(f + C * TILE * 6 + 64 * l, _MM_HINT_T0);
+                    }
+                }
+            }
+            _tile_loadd(2, xs + c * 32, K * 2);
+            _tile_loadd(3, xl + c * 32, K * 2);
+            _tile_loadd(4, a + c * TILE, 64);
+            _tile_loadd(5, a + (C + c) * TILE, 64);
+            _tile_dpbf16ps(0, 2, 4);  // hi . hi
+            _tile_dpbf16ps(0, 3, 4);  // lo . hi
+            _tile_dpbf16ps(0, 2, 5);  // hi . lo
+            if (two) {
+                _tile_loadd(6, b + c * TILE, 64);
+                _tile_loadd(7, b + (C + c) * TILE, 64);
+                _tile_dpbf16ps(1, 2, 6);
+                _tile_dpbf16ps(1, 3, 6);
+                _tile_dpbf16ps(1, 2, 7);
+            }
+        }
+        tile_out(0, y, N, M, p);
+        if (two) tile_out(1, y, N, M, p + 1);
+    }
+}
+
+static __thread uint16_t* split_buf;  // each thread's x in two bfloat16 parts (a call's rows), grown as needed, kept
+static __thread long split_cap;
+
+// x split for wtype 8 into this thread's own buffer, tiles_begin done; NULL when there is no memory for it.
+static const uint16_t* tiles_ready(const float* x, long M, long K) {
+    if (2 * M * K > split_cap) {
+        uint16_t* grown = realloc(split_buf, sizeof(uint16_t) * 2 * M * K);
+        if (!grown) return NULL;
+        split_buf = grown;
+        split_cap = 2 * M * K;
+    }
+    split_rows(x, M * K, split_buf, split_buf + M * K);
+    tiles_begin(M);
+    return split_buf;
 }
 
 // Panels c0 .. c1 - 1 (ceil(N / 16) in all; the last one may be partial, done by PANEL_TAIL) of wtypes 4-6.
@@ -633,11 +784,20 @@ int few_rows_use_isa(int level) {
 // range it falls in and whichever thread computes it. wtype: 0 float32, 1 float16, 2 int8 with one float32 scale
 // per row of W (y[m][n] = scale[n] * the int8 row's product: the same operations for every row of x), 3 NF4 (scale:
 // its 16 code values, then an absmax per 64 weights; above); 4-6 those first three in panels; 7 int8 in panels of
-// 4-byte groups against int8 activations (a draft's; above).
-static void blocks(const void* w, int wtype, const float* scale, const float* x, const int8_t* q, const float* qs,
+// 4-byte groups against int8 activations (a draft's; above); 8 float32 as two bfloat16 parts in AMX tiles (q: x
+// split by tiles_ready, which also set up this thread's tiles; above).
+static void blocks(const void* w, int wtype, const float* scale, const float* x, const void* q, const float* qs,
                    long M, long K, long N, float* y, long c0, long c1) {
+    if ((wtype == 7 || wtype == 8) && !q) {
+        nan_columns(y, M, N, c0, c1);
+        return;
+    }
+    if (wtype == 8) {
+        panels_amx((const uint16_t*)w, (const uint16_t*)q, M, K, N, y, c0, c1);
+        return;
+    }
     if (wtype == 7) {
-        panels_q8((const int8_t*)w, scale, q, qs, M, K, N, y, c0, c1);
+        panels_q8((const int8_t*)w, scale, (const int8_t*)q, qs, M, K, N, y, c0, c1);
         return;
     }
     if (wtype >= 4) {
@@ -672,6 +832,19 @@ static void blocks(const void* w, int wtype, const float* scale, const float* x,
             for (long n = n0; n < n1; n++) y[m * N + n] *= scale[n];
 }
 
+// What a thread makes of x before its blocks: quantised (wtype 7) or split for the tiles (8), else nothing.
+static const void* prepared(int wtype, const float* x, long M, long K, float** qs) {
+    if (wtype == 7) return quantised(x, M, K, qs);
+    if (wtype == 8) return tiles_ready(x, M, K);
+    return NULL;
+}
+
+// After a thread's blocks: the tiles released where `prepared` set them up (other code on this thread finds them as
+// the system left them).
+static void finished(int wtype, const void* q) {
+    if (wtype == 8 && q) tiles_end();
+}
+
 // Thread t of T's share of the ceil(N / 16) blocks of 16 columns: c0 .. c1 - 1, T contiguous shares.
 void few_rows_share(long N, int t, int T, long* c0, long* c1) {
     long nb = (N + 15) / 16, share = (nb + T - 1) / T;
@@ -687,8 +860,9 @@ void few_rows_part(const void* w, int wtype, const float* scale, const float* x,
     few_rows_share(N, t, T, &c0, &c1);
     if (c0 >= c1) return;
     float* qs = NULL;
-    const int8_t* q = wtype == 7 ? quantised(x, M, K, &qs) : NULL;
+    const void* q = prepared(wtype, x, M, K, &qs);
     blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
+    finished(wtype, q);
 }
 
 // Take up to n blocks from the front (front != 0) or the back of the blocks [lo, hi) left in *share (lo | hi << 32):
@@ -715,19 +889,23 @@ static int take(atomic_long* share, long n, int front, long* c0, long* c1) {
 void few_rows_steal(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                     int t, int T, atomic_long* shares) {
     if (isa < 0) few_rows_use_isa(-1);
-    long nb = (N + 15) / 16, grain = nb / (16L * T) > 1 ? nb / (16L * T) : 1, c0, c1;
+    // the tiles run panels in pairs (panels_amx: two weight streams at once), so they are taken two at a time
+    long pair = wtype == 8 ? 2 : 1, nb = (N + 15) / 16, grain = nb / (16L * T) > pair ? nb / (16L * T) : pair, c0, c1;
+    grain += grain % pair;
     float* qs = NULL;
-    const int8_t* q = wtype == 7 ? quantised(x, M, K, &qs) : NULL;
+    const void* q = prepared(wtype, x, M, K, &qs);
     while (take(shares + t, grain, 1, &c0, &c1)) blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
     for (int o = 1; o < T; o++)
-        while (take(shares + (t + o) % T, 1, 0, &c0, &c1)) blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
+        while (take(shares + (t + o) % T, pair, 0, &c0, &c1)) blocks(w, wtype, scale, x, q, qs, M, K, N, y, c0, c1);
+    finished(wtype, q);
 }
 
 int few_rows(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
              int threads) {
     if (isa < 0) few_rows_use_isa(-1);
-    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 7) return -1;
-    if ((wtype == 2 || wtype == 3 || wtype >= 6) && !scale) return -1;
+    if (isa == 0 || M < 1 || M > MAX_CALL || threads < 1 || wtype < 0 || wtype > 8) return -1;
+    if (wtype == 8 && (K % 32 || !few_rows_amx())) return -1;
+    if ((wtype == 2 || wtype == 3 || wtype == 6 || wtype == 7) && !scale) return -1;
     if (wtype == 7 && K % QBLOCK) return -1;
     if (wtype == 3 && K % 64) return -1;
 #pragma omp parallel num_threads(threads)

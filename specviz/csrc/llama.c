@@ -37,6 +37,7 @@
 #include <stdlib.h>
 
 void few_rows_share(long N, int t, int T, long* c0, long* c1);
+int few_rows_amx(void);
 void few_rows_steal(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                     int t, int T, atomic_long* shares);
 
@@ -232,6 +233,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
                   const void* head, const float* head_scale, int head_wtype, long V, long out_rows, float* hn,
                   float* logits, int threads) {
     if (L < 1 || L > 16 || threads < 1 || hq % hk || base + L > cap || out_rows < 0 || out_rows > L) return -1;
+    if ((wtype == 8 || head_wtype == 8) && (!few_rows_amx() || H % 32 || I % 32 || hq * d % 32)) return -1;  // tiles
     long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L;
     float scale = 1.0f / sqrtf((float)d);
     float* buf = malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));

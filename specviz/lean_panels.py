@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from . import kernels, native
+from . import kernels, lean_tiles, native
 
 # fwd below is a lean.LeanLlama (not imported: lean imports this module)
 
@@ -24,16 +24,6 @@ from . import kernels, native
 def can(fwd) -> bool:
     """Whether llama.c can read every weight of this forward in panels."""
     return fwd.lib is not None and all(native.can_pack(w) for w in fwd.weights())
-
-
-def can_tile(fwd) -> bool:
-    """Whether llama.c can read every weight of this float32 forward on AMX tiles (native.tile)."""
-    return fwd.lib is not None and all(native.can_tile(w) for w in fwd.weights())
-
-
-def tiles(fwd) -> dict[int, torch.Tensor]:
-    """Every weight of fwd as two bfloat16 parts for AMX tiles (native.tile), by the address of the weight as stored."""
-    return {w.data_ptr(): native.tile(w) for w in fwd.weights()}
 
 
 def packs(fwd) -> dict[int, torch.Tensor]:
@@ -51,8 +41,8 @@ def choose(fwd) -> None:
     target's step took 20.3 ms on tiles against 21.0 in panels, and a call of 9 tokens 1.09 steps against 1.35."""
     if not can(fwd):
         return fwd.point()
-    if layout_mode() == "tiles" and can_tile(fwd):
-        return use(fwd, True, tiles(fwd))
+    if layout_mode() == "tiles" and lean_tiles.can_tile(fwd):
+        return use(fwd, True, lean_tiles.tiles(fwd))
     if fwd.quantised and layout_mode() == "auto":
         use(fwd, False)
         return choose_passes(fwd)
@@ -64,9 +54,9 @@ def choose(fwd) -> None:
         choose_passes(fwd)
     else:
         choose_prefetch(fwd)
-    if layout_mode() == "auto" and can_tile(fwd) and fwd.weight_bytes >= TILES_MIN_BYTES:
-        tiled = tiles(fwd)  # against the layout just chosen (and its prefetch), in whole calls
-        if second_pays(lambda: [t for ts in time_calls([fwd, with_tiles(fwd, tiled)]) for t in ts]):
+    if layout_mode() == "auto" and lean_tiles.can_tile(fwd) and fwd.weight_bytes >= TILES_MIN_BYTES:
+        tiled = lean_tiles.tiles(fwd)  # against the layout just chosen (and its prefetch), in whole calls
+        if second_pays(lambda: [t for ts in lean_tiles.time_calls([fwd, with_tiles(fwd, tiled)]) for t in ts]):
             use(fwd, True, tiled)
 
 
@@ -165,7 +155,7 @@ def with_act8(fwd):
 
 
 def with_tiles(fwd, tiled: dict[int, torch.Tensor]):
-    """A shallow copy of fwd reading its weights on AMX tiles (`tiles`), to time against fwd (the weights shared)."""
+    """A shallow copy of fwd reading its weights on AMX tiles (lean_tiles.tiles), to time against fwd (the weights shared)."""
     new = copy.copy(fwd)
     new.copied_bytes -= _bytes(fwd.packed)
     new.packed = {}
@@ -216,7 +206,7 @@ LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in targe
 
 def layout_mode() -> str:
     """SPECVIZ_KERNEL_LAYOUT: "auto" (default: time the layouts once per model), "panels", "rows" or "tiles"
-    (forced; tiles where the CPU has AMX, can_tile)."""
+    (forced; tiles where the CPU has AMX, lean_tiles.can_tile)."""
     v = os.environ.get("SPECVIZ_KERNEL_LAYOUT", "auto").strip().lower()
     return v if v in ("panels", "rows", "tiles") else "auto"
 
@@ -241,29 +231,6 @@ def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tup
                 )
                 best[i][j] = min(best[i][j], t)
     return tuple(best[0]), tuple(best[1])
-
-
-@torch.inference_mode()
-def time_calls(fwds: list, rows: tuple[int, ...] = (1, 4)) -> list[tuple[float, ...]]:
-    """Seconds of whole calls of `rows` tokens after 16 in the cache (a plain step and a typical verify: attention
-    and barriers included) for each forward, alternating within each of LAYOUT_REPS repetitions; the best of each.
-    For AMX tiles against panels: on the Xeon of 5 Dec 2026 the products alone, one parallel region each, read tiles
-    1-2 % slower at 1 and 4 tokens, where a forward's calls ran them 3 % faster at 1 and 10 % at 4."""
-    ids = torch.arange(16 + max(rows)) % min(f.embed.shape[0] for f in fwds)
-    caches = [f.new_cache() for f in fwds]
-    for f, c in zip(fwds, caches):
-        f.forward(c, ids[:16])
-    best = [[float("inf")] * len(rows) for _ in fwds]
-
-    def call(f, c, m: int) -> None:
-        c.length = 16
-        f.forward(c, ids[16 : 16 + m])
-
-    for _ in range(LAYOUT_REPS):
-        for i, (f, c) in enumerate(zip(fwds, caches)):
-            for j, m in enumerate(rows):
-                best[i][j] = min(best[i][j], kernels.best_seconds(lambda f=f, c=c, m=m: call(f, c, m), 2))
-    return [tuple(b) for b in best]
 
 
 @torch.inference_mode()

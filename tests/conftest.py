@@ -205,7 +205,7 @@ def blocking_pair(pair: list[str], folder, blocked: list[int], reverse: bool = F
 @pytest.fixture
 def pair_with(tiny_pair, monkeypatch):
     """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
-    from specviz import lean_panels, load_pair, native
+    from specviz import lean_tiles, load_pair, native
     from specviz.models import CACHE, backend
 
     def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0", act8: str = "0"):
@@ -227,7 +227,7 @@ def pair_with(tiny_pair, monkeypatch):
         for lm in (p, q):
             engine = lm.lean.engine if lm.lean is not None else "transformers"
             want = forward
-            if layout == "tiles" and not lean_panels.can_tile(lm.lean):  # tiles take float32: a float16 draft's rows
+            if layout == "tiles" and not lean_tiles.can_tile(lm.lean):  # tiles take float32: a float16 draft's rows
                 want = "llama.c"
             assert engine.removesuffix(", int8 weights and activations").removesuffix(", int8 weights") == want
             assert want in backend(lm) or (forward == "transformers" and "transformers forward" in backend(lm))

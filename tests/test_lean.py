@@ -18,7 +18,7 @@ import torch
 from conftest import PREFILLS, blocking_pair, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import cpus, generate, lean, lean_draft, lean_panels, native
+from specviz import cpus, generate, lean, lean_draft, lean_panels, lean_tiles, native
 from specviz.models import backend, pair_backend, pair_dtypes
 from specviz.runtime import CachedModel
 
@@ -91,7 +91,7 @@ def _read_as(fwd, layout: str) -> None:
     """fwd reads its weights by rows, in panels or on AMX tiles (the test skipped where the CPU has none)."""
     if layout == "tiles" and not native.amx():
         pytest.skip("this CPU (or this process) has no AMX tiles")
-    lean_panels.use(fwd, layout != "rows", lean_panels.tiles(fwd) if layout == "tiles" else None)
+    lean_panels.use(fwd, layout != "rows", lean_tiles.tiles(fwd) if layout == "tiles" else None)
 
 
 def _llama(d: int):

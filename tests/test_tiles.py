@@ -49,11 +49,11 @@ def test_same_bits_whatever_the_call():
 def test_auto_keeps_a_large_model_on_tiles_only_where_its_calls_were_timed_clearly_faster(
     tiny_pair, monkeypatch, panels_s, tiles_s, chosen
 ):
-    """Timed in whole calls of 1 and 4 tokens (lean_panels.time_calls) against the layout panels_pay chose; the
+    """Timed in whole calls of 1 and 4 tokens (lean_tiles.time_calls) against the layout panels_pay chose; the
     loser's copy is dropped, the winner's counted in copied_bytes and named in the engine string."""
     from transformers import LlamaForCausalLM
 
-    from specviz import lean, lean_panels
+    from specviz import lean, lean_panels, lean_tiles
 
     model = LlamaForCausalLM.from_pretrained(tiny_pair[0])
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
@@ -65,7 +65,7 @@ def test_auto_keeps_a_large_model_on_tiles_only_where_its_calls_were_timed_clear
         timed.append([native.wtype_of(next(iter(f.packed.values()))) for f in fwds])
         return [panels_s, tiles_s]
 
-    monkeypatch.setattr(lean_panels, "time_calls", fake)
+    monkeypatch.setattr(lean_tiles, "time_calls", fake)
     fwd = lean.LeanLlama(model, "kernel")
     assert timed and all(t == [native.WTYPES[torch.float32] + native.PANELS, native.TILES] for t in timed)
     kinds = {native.wtype_of(t) for t in fwd.packed.values()}
@@ -81,10 +81,10 @@ def test_auto_keeps_a_large_model_on_tiles_only_where_its_calls_were_timed_clear
 def test_time_calls_times_each_forward_in_whole_calls(tiny_pair):
     from transformers import LlamaForCausalLM
 
-    from specviz import lean, lean_panels
+    from specviz import lean, lean_panels, lean_tiles
 
     fwd = lean.LeanLlama(LlamaForCausalLM.from_pretrained(tiny_pair[0]), "kernel")
-    other = lean_panels.with_tiles(fwd, lean_panels.tiles(fwd))
+    other = lean_panels.with_tiles(fwd, lean_tiles.tiles(fwd))
     assert {native.wtype_of(t) for t in other.packed.values()} == {native.TILES} and other.packed is not fwd.packed
-    times = lean_panels.time_calls([fwd, other], rows=(1, 4))
+    times = lean_tiles.time_calls([fwd, other], rows=(1, 4))
     assert len(times) == 2 and all(len(t) == 2 and all(0 < s < 1 for s in t) for t in times)

@@ -602,6 +602,8 @@ A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q,
 // of 5 Dec 2026, scripts/amx_products.c), chunk c of 32 k, row r holding k = 32c + 2r and 32c + 2r + 1 side by
 // side for each column (AMX's pairs). K a multiple of 32. The Linux kernel hands a process the tiles' state only when
 // asked (few_rows_amx).
+// AMX intrinsics came with GCC 11 and Clang 12: an older compiler builds the rest, and few_rows_amx says 0.
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #define AAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
 #define TILE (16 * 32)  // bfloat16 elements in a tile of W: 16 pairs of k by 16 columns
 // Chunks of k the weights are prefetched ahead (panels_amx). On the Xeon of 5 Dec 2026 a one-token step of the
@@ -729,6 +731,13 @@ static const uint16_t* tiles_ready(const float* x, long M, long K) {
     tiles_begin(M);
     return split_buf;
 }
+
+#else
+int few_rows_amx(void) { return 0; }
+static void tiles_end(void) {}
+static void panels_amx(const uint16_t* w, const uint16_t* xs, long M, long K, long N, float* y, long c0, long c1) {}
+static const uint16_t* tiles_ready(const float* x, long M, long K) { return NULL; }
+#endif
 
 // Panels c0 .. c1 - 1 (ceil(N / 16) in all; the last one may be partial, done by PANEL_TAIL) of wtypes 4-6.
 static void panels_range(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N,

@@ -109,6 +109,20 @@ def best_seconds(fn, reps: int = 5) -> float:
     return best
 
 
+def verify_call(fwd, cached: int = 16):
+    """call(m): one call of a lean forward over m tokens after `cached` tokens in its own cache (a plain step at
+    m = 1, a verify above), the cache rolled back before each, for timing whole calls (lean_panels' prefetch,
+    lean_tiles' layout). fwd: a lean.LeanLlama."""
+    cache, ids = fwd.new_cache(), torch.arange(cached + 16) % fwd.embed.shape[0]
+    fwd.forward(cache, ids[:cached])
+
+    def call(m: int) -> None:
+        cache.length = cached
+        fwd.forward(cache, ids[cached : cached + m])
+
+    return call
+
+
 def _call(path: str, layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     forward = _FORWARDS[path]
     return F.linear(x, layer.weight, layer.bias) if forward is None else forward(layer, x)

@@ -56,7 +56,9 @@ def choose(fwd) -> None:
         choose_prefetch(fwd)
     if layout_mode() == "auto" and lean_tiles.can_tile(fwd) and fwd.weight_bytes >= TILES_MIN_BYTES:
         tiled = lean_tiles.tiles(fwd)  # against the layout just chosen (and its prefetch), in whole calls
-        if second_pays(lambda: [t for ts in lean_tiles.time_calls([fwd, with_tiles(fwd, tiled)]) for t in ts]):
+        if second_pays(
+            lambda: [t for ts in lean_tiles.time_calls([fwd, with_tiles(fwd, tiled)], LAYOUT_REPS) for t in ts]
+        ):
             use(fwd, True, tiled)
 
 
@@ -75,14 +77,7 @@ def choose_prefetch(fwd) -> None:
         return
     if _prefetch_timed or _bytes(fwd.packed) < PASSES_MIN_BYTES:
         return
-    cache, ids = fwd.new_cache(), torch.arange(24) % fwd.embed.shape[0]
-    fwd.forward(cache, ids[:16])
-
-    def call(m: int) -> None:  # a verify of m tokens after 16 in the cache
-        cache.length = 16
-        fwd.forward(cache, ids[16 : 16 + m])
-
-    _prefetch_timed.append(native.panel_prefetch(judged_prefetch(call)))
+    _prefetch_timed.append(native.panel_prefetch(judged_prefetch(kernels.verify_call(fwd))))
 
 
 PASSES_MIN_BYTES = 64 << 20  # timed on this many bytes of a model's weights: they stream from memory, as in a step
@@ -157,8 +152,6 @@ def with_act8(fwd):
 def with_tiles(fwd, tiled: dict[int, torch.Tensor]):
     """A shallow copy of fwd reading its weights on AMX tiles (lean_tiles.tiles), to time against fwd (the weights shared)."""
     new = copy.copy(fwd)
-    new.copied_bytes -= _bytes(fwd.packed)
-    new.packed = {}
     use(new, True, tiled)
     return new
 
@@ -201,7 +194,7 @@ PANELS_GUARD = 1.06
 # AMX tiles (native.tile) are timed only against a model this large: a smaller one's products run from the caches,
 # where the timing says little about a step that streams the weights after a verify (a draft's)
 TILES_MIN_BYTES = 64 << 20
-LAYOUT_REPS = 4  # time_layouts' repetitions: about 0.7 s for the built-in target on a 2-core Zen 3
+LAYOUT_REPS = 4  # time_layouts' and time_calls' repetitions: 0.7 s for the built-in target on a 2-core Zen 3
 
 
 def layout_mode() -> str:
@@ -213,19 +206,18 @@ def layout_mode() -> str:
 
 @torch.inference_mode()
 def time_layouts(mats: list[tuple], rows: tuple[int, ...] = (1, 4)) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Seconds of a pass over a model's products in two layouts, for each of `rows` tokens (a plain step and a
-    typical verify); mats, in the order a forward reads them: (weight as stored, the same packed, its scale or None)
-    for rows against panels, or (weight as stored, one layout, another, its scale or None). The layouts alternate
-    within each of LAYOUT_REPS repetitions, so a busy machine slows both alike; the best of each."""
-    mats = [(m[0], m[0], *m[1:]) if len(m) == 3 else m for m in mats]
-    inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, *_ in mats} for m in rows}
+    """Seconds of a pass over a model's products by rows and in panels, for each of `rows` tokens (a plain step and
+    a typical verify); mats: (weight as stored, the same packed, its scale or None) in the order a forward reads
+    them. The layouts alternate within each of LAYOUT_REPS repetitions, so a busy machine slows both alike; the best
+    of each."""
+    inputs = {m: {w.shape[1]: torch.randn(m, w.shape[1]) for w, _, _ in mats} for m in rows}
     best = [[float("inf")] * len(rows) for _ in (0, 1)]
     for _ in range(LAYOUT_REPS):
         for i in (0, 1):
             for j, m in enumerate(rows):
                 t = kernels.best_seconds(
                     lambda i=i, m=m: [
-                        native.few_rows(inputs[m][w.shape[1]], (a, b)[i], sc, w.shape[0]) for w, a, b, sc in mats
+                        native.few_rows(inputs[m][w.shape[1]], (w, p)[i], sc, w.shape[0]) for w, p, sc in mats
                     ],
                     2,
                 )

@@ -7,8 +7,6 @@ import torch
 
 from . import kernels, native
 
-LAYOUT_REPS = 4  # as lean_panels' timings: the forwards alternate within each repetition
-
 # fwd below is a lean.LeanLlama (not imported: lean imports lean_panels, which imports this module)
 
 
@@ -23,23 +21,15 @@ def tiles(fwd) -> dict[int, torch.Tensor]:
 
 
 @torch.inference_mode()
-def time_calls(fwds: list, rows: tuple[int, ...] = (1, 4)) -> list[tuple[float, ...]]:
+def time_calls(fwds: list, reps: int, rows: tuple[int, ...] = (1, 4)) -> list[tuple[float, ...]]:
     """Seconds of whole calls of `rows` tokens after 16 in the cache (a plain step and a typical verify: attention
-    and barriers included) for each forward, alternating within each of LAYOUT_REPS repetitions; the best of each.
-    For AMX tiles against panels: on the Xeon of 5 Dec 2026 the products alone, one parallel region each, read tiles
-    1-2 % slower at 1 and 4 tokens, where a forward's calls ran them 3 % faster at 1 and 10 % at 4."""
-    ids = torch.arange(16 + max(rows)) % min(f.embed.shape[0] for f in fwds)
-    caches = [f.new_cache() for f in fwds]
-    for f, c in zip(fwds, caches):
-        f.forward(c, ids[:16])
+    and barriers included; kernels.verify_call) for each forward, alternating within each of `reps` repetitions; the
+    best of each. For AMX tiles against panels: on the Xeon of 5 Dec 2026 the products alone, one parallel region
+    each, read tiles 1-2 % slower at 1 and 4 tokens, where a forward's calls ran them 3 % faster at 1 and 10 % at 4."""
+    calls = [kernels.verify_call(f) for f in fwds]
     best = [[float("inf")] * len(rows) for _ in fwds]
-
-    def call(f, c, m: int) -> None:
-        c.length = 16
-        f.forward(c, ids[16 : 16 + m])
-
-    for _ in range(LAYOUT_REPS):
-        for i, (f, c) in enumerate(zip(fwds, caches)):
+    for _ in range(reps):
+        for i, call in enumerate(calls):
             for j, m in enumerate(rows):
-                best[i][j] = min(best[i][j], kernels.best_seconds(lambda f=f, c=c, m=m: call(f, c, m), 2))
+                best[i][j] = min(best[i][j], kernels.best_seconds(lambda call=call, m=m: call(m), 2))
     return [tuple(b) for b in best]

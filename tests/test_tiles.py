@@ -61,7 +61,7 @@ def test_auto_keeps_a_large_model_on_tiles_only_where_its_calls_were_timed_clear
     monkeypatch.setattr(lean_panels, "TILES_MIN_BYTES", 0)  # the tiny model counts as large
     timed = []
 
-    def fake(fwds, rows=(1, 4)):
+    def fake(fwds, reps, rows=(1, 4)):
         timed.append([native.wtype_of(next(iter(f.packed.values()))) for f in fwds])
         return [panels_s, tiles_s]
 
@@ -86,5 +86,5 @@ def test_time_calls_times_each_forward_in_whole_calls(tiny_pair):
     fwd = lean.LeanLlama(LlamaForCausalLM.from_pretrained(tiny_pair[0]), "kernel")
     other = lean_panels.with_tiles(fwd, lean_tiles.tiles(fwd))
     assert {native.wtype_of(t) for t in other.packed.values()} == {native.TILES} and other.packed is not fwd.packed
-    times = lean_tiles.time_calls([fwd, other], rows=(1, 4))
+    times = lean_tiles.time_calls([fwd, other], lean_panels.LAYOUT_REPS, rows=(1, 4))
     assert len(times) == 2 and all(len(t) == 2 and all(0 < s < 1 for s in t) for t in times)

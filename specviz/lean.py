@@ -392,6 +392,5 @@ class LeanLlama:
             logits.data_ptr(),
             cpus.threads(),
         )
-        if failed:
-            raise RuntimeError("llama_forward refused its arguments")  # unreachable: forward checks them
+        native.check(failed, "llama_forward")  # -2: no memory for the tiles' x (SpecvizError)
         return logits, h

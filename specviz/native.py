@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import cpus
-from .config import specviz_home
+from .config import SpecvizError, specviz_home
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,8 @@ def library() -> ctypes.CDLL | None:
     lib.first_max.restype = None
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
     lib.few_rows_amx.restype = ctypes.c_int
+    lib.few_rows_tiles_short.restype = ctypes.c_long
+    lib.few_rows_refuse_split.argtypes = [ctypes.c_int]
     lib.few_rows_panel_ahead.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.few_rows_pass_limits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -340,6 +342,19 @@ def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None =
     y = torch.empty(rows, n, dtype=torch.float32)
     sc = scale.data_ptr() if scale is not None else None
     wtype = wtype_of(weight)
-    if library().few_rows(weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), cpus.threads()):
-        raise RuntimeError("few_rows refused its arguments")  # unreachable when the caller checks M and dtypes
+    failed = library().few_rows(weight.data_ptr(), wtype, sc, x.data_ptr(), rows, k, n, y.data_ptr(), cpus.threads())
+    check(failed, "few_rows")
     return y
+
+
+OUT_OF_MEMORY = "Out of memory while running the model; close other programs or load a smaller model."
+
+
+def check(failed: int, what: str) -> None:
+    """A native call's status (few_rows, llama_forward): -2, a product on the AMX tiles had no memory for its x (its
+    columns NaN, not the model's numbers), is the user's out-of-memory sentence; -1, its arguments refused, is
+    unreachable where the caller checks M and dtypes."""
+    if failed == -2:
+        raise SpecvizError(OUT_OF_MEMORY)
+    if failed:
+        raise RuntimeError(f"{what} refused its arguments")

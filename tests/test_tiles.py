@@ -88,3 +88,41 @@ def test_time_calls_times_each_forward_in_whole_calls(tiny_pair):
     assert {native.wtype_of(t) for t in other.packed.values()} == {native.TILES} and other.packed is not fwd.packed
     times = lean_tiles.time_calls([fwd, other], lean_panels.LAYOUT_REPS, rows=(1, 4))
     assert len(times) == 2 and all(len(t) == 2 and all(0 < s < 1 for s in t) for t in times)
+
+
+def test_a_product_without_memory_for_its_x_says_so_and_the_next_call_is_whole():
+    """A thread that cannot split x for the tiles (realloc failed; few_rows_refuse_split fakes it) leaves NaN in its
+    columns: never a model's numbers, so the call fails with the out-of-memory sentence and the next one is whole."""
+    from specviz.config import SpecvizError
+
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(64, 96, generator=g), torch.randn(4, 96, generator=g)
+    packed = native.tile(w)
+    whole = native.few_rows(x, packed, None, 64)
+    native.library().few_rows_refuse_split(1)
+    try:
+        with pytest.raises(SpecvizError, match="^Out of memory while running the model"):
+            native.few_rows(x, packed, None, 64)
+    finally:
+        native.library().few_rows_refuse_split(0)
+    assert torch.equal(native.few_rows(x, packed, None, 64), whole)
+
+
+def test_a_forward_on_tiles_without_memory_fails_in_one_sentence_and_the_model_keeps_working(tiny_pair):
+    from transformers import LlamaForCausalLM
+
+    from specviz import lean, lean_panels, lean_tiles
+    from specviz.config import SpecvizError
+
+    fwd = lean.LeanLlama(LlamaForCausalLM.from_pretrained(tiny_pair[0]), "kernel")
+    fwd = lean_panels.with_tiles(fwd, lean_tiles.tiles(fwd))
+    ids = torch.tensor([5, 9, 12, 30, 7])
+    ref = fwd.forward(fwd.new_cache(), ids)[0]
+    assert torch.isfinite(ref).all()
+    native.library().few_rows_refuse_split(1)
+    try:
+        with pytest.raises(SpecvizError, match="^Out of memory while running the model"):
+            fwd.forward(fwd.new_cache(), ids)
+    finally:
+        native.library().few_rows_refuse_split(0)
+    assert torch.equal(fwd.forward(fwd.new_cache(), ids)[0], ref)

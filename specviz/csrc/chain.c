@@ -93,8 +93,8 @@ long llama_chain(const void* const* weights, const float* const* scales, const f
     for (long i = 0; i < k; i++) {
         if (llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
                           cos + base * d, sin + base * d, NULL, fnorm, head, head_scale, head_wtype, V, 1, hn, logits,
-                          threads))
-            return -1;
+                          threads) == -1)
+            return -1;  // -2, no memory for the tiles' x: NaN scores, as wtype 7's (guesses only; the target rules)
         base += L;
         if (u == NULL && i == 0 && mix != NULL) {
             out[i] = -1;
@@ -154,7 +154,7 @@ long llama_tree_read(const void* const* weights, const float* const* scales, con
                                cos + pos0 * d, sin + pos0 * d, mask, fnorm, head, head_scale, head_wtype, V, 1, hn,
                                logits, threads);
     free(mask);
-    if (failed) return -1;
+    if (failed == -1) return -1;  // -2 (no memory for the tiles' x): NaN scores, read as -inf below
     // probabilities as to_probs_row makes them (NaN read as -inf, +inf entries sharing the mass, else a softmax at
     // T = 1), the softmax's total summed in double: within a few parts in 10^7 of torch.softmax's
     float best = -INFINITY;

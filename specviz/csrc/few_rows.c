@@ -602,6 +602,14 @@ A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q,
 // of 5 Dec 2026, scripts/amx_products.c), chunk c of 32 k, row r holding k = 32c + 2r and 32c + 2r + 1 side by
 // side for each column (AMX's pairs). K a multiple of 32. The Linux kernel hands a process the tiles' state only when
 // asked (few_rows_amx).
+// Products on the tiles whose thread had no memory to split x (their columns NaN, `blocks`): llama_forward and
+// few_rows read it before and after a call and fail it where it grew, for a target's logits must not be NaN (a
+// draft's guesses may be: wtype 7 keeps its NaN, which the draft's argmax never picks). few_rows_refuse_split(n):
+// the next n splits fail as if realloc had (the tests' way to reach that path).
+static atomic_long tiles_short;
+static atomic_int split_refusals;
+long few_rows_tiles_short(void) { return atomic_load(&tiles_short); }
+void few_rows_refuse_split(int n) { atomic_store(&split_refusals, n); }
 // AMX intrinsics came with GCC 11 and Clang 12: an older compiler builds the rest, and few_rows_amx says 0.
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #define AAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
@@ -721,6 +729,7 @@ static __thread long split_cap;
 
 // x split for wtype 8 into this thread's own buffer, tiles_begin done; NULL when there is no memory for it.
 static const uint16_t* tiles_ready(const float* x, long M, long K) {
+    if (atomic_load(&split_refusals) > 0 && atomic_fetch_sub(&split_refusals, 1) > 0) return NULL;
     if (2 * M * K > split_cap) {
         uint16_t* grown = realloc(split_buf, sizeof(uint16_t) * 2 * M * K);
         if (!grown) return NULL;
@@ -798,6 +807,7 @@ int few_rows_use_isa(int level) {
 static void blocks(const void* w, int wtype, const float* scale, const float* x, const void* q, const float* qs,
                    long M, long K, long N, float* y, long c0, long c1) {
     if ((wtype == 7 || wtype == 8) && !q) {
+        if (wtype == 8) atomic_fetch_add(&tiles_short, 1);
         nan_columns(y, M, N, c0, c1);
         return;
     }
@@ -917,7 +927,8 @@ int few_rows(const void* w, int wtype, const float* scale, const float* x, long 
     if ((wtype == 2 || wtype == 3 || wtype == 6 || wtype == 7) && !scale) return -1;
     if (wtype == 7 && K % QBLOCK) return -1;
     if (wtype == 3 && K % 64) return -1;
+    long short0 = few_rows_tiles_short();
 #pragma omp parallel num_threads(threads)
     few_rows_part(w, wtype, scale, x, M, K, N, y, omp_get_thread_num(), omp_get_num_threads());
-    return 0;
+    return wtype == 8 && few_rows_tiles_short() != short0 ? -2 : 0;  // -2: no memory for the tiles' x
 }

@@ -38,6 +38,7 @@
 
 void few_rows_share(long N, int t, int T, long* c0, long* c1);
 int few_rows_amx(void);
+long few_rows_tiles_short(void);
 void few_rows_steal(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                     int t, int T, atomic_long* shares);
 
@@ -226,7 +227,8 @@ A256 static void attend(const float* q, const float* keys, const float* values, 
 }
 
 // The forward pass over x (L, H) (the tokens' embeddings; the residual stream, updated in place); the cache gets
-// rows base .. base + L - 1. Returns 0, or -1 when it cannot run (the caller keeps its own path).
+// rows base .. base + L - 1. Returns 0, -1 when it cannot run (the caller keeps its own path), or -2 when a product on
+// the tiles had no memory for its x (its logits are not the model's).
 int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
                   int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc,
                   long cap, long base, const float* cos, const float* sin, const float* mask, const float* fnorm,
@@ -234,7 +236,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
                   float* logits, int threads) {
     if (L < 1 || L > 16 || threads < 1 || hq % hk || base + L > cap || out_rows < 0 || out_rows > L) return -1;
     if ((wtype == 8 || head_wtype == 8) && (!few_rows_amx() || H % 32 || I % 32 || hq * d % 32)) return -1;  // tiles
-    long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L;
+    long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L, short0 = few_rows_tiles_short();
     float scale = 1.0f / sqrtf((float)d);
     float* buf = malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
     if (!buf) return -1;
@@ -327,5 +329,5 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
 #undef PRODUCT
     free(shares);
     free(buf);
-    return 0;
+    return few_rows_tiles_short() != short0 ? -2 : 0;
 }

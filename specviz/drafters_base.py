@@ -48,9 +48,17 @@ class DraftContext:
 
     def prefers(self, a: str, b: str) -> bool:
         """Whether the policy expects at least as many tokens per second from source a as from b (True when it
-        has no estimates: then the cheaper drafter, a, goes first)."""
+        has no estimates: then the cheaper drafter, a, goes first). b is the model drafter (lookup+model): under
+        tree=auto it grows a tree wherever that is expected to beat its chain (b's best is the better of the two),
+        with a fixed budget always (b's is the tree's, where its costs are known)."""
         rate = getattr(self.policy, "best_rate", None)
-        return rate is None or rate(a) >= rate(b)
+        if rate is None:
+            return True
+        other, tree = rate(b), self.tree
+        if tree is not None and tree.weight:
+            grown = tree.grown_rate()
+            other = max(other, grown) if tree.fixed is None else grown or other
+        return rate(a) >= other
 
     def grows_tree(self, source: str) -> bool:
         """Whether `source` proposes a token tree this round: there is a tree policy, and it judges a tree worth

@@ -24,7 +24,7 @@ from .detail import chain_candidates, tree_candidates
 from .drafters import DraftContext, Drafter, Proposal, translation_of
 from .events import Done, Event, Round, Start, Step, TreeRound
 from .models import LoadedModel
-from .policies import GammaPolicy, TreePolicy
+from .policies import GammaPolicy, TreePolicy, chain_outcome
 from .run_setup import make_run
 from .runtime import CachedModel, keep_opening
 from .sampling import (
@@ -291,7 +291,7 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     stop_node = path[-1] if path else -1
     tried = [i for i, par in enumerate(prop.parents) if par == stop_node]  # children of where the walk stopped
     line = path + tried[:1]  # the walked line: the accepted path, then the first child turned down there
-    policy.update(prop.key or drafter.name, len(line), v.n, draft_s, verify_s)
+    policy.update(prop.key or drafter.name, *chain_outcome(prop.parents, prop.ranks, path), draft_s, verify_s)
     tree.update(prop.said, prop.ranks, prop.parents, path, [st == "kept" for st in v.status])
     ids = x.tolist()
     p_node = _p_at_parents(p_probs, p_logits, prop.parents, x)  # (N,) p(x) at each node's parent

@@ -138,6 +138,22 @@ class Auto(GammaPolicy):
             a[j] += j < n
 
 
+def chain_outcome(parents: Sequence[int], ranks: Sequence[int], path: Sequence[int]) -> tuple[int, int]:
+    """What the draft's chain would have got in a verified tree round: (guesses checked, guesses kept), for the
+    gamma policy's estimates of that chain (`update`). The chain is the tree's spine of first choices (rank 0):
+    it keeps the path's leading rank-0 nodes, and its next guess is checked where the node it stopped at has a
+    child in the tree (that child was the first tried there: turned down, at T = 0 and T > 0 alike). Counting the
+    walked line instead (a rank-1 sibling kept counted as the chain's success) made the chain look better than it
+    is wherever trees ran, so auto gave trees too few rounds and chains too many guesses."""
+    n = 0
+    for i in path:
+        if ranks[i] != 0:
+            break
+        n += 1
+    at = path[n - 1] if n else -1
+    return (n + 1 if at in parents else n), n
+
+
 def make_policy(
     name: str,
     gamma: int,
@@ -227,6 +243,11 @@ class TreePolicy:
     def best_rate(self) -> float:
         """Expected tokens per second of the best tree (0 until a curve and the costs are known)."""
         return max(self.rate(k) for k in range(1, self.max_nodes + 1))
+
+    def grown_rate(self) -> float:
+        """Expected tokens per second of the trees this policy grows: its fixed budget's, or auto's best (0 until
+        a curve and the costs are known)."""
+        return self.best_rate() if self.fixed is None else self.rate(self.fixed)
 
     def grows(self, chain_rate: float | None) -> bool:
         """Whether this round proposes a tree rather than the drafter's chain. A fixed budget always does; auto

@@ -41,7 +41,7 @@ def make_run(
             greedy = cfg.sampling.greedy and not cfg.detail  # the drafter's fast path (drafters.ModelDrafter)
             (step_s, next_s), spent_q = draft_step_calibration(target, draft, prompt_ids, d_ids, V, greedy)
             spent += spent_q
-            if tree_auto:  # and a tree node's read
+            if cfg.tree != "off" and not chains_only:  # and a tree node's read (what a tree's rate is priced with)
                 (read_s,), spent_q = tree_read_calibration(draft, d_ids, V, greedy)
                 spent += spent_q
         if head is not None:  # one head step, for its cost

@@ -373,6 +373,82 @@ def test_the_calibration_learns_how_often_each_rank_is_kept():
     assert abs(tree.cal(0) - 1.0) < 0.1 and tree.cal(1) < 0.3
 
 
+@pytest.mark.parametrize(
+    "ranks, parents, path, want",
+    [
+        # root -> a (rank 0) -> c (rank 0), c a leaf: the chain of first choices kept both, then got the bonus
+        ((0, 1, 0), (-1, -1, 0), [0, 2], (2, 2)),
+        # root -> b (the root's rank-1 child): the chain's first guess (a) was turned down
+        ((0, 1, 0), (-1, -1, 0), [1], (1, 0)),
+        # root -> a, then every child of a turned down: the chain kept one and its second guess was checked
+        ((0, 1, 0), (-1, -1, 0), [0], (2, 1)),
+        # root -> a -> d (a's rank-1 child): kept one, the second (c) turned down
+        ((0, 1, 0, 1), (-1, -1, 0, 0), [0, 3], (2, 1)),
+        # nothing kept at the root
+        ((0, 1), (-1, -1), [], (1, 0)),
+    ],
+)
+def test_a_tree_round_teaches_the_gamma_policy_what_its_chain_of_first_choices_would_have_got(
+    ranks, parents, path, want
+):
+    from specviz.policies import chain_outcome
+
+    assert chain_outcome(parents, ranks, path) == want
+
+
+def test_tree_rounds_leave_the_chains_estimates_as_the_chains_own_rounds_would(loaded_pair, monkeypatch):
+    """Every gamma-policy update of a tree round is the spine of first choices': its kept count is the path's
+    leading rank-0 nodes, never a sibling's success (the walked line's length counted those, and made the
+    chain look better than it is wherever trees ran)."""
+    from specviz import engine
+
+    p, q = loaded_pair
+    seen, walked = [], []
+    real = engine.chain_outcome
+
+    def spy(parents, ranks, path):
+        out = real(parents, ranks, path)
+        seen.append((out, [ranks[i] for i in path]))
+        return out
+
+    monkeypatch.setattr(engine, "chain_outcome", spy)
+    for pr in PROMPTS[:4]:
+        cfg = SpecConfig(gamma=4, gamma_policy="auto", tree=8, drafter="model", max_new_tokens=30)
+        walked += [
+            len(e.tree.path) for e in speculative_decode(p, q, _ids(p, pr), cfg) if isinstance(e, Round) and e.tree
+        ]
+    assert len(seen) == len(walked) > 0
+    for ((proposed, n), path_ranks), steps in zip(seen, walked):
+        lead = next((i for i, r in enumerate(path_ranks) if r), len(path_ranks))
+        assert n == lead <= steps and n <= proposed <= n + 1
+    assert any(n < steps for ((_, n), _), steps in zip(seen, walked))  # a sibling was kept somewhere
+
+
+def test_lookup_is_weighed_against_the_tree_the_model_would_grow():
+    """lookup+model under tree=auto: the model's best is the better of its chain and its tree; with a fixed
+    budget it is the tree's."""
+    from specviz.policies import Auto
+
+    policy = Auto(3, [1.0] * 4, 0.01)
+    for _ in range(20):  # lookup's guesses: the first kept half the time; the model's chain about the same
+        policy.update("lookup", 3, 1, 0.0, 1.0)
+        policy.update("lookup", 3, 0, 0.0, 1.0)
+        policy.update("model", 3, 1, 0.0, 1.0)
+        policy.update("model", 3, 0, 0.0, 1.0)
+    tree = _policy_with_curve([1.0] * 9)  # a tree expected to run about 1.8 tokens a second
+    assert policy.best_rate("lookup") > policy.best_rate("model") and tree.best_rate() > policy.best_rate("lookup")
+    ctx = lambda t: DraftContext(SamplingConfig(0.0), None, 50, "cpu", policy, budget=20, tree=t)  # noqa: E731
+    assert ctx(None).prefers("lookup", "model")  # against the chain, lookup wins
+    assert not ctx(tree).prefers("lookup", "model")  # against the tree auto would grow, it loses
+    fixed = _policy_with_curve([1.0] * 9)
+    fixed.fixed = 1  # a tree of one node: (1 + 0.6) / 1.01 a second
+    assert abs(fixed.grown_rate() - 1.6 / 1.01) < 1e-9
+    assert not ctx(fixed).prefers("lookup", "model")
+    fixed.fixed = 8
+    fixed.verify_s = [1.0] * 4  # the costs of a tree of 8 unknown: the chain's rate stands in
+    assert fixed.grown_rate() == 0.0 and ctx(fixed).prefers("lookup", "model")
+
+
 # --- settings, errors, the event ------------------------------------------------------------------------
 
 

@@ -99,7 +99,7 @@ def bench_speedups(prompts: list[str], max_new_tokens: int, folder: Path) -> tup
         "--prompts",
         str(pfile),
         "--configs",
-        "lookup+model:auto",
+        "lookup+model:auto:tree=auto",
         "--max-new-tokens",
         str(max_new_tokens),
         "--no-hf",

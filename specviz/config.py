@@ -78,6 +78,9 @@ DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); 
 # policy expects to pay
 DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
+# and token trees where they pay (BENCHMARKS.md, 5 Dec 2026): tree "auto" weighs each round's best tree against the
+# best chain by this machine's measured costs, so a CPU on which trees do not pay runs chains
+DEFAULT_TREE_SETTING = "auto"
 DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head", "model+head", "lookup+model+head")
 MODEL_DRAFTERS = ("model", "lookup+model", "model+head", "lookup+model+head")  # the drafters that run a draft model
 HEAD_WEIGHT = 0.5  # model+head: the head's share w of a round's first guess (drafters_mix.py)
@@ -117,7 +120,8 @@ class SpecConfig:
     max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE  # lookup: the longest suffix looked up first
     relaxed_w: float = 1.0  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
     # token trees: "off" (chains), a node budget 1..TREE_MAX, or "auto" (the budget that pays, per round, up to
-    # TREE_AUTO_MAX); a tree's depth is at most gamma (drafters.ModelDrafter._propose_tree, policies.TreePolicy)
+    # TREE_AUTO_MAX, and chains where trees cannot grow: other drafters, relaxed verification, a served target); a
+    # tree's depth is at most gamma (drafters.ModelDrafter._propose_tree, policies.TreePolicy)
     tree: int | str = "off"
 
     def __post_init__(self) -> None:
@@ -155,6 +159,8 @@ class SpecConfig:
         if not 0.0 <= w <= 1.0:
             raise SpecvizError(f"relaxed_w must be between 0 and 1 (1 is exact verification), not {w:g}.")
         tree = _tree(self.tree)
+        if tree == "auto" and (w < 1.0 or self.drafter not in TREE_DRAFTERS):
+            tree = "off"  # auto: trees where they can grow, which is not here
         if tree != "off" and w < 1.0:
             raise SpecvizError("relaxed_w applies to chains of guesses; turn tree off to use it.")
         if tree != "off" and self.drafter not in TREE_DRAFTERS:

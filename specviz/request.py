@@ -5,7 +5,8 @@ pass it on; every value is checked once, when it is built (one SpecvizError sent
 a recording's settings are the request that ran (`settings`), so a file can only say what really ran.
 
 The defaults are what a user gets without choosing, everywhere: the configuration the benchmark found best for
-the built-in pair (config.DEFAULT_DRAFTER, gamma "auto"). gamma "auto" is resolved here, once, as SpecConfig
+the built-in pair (config.DEFAULT_DRAFTER, gamma "auto", tree "auto": token trees in the rounds where this
+machine's costs say they pay, chains in the others and wherever trees cannot grow). gamma "auto" is resolved here, once, as SpecConfig
 resolves it: the auto policy with at most AUTO_GAMMA_MAX guesses a round, so `RunRequest().gamma` is that number
 and `.gamma_policy` "auto" (what the page's controls start at), while a caller who names only a gamma gets it
 constant. SpecConfig (config.py) is the engine's own configuration, built from a request by `spec`; its defaults
@@ -21,6 +22,7 @@ from .config import (
     CONFIDENCE_THRESHOLD,
     DEFAULT_DRAFTER,
     DEFAULT_GAMMA_SETTING,
+    DEFAULT_TREE_SETTING,
     MAX_MATCHING_NGRAM_SIZE,
     PROMPT_LOOKUP_NUM_TOKENS,
     SamplingConfig,
@@ -48,7 +50,7 @@ class RunRequest:
     prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS
     max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE
     head: str = ""  # the head drafters' head folder; "" = the built-in target's own head
-    tree: int | str = "off"  # token trees: "off", a node budget 1..32 or "auto" (depth at most gamma)
+    tree: int | str = DEFAULT_TREE_SETTING  # token trees: "off", a node budget 1..32 or "auto" (depth at most gamma)
     temperature: float = 0.0  # 0 is greedy
     top_k: int = 0  # 0 keeps every token
     top_p: float = 1.0  # 1 keeps every token

@@ -30,8 +30,7 @@ def make_run(
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
     verify_s, step_s, next_s, read_s, spent, paid = [], 0.0, None, 0.0, 0.0, "model"
-    # a draft with another tokenizer guesses a line of text at a time: it runs chains (the race says so)
-    chains_only = isinstance(getattr(drafter, "model", drafter), TranslatingDrafter)
+    chains_only = runs_chains(cfg, target, drafter)
     tree_auto = cfg.tree == "auto" and not chains_only
     if cfg.gamma_policy == "auto" or tree_auto:
         verify_s, spent = calibration(target, prompt_ids, max(cfg.gamma, TREE_AUTO_MAX if tree_auto else 0) + 1)
@@ -55,6 +54,17 @@ def make_run(
     return drafter, policy, tree, spent
 
 
+def runs_chains(cfg: SpecConfig, target, drafter: Drafter) -> bool:
+    """Whether a run asked for trees runs chains anyway (the race says so): a draft with another tokenizer guesses
+    a line of text at a time; a served target has no tree-masked verify (a fixed budget is refused there,
+    check_served); and tree "auto" grows trees at temperature 0 only. At T > 0 its estimates do not hold: on 10
+    stories on a 2-core AMX Xeon at T = 0.7 a tree round was expected to give 2.33 tokens and gave 2.03, its
+    drafting took 5.8 ms against 3.9 expected (the q rows every node then needs), and trees ran 0.98x the chain
+    (BENCHMARKS.md, 5 Dec 2026); a fixed budget still grows them there."""
+    translating = isinstance(getattr(drafter, "model", drafter), TranslatingDrafter)
+    return translating or isinstance(target, ServedTarget) or (cfg.tree == "auto" and not cfg.sampling.greedy)
+
+
 def lookup_options(cfg: SpecConfig, target) -> dict:
     """The keywords prompt lookup is built with for a run of `cfg` on `target` (make_drafter's **lookup)."""
     return dict(
@@ -75,7 +85,7 @@ def check_served(cfg: SpecConfig) -> None:
         raise SpecvizError(
             "Relaxed verification needs all of p at every position, which a served target does not send."
         )
-    if cfg.tree != "off":
+    if cfg.tree not in ("off", "auto"):  # auto runs chains there
         raise SpecvizError(
             "Token trees need a tree-masked verify, which a served target's API does not offer; use chains."
         )

@@ -83,9 +83,9 @@ class RaceView:
             self.clock[side] = ev.prefill_s
             if ev.translation:
                 self.translation[side] = ev.translation
-                tree = self.requests[side].tree if side in self.requests else "off"
-                if str(tree) != "off" and not ev.tree:  # a translated draft runs chains (run_setup.make_run)
-                    self.labels[side] = self.labels[side].replace(f", tree {tree}", ", trees off")
+            tree = self.requests[side].tree if side in self.requests else "off"
+            if str(tree) != "off" and not ev.tree:  # trees asked for, chains run (run_setup.runs_chains)
+                self.labels[side] = self.labels[side].replace(f", tree {tree}", ", trees off")
         elif isinstance(ev, Step):
             self.body[side].append(render.ar_token_html(self.pieces, ev, self.greedy))
             self.clock[side] = ev.elapsed_s
@@ -179,6 +179,8 @@ class RaceView:
             parts.append(f"The draft head ran on {how}.")
         if any(self.labels[k].endswith(", trees off") for k in self.translation):
             parts.append("Token trees are off for a draft with another tokenizer: its guesses ran as chains.")
+        elif not self.greedy and any(self.labels[k].endswith(", trees off") for k in self.lanes[1:]):
+            parts.append("Token trees on auto grow at temperature 0 only: here the guesses ran as chains.")
         if engine is not None and engine.drafts:
             rounds = [(len(e.drafted), e.n) for e in self.events["spec"] if isinstance(e, Round) and e.drafted]
             ours = ", ".join(f"{x:.2f}" for x in position_alphas(rounds)) or "none drafted"

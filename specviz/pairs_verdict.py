@@ -112,7 +112,7 @@ def tree_advice(trials: tuple[TreeTrial, ...], best_chain: float, gamma: int, ch
     if ratio >= TREE_PAYS:
         return f"Token trees pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain (use tree={t.budget} or auto)."
     return (
-        f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; keep tree "
-        "off (with gamma auto, tree=auto weighs each round's best tree against the best chain by these costs and "
-        "runs the chain where the tree is not expected to be faster)."
+        f"Token trees do not pay on this machine: {said}, so it is expected at {ratio:.2f}x the best chain; "
+        "tree=auto (the default, with gamma auto) weighs each round's best tree against the best chain by these "
+        "costs and runs the chain where the tree is not expected to be faster, and tree=off runs chains only."
     )

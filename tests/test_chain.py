@@ -94,12 +94,12 @@ def test_greedy_speculative_output_with_the_chain_equals_plain_and_the_loops_rou
         for prompt in PROMPTS:
             ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=32)
             chain_calls.clear()
-            sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=32)
+            sp = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=32, tree="off")
             assert sp.token_ids == ar.token_ids, (gamma, prompt)
             assert chain_calls and all(ran for _, _, ran in chain_calls)  # every round's guesses by the chain
             with monkeypatch.context() as m:
                 m.setattr(lean_chain, "greedy_chain", lambda *a: None)  # the loop of next_greedy
-                loop = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=32)
+                loop = generate(prompt, target=p, draft=q, mode="spec", gamma=gamma, max_new_tokens=32, tree="off")
             keys = ("drafted", "accepted", "target_calls", "draft_calls")
             assert [sp.stats[k] for k in keys] == [loop.stats[k] for k in keys], (gamma, prompt)
             assert sp.token_ids == loop.token_ids

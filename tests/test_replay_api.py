@@ -45,11 +45,11 @@ def _spec_start(rec):
 
 
 def test_a_recorded_race_names_the_settings_that_ran(client):
-    """/record_race runs with the page's defaults (lookup+model, auto, no tree) for what it is not given: the file's
+    """/record_race runs with the page's defaults (lookup+model, gamma and tree auto) for what it is not given: the file's
     settings are the request that ran, whole (RunRequest.settings), not SpecConfig's defaults (model, constant)."""
     rec = loads(client.predict("the cat sat on the mat", 3, 0.0, 0, 1.0, 16, 0, api_name="/record_race"))
     start = _spec_start(rec)
-    assert (start.drafter, start.gamma_policy, start.gamma, start.tree) == (DEFAULT_DRAFTER, "auto", 3, "")
+    assert (start.drafter, start.gamma_policy, start.gamma, start.tree) == (DEFAULT_DRAFTER, "auto", 3, "auto")
     assert rec.settings == PAGE.replace(gamma=3, max_new_tokens=16).settings("the cat sat on the mat")
     s = rec.settings  # and what the engine says it ran agrees with the file, field by field
     assert (s["drafter"], s["gamma_policy"], s["gamma"], s["temperature"]) == (
@@ -58,7 +58,7 @@ def test_a_recorded_race_names_the_settings_that_ran(client):
         start.gamma,
         start.temperature,
     )
-    assert (s["tree"], s["max_new_tokens"], s["seed"]) == ("off", 16, 0)
+    assert (s["tree"], s["max_new_tokens"], s["seed"]) == ("auto", 16, 0)
     assert len(rec.done("spec").token_ids) <= 16 and rec.done("spec").token_ids == rec.done("ar").token_ids
 
 

@@ -49,7 +49,7 @@ def test_gamma_auto_is_resolved_once_and_a_named_gamma_stays_constant():
     assert (RunRequest(gamma=3).gamma, RunRequest(gamma=3).gamma_policy) == (3, "constant")
     assert RunRequest.default("gamma") == "auto" and RunRequest().spec == RunRequest(gamma="auto").spec
     auto3 = RunRequest().replace(gamma=3)  # the page: the auto policy with at most 3
-    assert (auto3.gamma_policy, auto3.label) == ("auto", "lookup+model, auto ≤3")
+    assert (auto3.gamma_policy, auto3.label) == ("auto", "lookup+model, auto ≤3, tree auto")
 
 
 def test_the_api_the_cli_and_the_page_start_from_the_one_request(tiny_pair, loaded_pair):

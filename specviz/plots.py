@@ -6,6 +6,7 @@ Names as in the papers: gamma block size, n accepted count, alpha acceptance rat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pandas as pd
@@ -91,7 +92,8 @@ STOP_COLORS = {"gamma": BLUE, "budget": GREY, "confidence": ORANGE, "no match": 
 
 
 def gamma_timeline_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
-    """Guesses proposed per round (bars, coloured by why the round stopped there) and the policy's cap (ticks)."""
+    """Guesses proposed per round (bars, coloured by why the round stopped there: a chain's tokens, a tree's nodes) and
+    the policy's cap (ticks)."""
     fig = go.Figure()
     for lane, (label, f) in enumerate(frames.items()):
         if not len(f):
@@ -100,7 +102,7 @@ def gamma_timeline_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
             fig.add_trace(
                 go.Bar(
                     x=part["round"],
-                    y=part["gamma"],
+                    y=part["nodes"],  # what the target checked: a chain's gamma, or a tree's nodes
                     name=f"{label}: stopped by {stop or 'gamma'}",
                     marker_color=STOP_COLORS.get(stop, GREY),
                     opacity=1.0 if lane == 0 else 0.55,
@@ -124,7 +126,8 @@ def gamma_timeline_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
         margin={"b": 90},
         height=HEIGHT + 60,
     )
-    fig.update_yaxes(rangemode="tozero", dtick=1)
+    top = max((max(f["nodes"].max(), f["planned"].max()) for f in frames.values() if len(f)), default=1)
+    fig.update_yaxes(rangemode="tozero", dtick=max(1, math.ceil(top / 8)))  # whole guesses, 8 labels at most
     return fig
 
 

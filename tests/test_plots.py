@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 
@@ -97,3 +99,17 @@ def test_the_pair_checks_speedup_chart_names_the_break_even_line_in_its_legend_n
     assert [s.y0 for s in fig.layout.shapes] == [1.0]  # the 1× line itself
     texts = [a.text for a in fig.layout.annotations]
     assert "recommended: gamma = 2" in texts and not any("no gain" in t for t in texts)
+
+
+def test_the_gamma_timeline_shows_each_rounds_guesses_under_its_cap_with_whole_ticks_that_fit():
+    fig = plots.gamma_timeline_figure({"spec": plots.rounds_frame(SPEC)})
+    bars, cap = fig.data
+    assert list(bars.y) == [4, 4, 4] and bars.name == "spec: stopped by gamma"
+    assert fig.layout.yaxis.dtick == 1  # a cap of 8 or less: every whole number labelled
+    tree = [dataclasses.replace(r, planned=16) for r in SPEC[1:]]  # tree auto's cap: up to 16 nodes
+    fig = plots.gamma_timeline_figure({"spec": plots.rounds_frame(SPEC[:1] + tree)})
+    assert list(fig.data[-1].y) == [16, 16, 16] and fig.layout.yaxis.dtick == 2  # 8 labels, not 16 crammed in
+    frame = plots.rounds_frame(SPEC[:1] + tree)
+    frame["nodes"] = [9, 5, 2]  # a tree's nodes, not the walked line's gamma, are what its round proposed
+    assert list(plots.gamma_timeline_figure({"spec": frame}).data[0].y) == [9, 5, 2]
+    assert len(plots.gamma_timeline_figure({"spec": plots.rounds_frame([])}).data) == 0

@@ -155,7 +155,7 @@ def test_three_lanes_race_on_one_clock_with_lookup_marks(client):
     _, final = _race(client, prompt, 4, 0.0, 0, 1.0, 40, 0, "lookup+model", "auto", "lookup", "constant")
     assert "Done." in final[MESSAGE] and "sv-error" not in final[MESSAGE]
     spec, spec2 = final[SPEC], final[SPEC2]
-    assert "Speculative (lookup+model, auto" in spec and "Speculative (lookup, gamma 4" in spec2
+    assert "Speculative (lookup+model, auto" in spec and "Speculative (lookup, gamma 4, tree auto)" in spec2
     assert 'data-state="done"' in spec2 and "speedup" in final[SPEC2_STATS]
     assert 'src-lookup"' in spec and 'src-lookup"' in spec2  # free guesses are marked where they were used
     assert "proposed by prompt lookup" in spec2

@@ -392,5 +392,5 @@ class LeanLlama:
             logits.data_ptr(),
             cpus.threads(),
         )
-        native.check(failed, "llama_forward")  # -2: no memory for the tiles' x (SpecvizError)
+        native.check(failed, "llama_forward")  # -2, -3: no memory (the tiles' x, the call's buffers): SpecvizError
         return logits, h

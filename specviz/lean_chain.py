@@ -90,8 +90,8 @@ def _run(lm, cache, ids: torch.Tensor, k: int, sampled: tuple | None, mix: tuple
     args += [inv_t, *(None if t is None else t.data_ptr() for t in tensors)]
     args += [None, 1.0] if mix is None else [mix[0].data_ptr(), float(mix[1])]
     made = lean.lib.llama_chain(*args)
-    if made < 0:
-        raise RuntimeError("the draft's chain refused its arguments")  # unreachable: checked above
+    if made < 0:  # -3: no memory for a call's buffers (the out-of-memory sentence); -1 unreachable: checked above
+        native.check(made, "the draft's chain")
     cache.length = base + L + made - 1
     if made < k or int(out[made - 1]) < 0:  # a call's scores were all NaN or -inf: greedy's and draw's error
         raise SpecvizError(BROKEN)
@@ -153,8 +153,8 @@ def tree_read(lm, cache, ids: torch.Tensor, pos0: int, seen: int, extra: list[in
     args = _forward_args(lean, cache, x, base, hn, logits) + [rows.data_ptr(), pos0, seen]
     args += [more.data_ptr() if extra else None, len(extra), n, top_r.data_ptr(), top_p.data_ptr()]
     made = lean.lib.llama_tree_read(*args)
-    if made == -1:
-        raise RuntimeError("the draft's tree read refused its arguments")  # unreachable: checked above
+    if made in (-1, -3):  # -3: no memory for the mask or the call (the out-of-memory sentence); -1 unreachable
+        native.check(made, "the draft's tree read")
     cache.length = base + L
     if made == -2:  # every score NaN or -inf: greedy's and draw's error
         raise SpecvizError(BROKEN)

@@ -146,6 +146,7 @@ def library() -> ctypes.CDLL | None:
     lib.few_rows_amx.restype = ctypes.c_int
     lib.few_rows_tiles_short.restype = ctypes.c_long
     lib.few_rows_refuse_split.argtypes = [ctypes.c_int]
+    lib.llama_refuse_buffers.argtypes = [ctypes.c_int]
     lib.few_rows_panel_ahead.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.few_rows_passes.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.few_rows_pass_limits.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
@@ -351,10 +352,11 @@ OUT_OF_MEMORY = "Out of memory while running the model; close other programs or 
 
 
 def check(failed: int, what: str) -> None:
-    """A native call's status (few_rows, llama_forward): -2, a product on the AMX tiles had no memory for its x (its
-    columns NaN, not the model's numbers), is the user's out-of-memory sentence; -1, its arguments refused, is
+    """A native call's status (few_rows, llama_forward, llama_chain, llama_tree_read): -2 from few_rows or
+    llama_forward, a product on the AMX tiles had no memory for its x (its columns NaN, not the model's numbers), and
+    -3, a call had no memory for its buffers, are the user's out-of-memory sentence; -1, its arguments refused, is
     unreachable where the caller checks M and dtypes."""
-    if failed == -2:
+    if failed in (-2, -3):
         raise SpecvizError(OUT_OF_MEMORY)
     if failed:
         raise RuntimeError(f"{what} refused its arguments")

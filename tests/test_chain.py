@@ -7,6 +7,7 @@ confidence threshold)."""
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -223,3 +224,39 @@ def test_auto_prices_a_sampled_rounds_draft_steps_by_the_sampled_chain(
     monkeypatch.setattr(costs, "_COLD_MEMO", type(costs._COLD_MEMO)())
     steps, spent = costs.draft_step_calibration(p, q, [1, 2, 3], [1, 2, 3], p.vocab_size, False)
     assert sampled_calls == [(1, 1, True)] * 2 * (costs.CALIBRATION_REPS + 1) and min(steps) > 0 and spent > 0
+
+
+def test_a_call_without_memory_for_its_buffers_fails_in_one_sentence_and_the_models_keep_working(
+    pair_with, tiny_pair, tmp_path
+):
+    """llama.c's own buffers not allocated (llama_refuse_buffers fakes malloc's failure): the target's forward, the
+    draft's chain and its tree read each raise the out-of-memory sentence, not 'refused its arguments' and not stale
+    numbers, and the next call gives the same bits as before."""
+    from specviz.drafters import TREE_CHILDREN
+
+    p, q = pair_with("llama.c", pair=blocking_pair(tiny_pair, tmp_path / "d64", BLOCKED), int8="0", half="0")
+    prompt, lib = torch.tensor([5, 9, 12, 30, 7, 8]), native.library()
+
+    def fresh(m):
+        run = CachedModel(m, p.vocab_size)
+        run.prefill(prompt)
+        return run
+
+    calls = {  # each: a setup (prefills run before the refusal), then the call the refusal meets
+        "forward": (lambda: p.lean.new_cache(), lambda c: p.lean.forward(c, prompt)[0]),
+        "chain": (lambda: fresh(q), lambda run: run.greedy_chain(prompt[-2:], 3)),
+        "tree read": (lambda: fresh(q), lambda run: run.tree_read(prompt[-1:], None, TREE_CHILDREN)),
+    }
+    for name, (setup, call) in calls.items():
+        before = call(setup())
+        assert before is not None, name
+        ready = setup()
+        lib.llama_refuse_buffers(1)
+        try:
+            with pytest.raises(SpecvizError, match=f"^{re.escape(native.OUT_OF_MEMORY)}$"):
+                call(ready)
+        finally:
+            lib.llama_refuse_buffers(0)
+        after = call(setup())
+        same = torch.equal(after, before) if isinstance(before, torch.Tensor) else after == before
+        assert same, name

@@ -13,7 +13,8 @@
 // position 0; the cache's rows are the positions (no tree). The last guess is never fed (as in the loop).
 //
 // Returns the number of calls made: k, or fewer where a call's scores had no maximum (every one NaN or -inf:
-// out[i] is then -1 and the caller raises greedy's error), or -1 where llama_forward refused its arguments.
+// out[i] is then -1 and the caller raises greedy's error), -1 where llama_forward refused its arguments, or -3 where
+// a call had no memory for its buffers (the caller's out-of-memory sentence).
 //
 // With uniforms u (not NULL) it is the same loop at T > 0 (drafters_base.draw called k times): each call's scores,
 // put in the order of the target ids the draft proposes (`order`), become probabilities as sampling.to_probs makes
@@ -91,10 +92,11 @@ long llama_chain(const void* const* weights, const float* const* scales, const f
                  const double* u, const long* order, float* logits_out, float* probs_out, const float* mix,
                  float keep) {
     for (long i = 0; i < k; i++) {
-        if (llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
-                          cos + base * d, sin + base * d, NULL, fnorm, head, head_scale, head_wtype, V, 1, hn, logits,
-                          threads) == -1)
-            return -1;  // -2, no memory for the tiles' x: NaN scores, as wtype 7's (guesses only; the target rules)
+        int failed = llama_forward(weights, scales, norms, layers, wtype, H, hq, hk, d, I, eps, x, L, kc, vc, cap, base,
+                                   cos + base * d, sin + base * d, NULL, fnorm, head, head_scale, head_wtype, V, 1, hn,
+                                   logits, threads);
+        if (failed == -1 || failed == -3)
+            return failed;  // -2, no memory for the tiles' x: NaN scores, as wtype 7's (guesses only; the target rules)
         base += L;
         if (u == NULL && i == 0 && mix != NULL) {
             out[i] = -1;
@@ -130,8 +132,8 @@ long llama_chain(const void* const* weights, const float* const* scales, const f
 // among equals; where fewer than n rows have a probability above 0, the rest of top_r is -1.
 // The Python read it stands for (feed_tree or feed, then to_probs and topk) built a V-wide row, a mask and positions
 // in torch for every node: about 0.6 ms a node on a 2-core Zen 3 beside 0.5 ms of llama.c (BENCHMARKS.md).
-// Returns 0; -1 where llama_forward refused its arguments or the mask could not be made; -2 where no score is
-// above -inf (greedy's error).
+// Returns 0; -1 where llama_forward refused its arguments; -2 where no score is above -inf (greedy's error); -3 where
+// the mask or the call's buffers had no memory.
 long llama_tree_read(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
                      int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc,
                      float* vc, long cap, long base, const float* cos, const float* sin, const float* fnorm,
@@ -144,7 +146,7 @@ long llama_tree_read(const void* const* weights, const float* const* scales, con
     if (seen >= 0) {
         long T = base + 1;
         mask = malloc(sizeof(float) * T);
-        if (!mask) return -1;
+        if (!mask) return -3;
         for (long r = 0; r < T; r++) mask[r] = r < seen ? 0.0f : -INFINITY;
         for (long i = 0; i < n_extra; i++)
             if (extra[i] >= 0 && extra[i] < T) mask[extra[i]] = 0.0f;
@@ -154,7 +156,7 @@ long llama_tree_read(const void* const* weights, const float* const* scales, con
                                cos + pos0 * d, sin + pos0 * d, mask, fnorm, head, head_scale, head_wtype, V, 1, hn,
                                logits, threads);
     free(mask);
-    if (failed == -1) return -1;  // -2 (no memory for the tiles' x): NaN scores, read as -inf below
+    if (failed == -1 || failed == -3) return failed;  // -2 (no memory for the tiles' x): NaN scores, read as -inf below
     // probabilities as to_probs_row makes them (NaN read as -inf, +inf entries sharing the mass, else a softmax at
     // T = 1), the softmax's total summed in double: within a few parts in 10^7 of torch.softmax's
     float best = -INFINITY;

@@ -227,8 +227,19 @@ A256 static void attend(const float* q, const float* keys, const float* values, 
 }
 
 // The forward pass over x (L, H) (the tokens' embeddings; the residual stream, updated in place); the cache gets
-// rows base .. base + L - 1. Returns 0, -1 when it cannot run (the caller keeps its own path), or -2 when a product on
-// the tiles had no memory for its x (its logits are not the model's).
+// rows base .. base + L - 1. Returns 0, -1 when it cannot run (the caller keeps its own path), -2 when a product on
+// the tiles had no memory for its x (its logits are not the model's), or -3 when the call had no memory for its own
+// buffers (nothing computed; the cache unchanged). llama_refuse_buffers(n): the next n calls fail so, as if malloc
+// had (the tests' way to reach that path).
+static atomic_int buffer_refusals;
+void llama_refuse_buffers(int n) { atomic_store(&buffer_refusals, n); }
+static int refused(void) {
+    int n = atomic_load(&buffer_refusals);
+    while (n > 0 && !atomic_compare_exchange_weak(&buffer_refusals, &n, n - 1)) {
+    }
+    return n > 0;
+}
+
 int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
                   int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc,
                   long cap, long base, const float* cos, const float* sin, const float* mask, const float* fnorm,
@@ -238,8 +249,8 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     if ((wtype == 8 || head_wtype == 8) && (!few_rows_amx() || H % 32 || I % 32 || hq * d % 32)) return -1;  // tiles
     long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L, short0 = few_rows_tiles_short();
     float scale = 1.0f / sqrtf((float)d);
-    float* buf = malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
-    if (!buf) return -1;
+    float* buf = refused() ? NULL : malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
+    if (!buf) return -3;
     float *h = buf, *qkv = h + L * H, *att = qkv + L * nqkv, *tmp = att + L * hq * d, *gu = tmp + L * H;
     float *act = gu + L * 2 * I, *scores = act + L * I;
     // Each product's shares of its blocks of 16 columns, one word a thread asked for, set before any thread runs:
@@ -251,7 +262,7 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     atomic_long* shares = malloc(sizeof(atomic_long) * (4 * layers + 1) * threads);
     if (!shares) {
         free(buf);
-        return -1;
+        return -3;
     }
     long outs[4] = {nqkv, H, 2 * I, H};
     for (long i = 0; i < 4 * layers + 1; i++)

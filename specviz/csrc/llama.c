@@ -233,12 +233,6 @@ A256 static void attend(const float* q, const float* keys, const float* values, 
 // had (the tests' way to reach that path).
 static atomic_int buffer_refusals;
 void llama_refuse_buffers(int n) { atomic_store(&buffer_refusals, n); }
-static int refused(void) {
-    int n = atomic_load(&buffer_refusals);
-    while (n > 0 && !atomic_compare_exchange_weak(&buffer_refusals, &n, n - 1)) {
-    }
-    return n > 0;
-}
 
 int llama_forward(const void* const* weights, const float* const* scales, const float* const* norms, long layers,
                   int wtype, long H, long hq, long hk, long d, long I, float eps, float* x, long L, float* kc, float* vc,
@@ -249,7 +243,8 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     if ((wtype == 8 || head_wtype == 8) && (!few_rows_amx() || H % 32 || I % 32 || hq * d % 32)) return -1;  // tiles
     long nqkv = (hq + 2 * hk) * d, g = hq / hk, T = base + L, short0 = few_rows_tiles_short();
     float scale = 1.0f / sqrtf((float)d);
-    float* buf = refused() ? NULL : malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
+    int refused = atomic_load(&buffer_refusals) > 0 && atomic_fetch_sub(&buffer_refusals, 1) > 0;  // few_rows.c's way
+    float* buf = refused ? NULL : malloc(sizeof(float) * (L * (H + nqkv + hq * d + H + 3 * I) + (long)threads * T));
     if (!buf) return -3;
     float *h = buf, *qkv = h + L * H, *att = qkv + L * nqkv, *tmp = att + L * hq * d, *gu = tmp + L * H;
     float *act = gu + L * 2 * I, *scores = act + L * I;

@@ -74,8 +74,7 @@ def running_app(log_path: Path):
         client = Client(url, verbose=False)
         while "Ready" not in (status := client.predict(api_name="/status")[0]):
             time.sleep(1)
-        page = RunRequest()
-        settings = [page.gamma, page.temperature, page.top_k, page.top_p]
+        page, settings = page_defaults()
         client.predict("def fibonacci(n):", *settings, 16, page.seed, api_name="/race")  # warm-up, untimed
         yield client, re.sub(r"<[^>]+>", "", status)
     finally:
@@ -83,11 +82,17 @@ def running_app(log_path: Path):
         proc.wait(30)
 
 
+def page_defaults() -> tuple[RunRequest, list]:
+    """The page's controls as they start (gamma "auto": the auto policy, at most 8 a round), and /race's first four
+    arguments from them (gamma, temperature, top-k, top-p)."""
+    page = RunRequest()
+    return page, [page.gamma, page.temperature, page.top_k, page.top_p]
+
+
 def race_once(client: Client, prompt: str, max_new_tokens: int) -> tuple[float, float]:
     """One race through /race at the page's defaults: (the speedup the page reports in its summary line, the plain
     pane's tokens/s). Every streamed update reaches the client on the way, as in a browser."""
-    page = RunRequest()  # the page's controls start at these: gamma "auto" (the auto policy, at most 8 a round)
-    settings = [page.gamma, page.temperature, page.top_k, page.top_p]
+    page, settings = page_defaults()
     job = client.submit(prompt, *settings, max_new_tokens, page.seed, page.drafter, page.gamma_policy, api_name="/race")
     final = job.result()
     message = re.sub(r"<[^>]+>", "", final[5])

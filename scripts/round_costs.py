@@ -8,7 +8,7 @@ The pair loads as the app loads it, and each prompt is raced at the page's defau
 default lane, interleaved event by event on the main thread, as engine.race runs the app's /race without the server),
 so the memory's drift from second to second falls on both lanes alike. A step is the median forward of that
 prompt's plain lane. Prints the means per round, a table by tokens fed (the guesses and the last token: a verify of
-k guesses feeds k + 1), and the speedup the parts imply beside the one the lanes' clocks measured and the one a
+k guesses, or of a tree of k nodes, feeds k + 1), and the speedup the parts imply beside the one the lanes' clocks measured and the one a
 verify costing one step would give.
 """
 
@@ -60,7 +60,7 @@ def main() -> None:
         last = next(e.prefill_s for e in lanes["spec"] if isinstance(e, Start))  # a round's elapsed_s counts it
         for r in (e for e in lanes["spec"] if isinstance(e, Round)):
             rest = r.elapsed_s - last - r.draft_s - r.verify_s
-            fed[len(r.drafted) + 1].append((r.draft_s / step, r.verify_s / step, rest / step, len(r.tokens)))
+            fed[r.proposed + 1].append((r.draft_s / step, r.verify_s / step, rest / step, len(r.tokens)))
             last = r.elapsed_s
         ar, spec = lanes["ar"][-1].stats, lanes["spec"][-1].stats
         ratios.append((ar["wall_s"] / ar["new_tokens"]) / (spec["wall_s"] / spec["new_tokens"]))

@@ -12,7 +12,10 @@ For each path (forced, in a fresh process each, interleaved over --rounds) it pr
 one-token step in ms, the cost of a call of 2..N tokens in one-token steps of the same path, and the draft's step
 and c (draft step / target step) in float32 and float16. The limit: the target's weights in bytes over the
 bandwidth of one pass that only reads them (a sum over a buffer as large as the weights), i.e. the fastest a step
-can be here; a verify of a few tokens reads the same bytes, so at the limit it costs one step.
+can be here; a verify of a few tokens reads the same bytes, so at the limit it costs one step. Beside it, the
+arithmetic: a token's multiply-adds (one per weight) at the float32 rate torch's own product reaches on operands in
+cache with the same threads; a call of n tokens can cost no less than the larger of the two (reads and arithmetic
+overlapped whole), and a kernel that overlaps none of them pays their sum. Both are printed in steps of the path.
 """
 
 from __future__ import annotations
@@ -54,7 +57,21 @@ def one(path: str, tokens: int) -> dict:
     out["weights_mb"] = sum(x.numel() * x.element_size() for x in p.model.parameters()) / 1e6
     out["bandwidth_gb_s"] = read_bandwidth(int(out["weights_mb"] * 1e6), reps=7)
     out["limit_ms"] = out["weights_mb"] / out["bandwidth_gb_s"]
+    out["gflop_s"] = product_rate()
+    macs = sum(x.numel() for x in p.model.parameters() if x.dim() == 2)  # the embedding is the tied output layer
+    out["token_arith_ms"] = 2 * macs / out["gflop_s"] / 1e6
     return out
+
+
+def product_rate(reps: int = 50) -> float:
+    """GFLOP/s of torch's float32 product on operands that stay in cache (64 x 512 by 512 x 512, 1.5 MB), the best
+    of `reps`: about the most arithmetic these cores do in float32 with the process's threads."""
+    import torch
+
+    from specviz.kernels import best_seconds
+
+    a, b = torch.randn(64, 512), torch.randn(512, 512)
+    return 2 * 64 * 512 * 512 / best_seconds(lambda: a @ b, reps) / 1e9
 
 
 def main() -> None:
@@ -82,10 +99,15 @@ def main() -> None:
     first = runs[paths[0]][0]
     print(
         f"target weights {first['weights_mb']:.0f} MB; read-only bandwidth {first['bandwidth_gb_s']:.1f} GB/s "
-        f"-> memory-bound limit {first['limit_ms']:.1f} ms a step"
+        f"-> memory-bound limit {first['limit_ms']:.1f} ms a step; float32 products {first['gflop_s']:.0f} GFLOP/s "
+        f"in cache -> a token's arithmetic {first['token_arith_ms']:.2f} ms"
     )
     head = " ".join(f"{n:>5d}" for n in range(2, a.tokens + 1))
     print(f"{'path':20s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
+    lim, ar = first["limit_ms"], first["token_arith_ms"]
+    for name, f in (("reads | arithmetic", max), ("reads + arithmetic", lambda m, x: m + x)):
+        bound = [f(lim, n * ar) / lim for n in range(2, a.tokens + 1)]  # in steps at the limit
+        print(f"{name:20s} {lim:8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in bound)} | (in steps of the limit)")
     for path, rs in runs.items():
         med = lambda k, rs=rs: statistics.median(r[k] for r in rs)  # noqa: E731
         cost = [statistics.median(r["cost"][i] for r in rs) for i in range(a.tokens)]

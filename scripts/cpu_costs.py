@@ -105,7 +105,7 @@ def main() -> None:
     head = " ".join(f"{n:>5d}" for n in range(2, a.tokens + 1))
     print(f"{'path':20s} {'step ms':>8s} | cost of n tokens in steps: {head} | draft ms f32/f16, c f32/f16")
     lim, ar = first["limit_ms"], first["token_arith_ms"]
-    for name, f in (("reads | arithmetic", max), ("reads + arithmetic", lambda m, x: m + x)):
+    for name, f in (("max(reads, arith.)", max), ("reads + arith.", lambda m, x: m + x)):
         bound = [f(lim, n * ar) / lim for n in range(2, a.tokens + 1)]  # in steps at the limit
         print(f"{name:20s} {lim:8.1f} | {' ' * 27}{' '.join(f'{c:5.2f}' for c in bound)} | (in steps of the limit)")
     for path, rs in runs.items():

@@ -8,8 +8,8 @@ The pair loads as the app loads it, and each prompt is raced at the page's defau
 default lane, interleaved event by event on the main thread, as engine.race runs the app's /race without the server),
 so the memory's drift from second to second falls on both lanes alike. A step is the median forward of that
 prompt's plain lane. Prints the means per round, a table by tokens fed (the guesses and the last token: a verify of
-k guesses, or of a tree of k nodes, feeds k + 1), and the speedup the parts imply beside the one the lanes' clocks measured and the one a
-verify costing one step would give.
+k guesses, or of a tree of k nodes, feeds k + 1), and the speedup the parts imply beside the one the lanes' clocks
+measured and the one a verify costing one step would give.
 """
 
 from __future__ import annotations

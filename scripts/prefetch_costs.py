@@ -1,7 +1,7 @@
 """What a verify costs in one-token steps under each of the panels' prefetch settings, in one process, interleaved:
 the numbers behind lean_panels.PREFETCHES (the settings the load times) on this CPU.
 
-    python scripts/prefetch_costs.py                              # none, L1:32, L2:64, L2:128, L2:256, L2:512
+    python scripts/prefetch_costs.py                              # none, L1:16, L1:32, L2:64, L2:128, L2:256, L2:512
     python scripts/prefetch_costs.py --settings L1:32,L2:128 --reps 30
 
 The built-in target loads as usual (its weights in panels where timing says so; force them with
@@ -25,7 +25,7 @@ PROMPT = "Tell me about gravity, the moon and the tides of the sea, and why a da
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--settings", default="none,L1:32,L2:64,L2:128,L2:256,L2:512")
+    ap.add_argument("--settings", default="none,L1:16,L1:32,L2:64,L2:128,L2:256,L2:512")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=6)
     a = ap.parse_args()

@@ -68,9 +68,9 @@ _prefetch_timed: list[str] = []  # the panels' prefetch this process chose by ti
 def choose_prefetch(fwd) -> None:
     """How the panel kernels prefetch in calls of 2+ tokens, forced by SPECVIZ_KERNEL_PREFETCH or timed once per
     process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2 and 4
-    tokens, five settings, about 2.5 s a draw for the built-in target on a 2-core Zen 4, up to PREFETCH_DRAWS
-    draws while too close to call); one setting for every model of the process. Any setting computes the same
-    numbers."""
+    tokens, six settings, 2.5-3.3 s a draw for the built-in target on the 2-core Zen 3 of 6 Dec 2026, up to
+    PREFETCH_DRAWS draws while too close to call); one setting for every model of the process. Any setting computes
+    the same numbers."""
     forced = prefetch_mode()
     if forced is not None:
         native.panel_prefetch(forced)
@@ -327,11 +327,13 @@ def judged_prefetch(call) -> str:
     return prefetch_pays(dict(zip(PREFETCHES, judged(draw, PREFETCH_MARGIN, most=PREFETCH_DRAWS))))
 
 
-PREFETCHES = (native.PANEL_PREFETCH, "none", "L2:64", "L2:128", "L2:256")  # the compiled one first: judged's base.
-# L2:128 and L2:256: on the 2-core Zen 4 without AVX-512 (3 Dec 2026) a verify of 2-5 tokens took 1.06-1.19 steps
-# with them against 1.10-1.35 with L1:32 and 1.15-1.33 with L2:64, in one process, interleaved (BENCHMARKS.md)
+PREFETCHES = (native.PANEL_PREFETCH, "none", "L1:16", "L2:64", "L2:128", "L2:256")  # the compiled one first: judged's
+# base. L2:128 and L2:256: on the 2-core Zen 4 without AVX-512 (3 Dec 2026) a verify of 2-5 tokens took 1.06-1.19
+# steps with them against 1.10-1.35 with L1:32 and 1.15-1.33 with L2:64, in one process, interleaved (BENCHMARKS.md).
+# L1:16: on the 2-core Zen 3 of 6 Dec 2026, 2-4 tokens took 1.00-1.03 steps with it against 1.04-1.13 with L1:32,
+# and 1.04-1.11 against 1.15-1.25 a minute later in faster memory (scripts/prefetch_costs.py, interleaved)
 PREFETCH_MARGIN = 0.97
-PREFETCH_DRAWS = 4  # about 2.5 s each for the built-in target
+PREFETCH_DRAWS = 4  # 2.5-3.3 s each for the built-in target on a 2-core Zen 3
 
 
 def passes_timed() -> bool:

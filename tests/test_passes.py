@@ -238,7 +238,7 @@ def test_any_prefetch_computes_the_same_bits(prefetch, isa):
     x = torch.randn(native.MAX_ROWS, 576)
     got = {}
     try:
-        for setting in (native.PANEL_PREFETCH, "none", "L2:64", "L1:1", "l2:1024"):
+        for setting in (native.PANEL_PREFETCH, "none", "L1:16", "L2:64", "L1:1", "l2:1024"):
             assert native.panel_prefetch(setting) == (setting.upper() if setting != "none" else "none")
             got[setting] = [native.few_rows(x[:m].contiguous(), w, n=n) for w, n in mats for m in (1, 2, 5, 16)]
     finally:
@@ -264,6 +264,7 @@ def test_a_prefetch_setting_that_is_not_one_is_refused_in_words_and_auto_ignores
         ({"L1:32": 1.0, "none": 0.98, "L2:64": 0.975}, "L1:32"),  # within the margin: the compiled one
         ({"L1:32": 0.9, "none": 1.0, "L2:64": 0.95}, "L1:32"),
         ({"L1:32": 1.0, "none": 1.1, "L2:64": 1.05, "L2:128": 0.9, "L2:256": 0.92}, "L2:128"),  # the Zen 4, AVX2
+        ({"L1:32": 1.0, "none": 1.04, "L1:16": 0.96, "L2:64": 1.06, "L2:128": 1.05}, "L1:16"),  # the Zen 3
     ],
 )
 def test_the_compiled_prefetch_stays_unless_another_was_clearly_faster(times, chosen):
@@ -329,7 +330,7 @@ def test_time_prefetch_times_every_setting_on_whole_calls_and_leaves_the_setting
     assert set(seen) == {(m, s) for m in (2, 4) for s in lean_panels.PREFETCHES} and native.panel_prefetch() == "L1:7"
 
 
-@pytest.mark.parametrize("setting", ["none", "L1:32", "L2:64"])
+@pytest.mark.parametrize("setting", ["none", "L1:16", "L1:32", "L2:64"])
 def test_greedy_spec_equals_plain_and_sampling_follows_the_target_whatever_the_prefetch(
     prefetch, monkeypatch, tiny_pair, small_vocab_pair, setting
 ):

@@ -67,12 +67,11 @@ int main(int argc, char** argv) {
         }
         printf("\n");
     }
-    const char* names[] = {"none", "L1:8", "L1:16", "L1:24", "L1:32", "L2:128"};
-    int rows[] = {0, 8, 16, 24, 32, 128}, level[] = {0, 0, 0, 0, 0, 1}, S = 6;
+    int rows[] = {0, 8, 16, 24, 32, 128}, level[] = {0, 0, 0, 0, 0, 1}, S = 6;  // none, L1:8 .. L1:32, L2:128
     double one = 0, cost[6][9] = {{0}};
     for (int r = 0; r <= reps; r++)
         for (int s = 0; s < S; s++) {
-            ahead = rows[s], ahead_l2 = level[s];
+            few_rows_panel_ahead(rows[s], level[s]);  // the setting, as native.panel_prefetch sets it
             double t1 = products(w, LAYERS, 1, 2);
             for (int m = 2; m <= 8; m++) {
                 double t = products(w, LAYERS, m, 2);
@@ -84,7 +83,8 @@ int main(int argc, char** argv) {
            LAYERS * mb, one * 1e3, LAYERS * mb / one / 1e3);
     printf("   2-8 rows in one-row calls, by prefetch setting:\n");
     for (int s = 0; s < S; s++) {
-        printf("   %7s:", names[s]);
+        if (rows[s]) printf("   L%d:%-4d:", level[s] + 1, rows[s]);
+        else printf("   none   :");
         for (int m = 2; m <= 8; m++) printf(" %.3f", cost[s][m]);
         printf("\n");
     }

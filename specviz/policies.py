@@ -211,6 +211,7 @@ class TreePolicy:
         self.weight = 0.0  # decayed count of rounds in those sums
         self.top = [0.0, 0.0]  # decayed sum of the draft's top probability at reached nodes, and their count
         self.last = 0
+        self._expected: list[float] | None = None  # expected()'s curve until the next observe
 
     @property
     def name(self) -> str:
@@ -227,12 +228,15 @@ class TreePolicy:
         return min(top * self.cal(0), 1.0)
 
     def expected(self) -> list[float]:
-        """E_k: expected tokens per target call of the best-first tree of k = 1 .. max_nodes nodes."""
-        out, total = [], 1.0
-        for g in self.gain:
-            total += g / self.weight if self.weight else 0.0
-            out.append(total)
-        return out
+        """E_k: expected tokens per target call of the best-first tree of k = 1 .. max_nodes nodes (worked out once
+        between two `observe`s: a round asks `rate` of every k, each of which read the whole curve again)."""
+        if self._expected is None:
+            out, total = [], 1.0
+            for g in self.gain:
+                total += g / self.weight if self.weight else 0.0
+                out.append(total)
+            self._expected = out
+        return self._expected
 
     def rate(self, k: int) -> float:
         """Expected tokens per second of a k-node tree (0 until a curve and the costs are known)."""
@@ -277,6 +281,7 @@ class TreePolicy:
         (as far as the drafter could see: past the budget, candidates it already had the draft's probabilities for)."""
         if not scores:
             return
+        self._expected = None
         for k in range(self.max_nodes):
             self.gain[k] *= AUTO_DECAY
             self.calls[k] *= AUTO_DECAY

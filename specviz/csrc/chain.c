@@ -166,17 +166,34 @@ long llama_tree_read(const void* const* weights, const float* const* scales, con
         if (logits[j] > best) best = logits[j];  // NaN never compares greater
     }
     if (!inf && !(best > -INFINITY)) return -2;
-    double total = 0.0;
-    for (long j = 0; !inf && j < V; j++) total += logits[j] > -INFINITY ? expf(logits[j] - best) : 0.0f;
     for (long i = 0; i < n; i++) top_r[i] = -1, top_p[i] = 0.0f;
-    for (long j = 0; n && j < V; j++) {
-        float s = logits[j], p;
-        if (inf) p = s == INFINITY ? 1.0f / (float)inf : 0.0f;
-        else p = s > -INFINITY ? (float)(expf(s - best) / total) : 0.0f;  // NaN: 0
-        if (!(p > top_p[n - 1])) continue;  // 0, or not above the n-th so far
-        long i = n - 1;
-        for (; i > 0 && p > top_p[i - 1]; i--) top_p[i] = top_p[i - 1], top_r[i] = top_r[i - 1];
-        top_p[i] = p, top_r[i] = j;
+    if (inf) {  // the first n +inf rows share the mass
+        for (long j = 0, i = 0; i < n && j < V; j++)
+            if (logits[j] == INFINITY) top_p[i] = 1.0f / (float)inf, top_r[i++] = j;
+        return 0;
+    }
+    // The n largest scores, the lower row first among equals, found while the total is summed: a softmax is monotone,
+    // so they are the n largest probabilities, and each of V exponentials is taken once (taking them twice, for the
+    // total and then for each row's probability, was 45 of a read's 400 us on a 2-core Zen 3).
+    double total = 0.0;
+    float top_s[16];
+    long found = 0;
+    for (long j = 0; j < V; j++) {
+        float s = logits[j];
+        if (!(s > -INFINITY)) continue;  // NaN and -inf: probability 0
+        total += expf(s - best);
+        if (found == n && (n == 0 || !(s > top_s[n - 1]))) continue;
+        long i = found < n ? found++ : n - 1;
+        for (; i > 0 && s > top_s[i - 1]; i--) top_s[i] = top_s[i - 1], top_r[i] = top_r[i - 1];
+        top_s[i] = s, top_r[i] = j;
+    }
+    for (long i = 0; i < found; i++) {
+        float p = (float)(expf(top_s[i] - best) / total);
+        if (!(p > 0.0f)) {  // below float's range: no probability, and neither has any row after it
+            for (long r = i; r < found; r++) top_r[r] = -1, top_p[r] = 0.0f;
+            break;
+        }
+        top_p[i] = p;
     }
     return 0;
 }

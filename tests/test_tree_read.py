@@ -35,11 +35,11 @@ def reads(monkeypatch):
     return calls
 
 
-def _torch_read(run: CachedModel, q, ids: torch.Tensor, parent: int | None):
+def _torch_read(run: CachedModel, q, ids: torch.Tensor, parent: int | None, n: int = TREE_CHILDREN):
     """The read the native one stands for: feed (the root) or feed_tree (a node), then the top children at T = 1."""
     out = run.feed(ids, last_only=True) if parent is None else run.feed_tree(ids, [parent])
     view = to_probs(out[-1][q.proposable], SamplingConfig(1.0))
-    top = torch.topk(view, min(TREE_CHILDREN, view.numel()))
+    top = torch.topk(view, min(n, view.numel()))
     return top.values.tolist(), q.proposable[top.indices].tolist()
 
 
@@ -78,6 +78,33 @@ def test_a_native_read_gives_the_torch_reads_children_and_cache(
         a, b = _state(runs[0]), _state(runs[1])
         assert a[:3] == b[:3] and torch.equal(a[3], b[3]) and torch.equal(a[4], b[4]), first
     assert children <= {q.proposable[i].item() for i in range(q.proposable.numel())} and len(children) > 4
+
+
+def test_a_native_read_leaves_out_the_children_whose_probability_is_0_as_torchs_read_gives_them(
+    pair_with, tiny_pair, tmp_path
+):
+    """The draft's output layer scaled up 3000 times: its scores spread so far that most probabilities are 0 in
+    float32. The native read gives the children torch's read gives a probability above 0, in the same order, then
+    -1 and 0.0 where torch's topk has zeros; asking for no children gives none."""
+    p, q = pair_with("llama.c", pair=blocking_pair(tiny_pair, tmp_path / "d64", BLOCKED))
+    assert q.lean.head.dtype == torch.float32
+    q.lean.head.mul_(3000.0)  # in place: the native call reads these very weights
+    prompt = torch.tensor([5, 9, 12, 30, 7, 8])
+    zeros = 0
+    for cut in range(2, prompt.numel() + 1):
+        runs = [CachedModel(q, p.vocab_size) for _ in range(2)]
+        for run in runs:
+            run.prefill(prompt[:cut])
+        gp, gi = runs[0].tree_read(prompt[cut - 1 : cut], None, 8)
+        wp, wi = _torch_read(runs[1], q, prompt[cut - 1 : cut], None, 8)
+        live = [w > 0.0 for w in wp]
+        assert gi == [i if ok else -1 for i, ok in zip(wi, live)], (cut, gi, wi, wp)
+        assert gp == pytest.approx([w if ok else 0.0 for w, ok in zip(wp, live)], rel=1e-5, abs=1e-7)
+        zeros += live.count(False)
+    assert zeros > 0  # the scale made some of the top 8 underflow
+    run = CachedModel(q, p.vocab_size)
+    run.prefill(prompt)
+    assert run.tree_read(prompt[-1:], None, 0) == ([], [])
 
 
 @pytest.mark.parametrize("forward,int8,half", FORWARDS)

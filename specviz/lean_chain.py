@@ -18,15 +18,20 @@ from .config import SpecvizError
 from .sampling import BROKEN
 
 
+def _per_kept(lean, name: str, make):
+    """What `make()` returns, made once per cut output layer: kept on the lean forward as `name`, beside the kept
+    rows it was made for, and made again where those rows are another tensor."""
+    made = getattr(lean, name, None)
+    if made is None or made[0] is not lean.kept:
+        made = (lean.kept, make())
+        setattr(lean, name, made)
+    return made[1]
+
+
 def next_rows(lm) -> torch.Tensor:
     """(kept,) int64: for each row of the draft's cut output layer, the input row its token is fed as next (the
-    token's target id as `CachedModel._forward` maps it: LoadedModel.rows_of); kept on the lean forward beside the
-    kept rows it was made for."""
-    lean = lm.lean
-    made = getattr(lean, "_chain_rows", None)
-    if made is None or made[0] is not lean.kept:
-        made = lean._chain_rows = (lean.kept, lm.rows_of(lm.vocab_map[lean.kept]).to(torch.long).contiguous())
-    return made[1]
+    token's target id as `CachedModel._forward` maps it: LoadedModel.rows_of); kept like `_per_kept` keeps it."""
+    return _per_kept(lm.lean, "_chain_rows", lambda: lm.rows_of(lm.vocab_map[lm.lean.kept]).to(torch.long).contiguous())
 
 
 def kept_ids(lm) -> torch.Tensor | None:
@@ -41,17 +46,18 @@ def kept_ids(lm) -> torch.Tensor | None:
 def proposal_order(lm) -> torch.Tensor | None:
     """(kept,) int64: the output rows in the order of the target ids they propose (`LoadedModel.proposable`, the
     order `draw` reads its probabilities and draws in), or None where those are not the same ids or there is no cut
-    output layer; kept like next_rows."""
+    output layer; kept like `_per_kept` keeps it."""
     lean = lm.lean
     if lean is None or lean.kept is None or lm.vocab_map is None:
         return None
-    made = getattr(lean, "_chain_order", None)
-    if made is None or made[0] is not lean.kept:
+
+    def make():
         ids = lm.vocab_map[lean.kept]
         order = torch.argsort(ids, stable=True)
         same = lm.proposable is not None and torch.equal(ids[order], lm.proposable.to(ids.device))
-        made = lean._chain_order = (lean.kept, order.contiguous() if same else None)
-    return made[1]
+        return order.contiguous() if same else None
+
+    return _per_kept(lean, "_chain_order", make)
 
 
 def _fits(lean, L: int) -> bool:
@@ -163,10 +169,6 @@ def tree_read(lm, cache, ids: torch.Tensor, pos0: int, seen: int, extra: list[in
 
 
 def _kept_list(lm) -> list[int]:
-    """`kept_ids` as a Python list, made once per cut output layer: a read maps its n rows through it (indexing the
-    V-wide tensor took 35 us of a read's Python on a 2-core Zen 3; kept like proposal_order)."""
-    lean = lm.lean
-    made = getattr(lean, "_kept_list", None)
-    if made is None or made[0] is not lean.kept:
-        made = lean._kept_list = (lean.kept, kept_ids(lm).tolist())
-    return made[1]
+    """`kept_ids` as a Python list, made once per cut output layer (`_per_kept`): a read maps its n rows through it
+    (indexing the V-wide tensor took 35 us of a read's Python on a 2-core Zen 3)."""
+    return _per_kept(lm.lean, "_kept_list", lambda: kept_ids(lm).tolist())

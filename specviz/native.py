@@ -142,6 +142,8 @@ def library() -> ctypes.CDLL | None:
     lib.llama_tree_read.restype = ctypes.c_long
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
+    lib.probs_at.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, *[ctypes.c_void_p] * 2, ctypes.c_long]
+    lib.probs_at.argtypes += [ctypes.c_void_p]
     lib.few_rows_use_isa.argtypes = [ctypes.c_int]
     lib.few_rows_amx.restype = ctypes.c_int
     lib.few_rows_tiles_short.restype = ctypes.c_long
@@ -331,6 +333,25 @@ def first_max(scores: torch.Tensor) -> torch.Tensor | None:
     out = torch.empty(rows.shape[0], dtype=torch.long)
     lib.first_max(rows.data_ptr(), rows.shape[0], n, rows.stride(0) if rows.shape[0] > 1 else n, out.data_ptr())
     return out.view(scores.shape[:-1])
+
+
+def probs_at(scores: torch.Tensor, rows: list[int], cols: list[int]) -> list[float] | None:
+    """scores (R, n) float32 on the CPU, rows contiguous -> [softmax(scores[rows[i]])[cols[i]] for each i], read as
+    sampling.to_probs reads a row at T = 1 (csrc/llama.c's probs_at: each row's maximum and sum taken once, only the
+    chosen entries' exponentials; within about 3e-7 of PyTorch's softmax); None where the library is not here, the
+    tensor is not such scores, there are more than 64 entries or a chosen row has no score above -inf (the caller's
+    PyTorch path then says so)."""
+    lib = library()
+    if lib is None or scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() != 2:
+        return None
+    if scores.stride(-1) != 1 or not 0 < len(rows) <= 64:
+        return None
+    at = torch.tensor([rows, cols], dtype=torch.long)
+    out = torch.empty(len(rows))
+    n = scores.shape[1]
+    made = lib.probs_at(scores.data_ptr(), n, scores.stride(0), at[0].data_ptr(), at[1].data_ptr(), len(rows),
+                        out.data_ptr())  # fmt: skip
+    return out.tolist() if made == 0 else None
 
 
 def few_rows(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, n: int = 0) -> torch.Tensor:

@@ -125,6 +125,40 @@ def test_greedys_native_argmax_gives_the_cleaned_argmax_on_long_rows_with_ties_n
     assert _argmax_or_refusal(greedy, x[1:]) == _argmax_or_refusal(lambda r: clean_logits(r).argmax(-1), x[1:])
 
 
+def test_native_probs_at_reads_softmax_entries_as_to_probs_does_with_nan_and_inf():
+    """native.probs_at (csrc/llama.c: a greedy tree round's p(x) at each node's parent) gives to_probs' numbers at
+    T = 1 for the chosen entries of rows of every length around its 8-lane blocks, with NaN (read as -inf) and +inf
+    (its row's mass shared among them) anywhere and a row repeated; it declines a chosen row with nothing above -inf
+    and more than 64 entries, so the caller's PyTorch way answers there. Two float32 softmaxes of a row differ in
+    their last bits (x - max rounded to float32 alone moves a probability by up to |x - max| * 6e-8), hence rel 2e-5."""
+    from specviz import native
+
+    if native.library() is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    rng, nan, inf = gen(5), float("nan"), float("inf")
+    for trial in range(300):
+        n = int(torch.randint(1, 70, (1,), generator=rng)) if trial < 280 else 49152
+        x = torch.randn(5, n, generator=rng) * float(torch.rand(1, generator=rng) * 20)
+        for special in (nan, -inf):
+            x[torch.rand(x.shape, generator=rng) < 0.1] = special
+        x[1, 0] = 0.0  # row 1 keeps a score above -inf whatever was drawn
+        if trial % 5 == 0:  # a row with +inf entries
+            x[2, torch.randint(0, n, (2,), generator=rng)] = inf
+        rows = [r for r in (0, 1, 2, 3, 4, 1) if torch.isfinite(x[r]).any() or (x[r] == inf).any()]
+        if not rows:
+            continue
+        cols = torch.randint(0, n, (len(rows),), generator=rng).tolist()
+        got = native.probs_at(x, rows, cols)
+        want = to_probs(x[rows], SamplingConfig(1.0))[range(len(rows)), cols].tolist()
+        assert got == pytest.approx(want, rel=2e-5, abs=1e-30)
+    x = torch.randn(3, 100, generator=rng)
+    x[1] = -inf
+    x[1, 5] = nan
+    assert native.probs_at(x, [0, 1], [3, 4]) is None  # nothing above -inf in row 1
+    assert native.probs_at(x, [0] * 65, [3] * 65) is None  # more than a call reads
+    assert native.probs_at(x[:, ::2], [0], [3]) is None  # not rows of contiguous scores
+
+
 def _argmax_or_refusal(argmax, rows):
     try:
         return argmax(rows).tolist()

@@ -337,3 +337,57 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     free(buf);
     return few_rows_tiles_short() != short0 ? -2 : 0;
 }
+
+// softmax(s[row[i]])[col[i]] for i < k: what a greedy tree round shows as p(x) at each node's parent (read at T = 1;
+// engine._p_at_parents), without the softmax of whole rows: each distinct row's largest score and its sum of
+// exponentials are taken once (the sum in double), then only the k chosen entries' exponentials. As sampling.to_probs
+// reads a row: NaN counts as -inf, and a row with +inf entries gives them its mass, shared. exp8's relative error is
+// under 2e-7, so each value is within about 3e-7 of PyTorch's softmax of the same row. s: rows of n scores, `stride`
+// apart. Returns 0, or -1 where a chosen row has no score above -inf (the caller raises greedy's error).
+#define MAX_PROBS_AT 64  // the most entries a call reads: a tree's nodes (config.TREE_MAX, 32)
+A256 int probs_at(const float* s, long n, long stride, const long* row, const long* col, long k, float* out) {
+    long seen_row[MAX_PROBS_AT];
+    float seen_max[MAX_PROBS_AT];
+    double seen_sum[MAX_PROBS_AT];
+    long seen = 0;
+    if (k > MAX_PROBS_AT) return -2;  // the caller reads them in torch
+    for (long i = 0; i < k; i++) {
+        long j = 0;
+        while (j < seen && seen_row[j] != row[i]) j++;
+        const float* x = s + row[i] * stride;
+        if (j == seen) {
+            __m256 m = _mm256_set1_ps(-INFINITY);
+            long c = 0;
+            for (; c + 8 <= n; c += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + c), m);  // NaN lanes keep m
+            float lanes[8], best = -INFINITY;
+            _mm256_storeu_ps(lanes, m);
+            for (int l = 0; l < 8; l++) best = lanes[l] > best ? lanes[l] : best;
+            for (; c < n; c++) best = x[c] > best ? x[c] : best;
+            if (!(best > -INFINITY)) return -1;
+            double total = 0.0;
+            if (best == INFINITY) {
+                for (c = 0; c < n; c++) total += x[c] == INFINITY;
+            } else {
+                __m256 b = _mm256_set1_ps(best);
+                __m256d t0 = _mm256_setzero_pd(), t1 = t0;
+                for (c = 0; c + 8 <= n; c += 8) {
+                    __m256 v = _mm256_loadu_ps(x + c);
+                    __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, b)), _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN: 0
+                    t0 = _mm256_add_pd(t0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+                    t1 = _mm256_add_pd(t1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+                }
+                double parts[4];
+                _mm256_storeu_pd(parts, _mm256_add_pd(t0, t1));
+                total = parts[0] + parts[1] + parts[2] + parts[3];
+                for (; c < n; c++)
+                    if (x[c] == x[c]) total += _mm256_cvtss_f32(exp8(_mm256_set1_ps(x[c] - best)));
+            }
+            seen_row[seen] = row[i], seen_max[seen] = best, seen_sum[seen] = total;
+            seen++;
+        }
+        float v = x[col[i]], best = seen_max[j];
+        if (best == INFINITY) out[i] = v == INFINITY ? (float)(1.0 / seen_sum[j]) : 0.0f;
+        else out[i] = v == v ? (float)(_mm256_cvtss_f32(exp8(_mm256_set1_ps(v - best))) / seen_sum[j]) : 0.0f;
+    }
+    return 0;
+}

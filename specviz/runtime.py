@@ -18,6 +18,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import lean_chain, sampling
@@ -162,21 +163,19 @@ class CachedModel:
             plain, rows = self._line(par, base, lines)
             pos.append(self._pos(par, base, pos) + 1)
             lines.append((plain, rows + [base + i]))
-        dtype = self.lm.model.dtype if self.lm.model.dtype.is_floating_point else torch.float32
-        mask = torch.full((L, base + L), torch.finfo(dtype).min, dtype=dtype, device=self.lm.device)
-        # the plain rows by slices, the tree rows by one index: a list of every row a token sees, indexed row by row,
-        # took 0.23-0.35 ms for a tree of 7 after 157 rows on the 2-core Zen 4 of 6 Dec 2026, this 0.03-0.05
+        # (L, base + L) additive: 0 where a token sees a row, -inf elsewhere (the lean forward's form; `_forward` makes
+        # transformers' from it), built in NumPy, whose small operations cost a few microseconds where PyTorch's cost
+        # tens: 6 tokens after 150 rows, warm, 67 -> 25 us on a 2-core Zen 3 (7 Dec 2026), and several times both in
+        # the decoding loop, where a verify has just swept the caches
+        sees = np.zeros((L, base + L), dtype=bool)
         first = min(plain for plain, _ in lines)
-        mask[:, :first] = 0.0
-        at_row, at_col = [], []
+        sees[:, :first] = True
         for i, (plain, rows) in enumerate(lines):
-            if plain > first:
-                mask[i, first:plain] = 0.0
-            at_row += [i] * len(rows)
-            at_col += rows
-        mask[at_row, at_col] = 0.0
+            sees[i, first:plain] = True
+            sees[i, rows] = True
+        mask = torch.from_numpy(np.where(sees, np.float32(0.0), np.float32(-np.inf))).to(self.lm.device)
         position_ids = torch.tensor([pos], device=self.lm.device)
-        logits, h = self._forward(ids, False, hidden, mask=mask[None, None], position_ids=position_ids)
+        logits, h = self._forward(ids, False, hidden, mask=mask, position_ids=position_ids)
         for i, par in enumerate(parents):
             self.tree_rows[base + i] = (par, pos[i])
         logits = self.lm.to_target_logits(logits.float(), self.V)
@@ -244,6 +243,9 @@ class CachedModel:
         if self.lm.lean is not None:
             logits, h = self._lean(x.view(-1), last_only, mask, position_ids, kept_only)
             return logits, (h if hidden else None)
+        if mask is not None:  # (L, T) with -inf -> transformers' (1, 1, L, T) in the model's dtype, its minimum there
+            dtype = self.lm.model.dtype if self.lm.model.dtype.is_floating_point else torch.float32
+            mask = mask.clamp(min=torch.finfo(dtype).min).to(dtype)[None, None]
         extra = {} if mask is None else {"attention_mask": mask, "position_ids": position_ids}
         out = self.lm.model(
             input_ids=x,
@@ -262,9 +264,7 @@ class CachedModel:
 
     def _lean(self, ids: torch.Tensor, last_only: bool, mask, position_ids, kept_only: bool = False):
         """The lean forward (lean.py) over this model's cache: (logits (L or 1, Vm), last hidden states (L, H))."""
-        if mask is not None:  # (1, 1, L, T) with the dtype's minimum where a row is hidden -> (L, T), -inf there
-            mask = mask[0, 0].float()
-            mask = mask.masked_fill(mask < 0, -torch.inf)
+        if mask is not None:  # (L, T) float32, -inf where a row is hidden: as the lean forward takes it
             position_ids = position_ids.view(-1)
         logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only, kept_only)
         self.length += ids.numel()

@@ -338,17 +338,20 @@ def first_max(scores: torch.Tensor) -> torch.Tensor | None:
 def probs_at(scores: torch.Tensor, rows: list[int], cols: list[int]) -> list[float] | None:
     """scores (R, n) float32 on the CPU, rows contiguous -> [softmax(scores[rows[i]])[cols[i]] for each i], read as
     sampling.to_probs reads a row at T = 1 (csrc/llama.c's probs_at: each row's maximum and sum taken once, only the
-    chosen entries' exponentials; within about 3e-7 of PyTorch's softmax); None where the library is not here, the
-    tensor is not such scores, there are more than 64 entries or a chosen row has no score above -inf (the caller's
-    PyTorch path then says so)."""
+    chosen entries' exponentials; two float32 softmaxes of one row differ by up to about 1e-5 relative, this and
+    PyTorch's too); None where the library is not here, the tensor is not such scores, a row or column is out of
+    range, there are more than 64 entries or a chosen row has no score above -inf (the caller's PyTorch path then
+    says so)."""
     lib = library()
     if lib is None or scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() != 2:
         return None
-    if scores.stride(-1) != 1 or not 0 < len(rows) <= 64:
+    R, n = scores.shape
+    if scores.stride(-1) != 1 or not 0 < len(rows) <= 64 or not (0 <= min(rows) and max(rows) < R):
+        return None
+    if not (0 <= min(cols) and max(cols) < n):
         return None
     at = torch.tensor([rows, cols], dtype=torch.long)
     out = torch.empty(len(rows))
-    n = scores.shape[1]
     made = lib.probs_at(scores.data_ptr(), n, scores.stride(0), at[0].data_ptr(), at[1].data_ptr(), len(rows),
                         out.data_ptr())  # fmt: skip
     return out.tolist() if made == 0 else None

@@ -157,6 +157,7 @@ def test_native_probs_at_reads_softmax_entries_as_to_probs_does_with_nan_and_inf
     assert native.probs_at(x, [0, 1], [3, 4]) is None  # nothing above -inf in row 1
     assert native.probs_at(x, [0] * 65, [3] * 65) is None  # more than a call reads
     assert native.probs_at(x[:, ::2], [0], [3]) is None  # not rows of contiguous scores
+    assert native.probs_at(x, [0], [100]) is None and native.probs_at(x, [3], [0]) is None  # out of range
 
 
 def _argmax_or_refusal(argmax, rows):

@@ -21,20 +21,23 @@ from .config import SpecvizError
 from .sampling import BROKEN
 
 
-def _per_kept(lean, name: str, make):
-    """What `make()` returns, made once per cut output layer: kept on the lean forward as `name`, beside the kept
-    rows it was made for, and made again where those rows are another tensor."""
-    made = getattr(lean, name, None)
-    if made is None or made[0] is not lean.kept:
-        made = (lean.kept, make())
-        setattr(lean, name, made)
+def _memo(owner, name: str, key, make):
+    """What `make()` returns, kept on `owner` as `name` beside the `key` it was made for (the lean forward's kept
+    output rows, or a model's input map), and made again where the key is another object."""
+    made = getattr(owner, name, None)
+    if made is None or made[0] is not key:
+        made = (key, make())
+        setattr(owner, name, made)
     return made[1]
 
 
 def next_rows(lm) -> torch.Tensor:
     """(kept,) int64: for each row of the draft's cut output layer, the input row its token is fed as next (the
-    token's target id as `CachedModel._forward` maps it: LoadedModel.rows_of); kept like `_per_kept` keeps it."""
-    return _per_kept(lm.lean, "_chain_rows", lambda: lm.rows_of(lm.vocab_map[lm.lean.kept]).to(torch.long).contiguous())
+    token's target id as `CachedModel._forward` maps it: LoadedModel.rows_of); made once per cut output layer."""
+    lean = lm.lean
+    return _memo(
+        lean, "_chain_rows", lean.kept, lambda: lm.rows_of(lm.vocab_map[lean.kept]).to(torch.long).contiguous()
+    )
 
 
 def kept_ids(lm) -> torch.Tensor | None:
@@ -49,7 +52,7 @@ def kept_ids(lm) -> torch.Tensor | None:
 def proposal_order(lm) -> torch.Tensor | None:
     """(kept,) int64: the output rows in the order of the target ids they propose (`LoadedModel.proposable`, the
     order `draw` reads its probabilities and draws in), or None where those are not the same ids or there is no cut
-    output layer; kept like `_per_kept` keeps it."""
+    output layer; made once per cut output layer."""
     lean = lm.lean
     if lean is None or lean.kept is None or lm.vocab_map is None:
         return None
@@ -60,7 +63,7 @@ def proposal_order(lm) -> torch.Tensor | None:
         same = lm.proposable is not None and torch.equal(ids[order], lm.proposable.to(ids.device))
         return order.contiguous() if same else None
 
-    return _per_kept(lean, "_chain_order", make)
+    return _memo(lean, "_chain_order", lean.kept, make)
 
 
 def _fits(lean, L: int) -> bool:
@@ -194,14 +197,10 @@ def _input_rows(lm) -> list[int] | None:
     """`LoadedModel.input_map` as a list (None: a model that reads target ids as they are), made once per map."""
     if lm.input_map is None:
         return None
-    made = getattr(lm, "_input_rows", None)
-    if made is None or made[0] is not lm.input_map:
-        made = (lm.input_map, lm.input_map.tolist())
-        lm._input_rows = made
-    return made[1]
+    return _memo(lm, "_input_rows", lm.input_map, lm.input_map.tolist)
 
 
 def _kept_list(lm) -> list[int]:
-    """`kept_ids` as a Python list, made once per cut output layer (`_per_kept`): a read maps its n rows through it
-    (indexing the V-wide tensor took 35 us of a read's Python on a 2-core Zen 3)."""
-    return _per_kept(lm.lean, "_kept_list", lambda: kept_ids(lm).tolist())
+    """`kept_ids` as a Python list, made once per cut output layer: a read maps its n rows through it (indexing the
+    V-wide tensor took 35 us of a read's Python on a 2-core Zen 3)."""
+    return _memo(lm.lean, "_kept_list", lm.lean.kept, lambda: kept_ids(lm).tolist())

@@ -34,6 +34,7 @@ SOURCES = (CSRC / "few_rows.c", CSRC / "llama.c", CSRC / "greedy.c", CSRC / "cha
 # (lean_chain.py)
 FLAGS = ["-O2", "-fopenmp", "-shared", "-fPIC", "-ffp-contract=off"]
 LIBS = ["-lm"]
+PROBS_AT_MOST = 64  # the most entries probs_at reads in one call (csrc/llama.c's MAX_PROBS_AT)
 MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a verify of gamma + 1, a tree)
 ISA_NAMES = {2: "AVX-512", 1: "AVX2"}
 
@@ -340,13 +341,13 @@ def probs_at(scores: torch.Tensor, rows: list[int], cols: list[int]) -> list[flo
     sampling.to_probs reads a row at T = 1 (csrc/llama.c's probs_at: each row's maximum and sum taken once, only the
     chosen entries' exponentials; two float32 softmaxes of one row differ by up to about 1e-5 relative, this and
     PyTorch's too); None where the library is not here, the tensor is not such scores, a row or column is out of
-    range, there are more than 64 entries or a chosen row has no score above -inf (the caller's PyTorch path then
+    range, there are more than PROBS_AT_MOST entries or a chosen row has no score above -inf (the caller's PyTorch path then
     says so)."""
     lib = library()
     if lib is None or scores.dtype != torch.float32 or scores.device.type != "cpu" or scores.dim() != 2:
         return None
     R, n = scores.shape
-    if scores.stride(-1) != 1 or not 0 < len(rows) <= 64 or not (0 <= min(rows) and max(rows) < R):
+    if scores.stride(-1) != 1 or not 0 < len(rows) <= PROBS_AT_MOST or not (0 <= min(rows) and max(rows) < R):
         return None
     if not (0 <= min(cols) and max(cols) < n):
         return None

@@ -141,6 +141,7 @@ def library() -> ctypes.CDLL | None:
         *[ctypes.c_void_p] * 2,  # top rows and probabilities out
     ]
     lib.llama_tree_read.restype = ctypes.c_long
+    lib.top_probs.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 2, *[ctypes.c_void_p] * 2]  # a tree read's last step
     lib.first_max.argtypes = [ctypes.c_void_p, *[ctypes.c_long] * 3, ctypes.c_void_p]
     lib.first_max.restype = None
     lib.probs_at.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, *[ctypes.c_void_p] * 2, ctypes.c_long]

@@ -160,6 +160,44 @@ def test_native_probs_at_reads_softmax_entries_as_to_probs_does_with_nan_and_inf
     assert native.probs_at(x, [0], [100]) is None and native.probs_at(x, [3], [0]) is None  # out of range
 
 
+def test_a_tree_reads_top_probabilities_are_to_probs_and_a_stable_sort_with_ties_nan_and_inf():
+    """csrc/chain.c's top_probs (a draft's tree read's last step: its n likeliest rows at T = 1) gives, for rows of
+    every length around its 8-lane blocks with ties, NaN (read as -inf), -inf and +inf (the first n of them share the
+    row's mass), to_probs' n largest probabilities in a stable sort's order (the lower row first among equals), -1 and
+    0.0 past the rows above 0; a row with nothing above -inf is refused (-2), as is n above 16 (-1)."""
+    import ctypes
+
+    from specviz import native
+
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler or no AVX2 here")
+    rng, nan, inf = gen(6), float("nan"), float("inf")
+
+    def read(x: torch.Tensor, n: int):
+        rows, probs = (ctypes.c_long * 16)(), (ctypes.c_float * 16)()
+        made = lib.top_probs(x.data_ptr(), x.numel(), n, rows, probs)
+        return made, list(rows[:n]), list(probs[:n])
+
+    for trial in range(400):
+        V = int(torch.randint(1, 60, (1,), generator=rng)) if trial < 380 else 8000
+        x = (torch.randn(V, generator=rng) * float(torch.rand(1, generator=rng) * 30)).round(decimals=1)  # ties
+        for special, share in ((nan, 0.1), (-inf, 0.1), (inf, 0.03 if trial % 4 == 0 else 0.0)):
+            x[torch.rand(V, generator=rng) < share] = special
+        n = int(torch.randint(0, 17, (1,), generator=rng))
+        made, rows, probs = read(x, n)
+        if not (x > -inf).any():
+            assert made == -2
+            continue
+        p = to_probs(x[None], SamplingConfig(1.0))[0]
+        order = sorted(range(V), key=lambda j: (-float(p[j]), j))[:n]  # a stable sort: the lower row first
+        live = [j for j in order if float(p[j]) > 0.0]
+        assert made == 0 and rows == live + [-1] * (n - len(live)), (trial, rows, order)
+        assert probs == pytest.approx([float(p[j]) for j in live] + [0.0] * (n - len(live)), rel=2e-5, abs=1e-30)
+    assert read(torch.full((20,), -inf), 4)[0] == -2 and read(torch.full((9,), nan), 4)[0] == -2
+    assert read(torch.zeros(20), 17)[0] == -1
+
+
 def _argmax_or_refusal(argmax, rows):
     try:
         return argmax(rows).tolist()

@@ -38,6 +38,35 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
                   const void* head, const float* head_scale, int head_wtype, long V, long out_rows, float* hn,
                   float* logits, int threads);
 void first_max(const float* s, long rows, long n, long stride, long* out);
+double sum_exp(const float* x, long n, float best);
+float row_max(const float* x, long n);
+
+#define A256 __attribute__((target("avx2")))
+
+// The k (<= 16) largest of n scores above -inf, largest first, the lower index first among equals, into rows and s;
+// returns how many there were (fewer than k where fewer are above -inf). 8 scores at a time are compared with the
+// k-th largest so far, and only those above it are placed (NaN compares false, so never).
+A256 static long largest_n(const float* x, long n, long k, long* rows, float* s) {
+    long found = 0;
+    if (k < 1) return 0;
+    for (long j = 0; j < n; j += 8) {
+        float bar = found == k ? s[k - 1] : -INFINITY;
+        unsigned hit = 0;
+        if (j + 8 <= n) hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(bar),
+                                                                          _CMP_GT_OQ));
+        else
+            for (long c = j; c < n; c++) hit |= (unsigned)(x[c] > bar) << (c - j);
+        for (; hit; hit &= hit - 1) {
+            long c = j + __builtin_ctz(hit);
+            float v = x[c];
+            if (found == k && !(v > s[k - 1])) continue;
+            long i = found < k ? found++ : k - 1;
+            for (; i > 0 && v > s[i - 1]; i--) s[i] = s[i - 1], rows[i] = rows[i - 1];
+            s[i] = v, rows[i] = c;
+        }
+    }
+    return found;
+}
 
 __attribute__((target("f16c"))) static void embed_row(const void* embed, int f16, long row, long H, float* x) {
     if (!f16) {
@@ -122,6 +151,42 @@ long llama_chain(const void* const* weights, const float* const* scales, const f
     return k;
 }
 
+// The n (<= 16) likeliest of V scores at T = 1, largest first, the lower row first among equals, into top_r and
+// top_p (-1 and 0.0 past the rows whose probability is above 0), the probabilities as to_probs_row makes them (NaN
+// read as -inf, +inf entries sharing the mass, else a softmax at T = 1, its total summed in double: within a few parts
+// in 10^7 of torch.softmax's). Returns 0, -1 for n out of range, or -2 where no score is above -inf. A tree read's
+// last step (below).
+A256 int top_probs(const float* logits, long V, long n, long* top_r, float* top_p) {
+    if (n < 0 || n > 16) return -1;
+    float best = row_max(logits, V);
+    if (!(best > -INFINITY)) return -2;
+    for (long i = 0; i < n; i++) top_r[i] = -1, top_p[i] = 0.0f;
+    if (best == INFINITY) {  // the first n +inf rows share the mass
+        long inf = 0;
+        for (long j = 0; j < V; j++) inf += logits[j] == INFINITY;
+        for (long j = 0, i = 0; i < n && j < V; j++)
+            if (logits[j] == INFINITY) top_p[i] = 1.0f / (float)inf, top_r[i++] = j;
+        return 0;
+    }
+    // The n largest scores, the lower row first among equals: a softmax is monotone, so they are the n largest
+    // probabilities, and only their n exponentials are taken beside the total's (by expf, which goes on into float's
+    // subnormals where exp8 stops at exp(-87): a row's probability is 0 where torch's is). Scalar, with expf for the
+    // total too, this took 52-62 us of the call for the built-in draft's 8,000 rows on a 2-core Zen 3; in 8 lanes
+    // 6-8 us (7 Dec 2026).
+    double total = sum_exp(logits, V, best);
+    float top_s[16];
+    long found = largest_n(logits, V, n, top_r, top_s);
+    for (long i = 0; i < found; i++) {
+        float p = (float)(expf(top_s[i] - best) / total);
+        if (!(p > 0.0f)) {  // below float's range: no probability, and neither has any row after it
+            for (long r = i; r < found; r++) top_r[r] = -1, top_p[r] = 0.0f;
+            break;
+        }
+        top_p[i] = p;
+    }
+    return 0;
+}
+
 // A token tree's read at T = 0 (drafters.ModelDrafter._propose_tree through lean_chain.tree_read): one llama.c call
 // over the L tokens whose input rows are rows[0..L-1] (their embeddings read as embed_row reads them, into x (L, H)),
 // written to cache rows base .. base + L - 1 at positions pos0 .. pos0 + L - 1 (cos and sin: the tables from
@@ -157,44 +222,5 @@ long llama_tree_read(const void* const* weights, const float* const* scales, con
                                logits, threads);
     free(mask);
     if (failed == -1 || failed == -3) return failed;  // -2 (no memory for the tiles' x): NaN scores, read as -inf below
-    // probabilities as to_probs_row makes them (NaN read as -inf, +inf entries sharing the mass, else a softmax at
-    // T = 1), the softmax's total summed in double: within a few parts in 10^7 of torch.softmax's
-    float best = -INFINITY;
-    long inf = 0;
-    for (long j = 0; j < V; j++) {
-        if (logits[j] == INFINITY) inf++;
-        if (logits[j] > best) best = logits[j];  // NaN never compares greater
-    }
-    if (!inf && !(best > -INFINITY)) return -2;
-    for (long i = 0; i < n; i++) top_r[i] = -1, top_p[i] = 0.0f;
-    if (inf) {  // the first n +inf rows share the mass
-        for (long j = 0, i = 0; i < n && j < V; j++)
-            if (logits[j] == INFINITY) top_p[i] = 1.0f / (float)inf, top_r[i++] = j;
-        return 0;
-    }
-    // The n largest scores, the lower row first among equals, found while the total is summed: a softmax is monotone,
-    // so they are the n largest probabilities, and each of V exponentials is taken once. Taking them twice, for the
-    // total and then for each row's probability with a division in double, took 89 us for the built-in draft's 8,000
-    // rows on a 2-core Zen 3; this call went from 0.33-0.48 to 0.27-0.29 ms (BENCHMARKS.md, 7 Dec 2026).
-    double total = 0.0;
-    float top_s[16];
-    long found = 0;
-    for (long j = 0; j < V; j++) {
-        float s = logits[j];
-        if (!(s > -INFINITY)) continue;  // NaN and -inf: probability 0
-        total += expf(s - best);
-        if (found == n && (n == 0 || !(s > top_s[n - 1]))) continue;
-        long i = found < n ? found++ : n - 1;
-        for (; i > 0 && s > top_s[i - 1]; i--) top_s[i] = top_s[i - 1], top_r[i] = top_r[i - 1];
-        top_s[i] = s, top_r[i] = j;
-    }
-    for (long i = 0; i < found; i++) {
-        float p = (float)(expf(top_s[i] - best) / total);
-        if (!(p > 0.0f)) {  // below float's range: no probability, and neither has any row after it
-            for (long r = i; r < found; r++) top_r[r] = -1, top_p[r] = 0.0f;
-            break;
-        }
-        top_p[i] = p;
-    }
-    return 0;
+    return top_probs(logits, V, n, top_r, top_p);
 }

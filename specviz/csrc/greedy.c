@@ -16,8 +16,10 @@
 // Every CPU the library loads on has AVX2 (native.py: few_rows_isa() is 0 otherwise, and nothing is called).
 #define A256 __attribute__((target("avx2")))
 
-A256 static long first_max_row(const float* x, long n) {
-    // 1. the largest score: four running maxima of 8 lanes (_mm256_max_ps(v, m) returns m where v is NaN)
+// The largest of n scores: NaN never counts, +inf does; -inf where none is above it. Four running maxima of 8 lanes
+// (_mm256_max_ps(v, m) returns m where v is NaN). Also a softmax's first step (llama.c's probs_at, chain.c's
+// top_probs).
+A256 float row_max(const float* x, long n) {
     __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
     long j = 0;
     for (; j + 32 <= n; j += 32) {
@@ -30,9 +32,16 @@ A256 static long first_max_row(const float* x, long n) {
     _mm256_storeu_ps(lanes, _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
     for (int k = 0; k < 8; k++) best = lanes[k] > best ? lanes[k] : best;
     for (; j < n; j++) best = x[j] > best ? x[j] : best;
+    return best;
+}
+
+A256 static long first_max_row(const float* x, long n) {
+    // 1. the largest score
+    float best = row_max(x, n);
     if (!(best > -INFINITY)) return -1;
     // 2. its first place: 32 scores at a time, then the lowest set bit of the first block that holds it
     __m256 b = _mm256_set1_ps(best);
+    long j;
     for (j = 0; j + 32 <= n; j += 32) {
         unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), b, _CMP_EQ_OQ)) |
                        (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j + 8), b, _CMP_EQ_OQ)) << 8 |

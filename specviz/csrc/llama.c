@@ -41,6 +41,7 @@ int few_rows_amx(void);
 long few_rows_tiles_short(void);
 void few_rows_steal(const void* w, int wtype, const float* scale, const float* x, long M, long K, long N, float* y,
                     int t, int T, atomic_long* shares);
+float row_max(const float* x, long n);  // greedy.c
 
 #define A256 __attribute__((target("avx2,fma")))
 
@@ -141,6 +142,30 @@ A256 static inline __m256 exp8(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// exp(v) for one value, through exp8's lanes (the same number exp8 gives v in any lane).
+A256 static inline float exp_at(float v) { return _mm256_cvtss_f32(exp8(_mm256_set1_ps(v))); }
+
+// The sum of exp(x[c] - best) over n scores, NaN counted as 0 (-inf gives 0): exp8 on 8 lanes at a time, summed in
+// double in two 4-lane accumulators, then the last n % 8 one at a time (a softmax's total: probs_at, and a draft's
+// tree read in chain.c). best: the scores' largest, finite.
+A256 double sum_exp(const float* x, long n, float best) {
+    __m256 b = _mm256_set1_ps(best);
+    __m256d t0 = _mm256_setzero_pd(), t1 = t0;
+    long c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 v = _mm256_loadu_ps(x + c);
+        __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, b)), _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN: 0
+        t0 = _mm256_add_pd(t0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        t1 = _mm256_add_pd(t1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double parts[4];
+    _mm256_storeu_pd(parts, _mm256_add_pd(t0, t1));
+    double total = parts[0] + parts[1] + parts[2] + parts[3];
+    for (; c < n; c++)
+        if (x[c] == x[c]) total += exp_at(x[c] - best);
+    return total;
 }
 
 // exp over n floats in place: 8 at a time, the rest one lane at a time through the same code (so a value's exp
@@ -358,38 +383,20 @@ A256 int probs_at(const float* s, long n, long stride, const long* row, const lo
         while (j < seen && seen_row[j] != row[i]) j++;
         const float* x = s + row[i] * stride;
         if (j == seen) {
-            __m256 m = _mm256_set1_ps(-INFINITY);
-            long c = 0;
-            for (; c + 8 <= n; c += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + c), m);  // NaN lanes keep m
-            float lanes[8], best = -INFINITY;
-            _mm256_storeu_ps(lanes, m);
-            for (int l = 0; l < 8; l++) best = lanes[l] > best ? lanes[l] : best;
-            for (; c < n; c++) best = x[c] > best ? x[c] : best;
+            float best = row_max(x, n);
             if (!(best > -INFINITY)) return -1;
             double total = 0.0;
             if (best == INFINITY) {
-                for (c = 0; c < n; c++) total += x[c] == INFINITY;
+                for (long c = 0; c < n; c++) total += x[c] == INFINITY;
             } else {
-                __m256 b = _mm256_set1_ps(best);
-                __m256d t0 = _mm256_setzero_pd(), t1 = t0;
-                for (c = 0; c + 8 <= n; c += 8) {
-                    __m256 v = _mm256_loadu_ps(x + c);
-                    __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, b)), _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN: 0
-                    t0 = _mm256_add_pd(t0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-                    t1 = _mm256_add_pd(t1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-                }
-                double parts[4];
-                _mm256_storeu_pd(parts, _mm256_add_pd(t0, t1));
-                total = parts[0] + parts[1] + parts[2] + parts[3];
-                for (; c < n; c++)
-                    if (x[c] == x[c]) total += _mm256_cvtss_f32(exp8(_mm256_set1_ps(x[c] - best)));
+                total = sum_exp(x, n, best);
             }
             seen_row[seen] = row[i], seen_max[seen] = best, seen_sum[seen] = total;
             seen++;
         }
         float v = x[col[i]], best = seen_max[j];
         if (best == INFINITY) out[i] = v == INFINITY ? (float)(1.0 / seen_sum[j]) : 0.0f;
-        else out[i] = v == v ? (float)(_mm256_cvtss_f32(exp8(_mm256_set1_ps(v - best))) / seen_sum[j]) : 0.0f;
+        else out[i] = v == v ? (float)(exp_at(v - best) / seen_sum[j]) : 0.0f;
     }
     return 0;
 }

@@ -215,12 +215,19 @@ def _round(run: _SpecRun, seq: list[int], index: int, budget: int) -> Round:
     ctx = DraftContext(s, run.gen, run.V, run.device, run.policy, budget, need_q=need_q, tree=run.tree)
     prop = run.drafter.propose(seq, ctx)
     draft_s = run.clock.lap()
-    rd = (_tree_round if prop.is_tree else _chain_round)(run, seq, prop, index, draft_s)
+    if prop.is_tree:
+        rd, shown = _tree_round(run, seq, prop, index, draft_s)
+    else:
+        rd, shown = _chain_round(run, seq, prop, index, draft_s), None
     tokens = cut(list(rd.tokens), run.eos, budget)  # a cut correction: not emitted
     seq.extend(tokens)
     run.clock.lap()
     calls = run.drafter.calls - draft_calls
-    return dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=run.clock.total, draft_calls=calls)
+    rd = dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=run.clock.total, draft_calls=calls)
+    if shown is not None:  # a greedy tree's p(x) at each node's parent: only the page reads it, so off the clock
+        p_node = tuple(_p_at_parents(None, shown, prop.parents, prop.tokens))
+        rd = dataclasses.replace(rd, tree=dataclasses.replace(rd.tree, p=p_node))
+    return rd
 
 
 def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft_s: float) -> Round:
@@ -263,9 +270,12 @@ def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draf
                  sources=prop.sources, planned=prop.planned, stop=prop.stop, origins=prop.origins)  # fmt: skip
 
 
-def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft_s: float) -> Round:
+def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft_s: float):
     """Verify a token tree in one target call, walk it, keep the accepted path in the cache; the Round (its
-    tokens not yet cut at EOS or the budget, its elapsed_s not yet set)."""
+    tokens not yet cut at EOS or the budget, its elapsed_s not yet set), and at T = 0 the verify's scores (N + 1, V),
+    from which `_round` reads the tree's p(x) at T = 1 once the round's clock has stopped (else None: p is filled).
+    Greedy decoding never reads those p: plain decoding's steps show p = 1 and a chain's rounds their verdicts, so
+    they are the page's work, not the models' (0.15-0.23 ms of a tree round of about 23 ms on a 2-core Zen 3)."""
     p_run, drafter, policy, tree, clock = run.p_run, run.drafter, run.policy, run.tree, run.clock
     s, gen, cfg = run.cfg.sampling, run.gen, run.cfg
     x, N = prop.tokens, int(prop.tokens.numel())  # (N,)
@@ -295,21 +305,22 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     policy.update(prop.key or drafter.name, *chain_outcome(prop.parents, prop.ranks, path), draft_s, verify_s)
     tree.update(prop.said, prop.ranks, prop.parents, path, [st == "kept" for st in v.status])
     ids = x.tolist()
-    p_node = _p_at_parents(p_probs, p_logits, prop.parents, x)  # (N,) p(x) at each node's parent
+    p_node = _p_at_parents(p_probs, p_logits, prop.parents, x) if p_probs is not None else ()  # greedy: `_round`'s
     q_node = prop.q[torch.arange(N), x].tolist() if prop.q is not None else list(prop.said) or [1.0] * N
     tr = TreeRound(tokens=tuple(ids), parents=prop.parents, ranks=prop.ranks, sources=prop.sources,
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
                    path=v.path)  # fmt: skip
     greedy_mode = s.greedy
     cands = tree_candidates(prop, line, v.n, p_logits, s, cfg.detail) if cfg.detail else ()
-    return Round(index=index, drafted=tuple(ids[i] for i in line),
-                 q=tuple(1.0 if greedy_mode else q_node[i] for i in line),
-                 p=tuple(v.accept_prob[i] if greedy_mode else p_node[i] for i in line),
-                 accept_prob=tuple(v.accept_prob[i] for i in line), r=tuple(v.r[i] for i in line), n=v.n,
-                 correction=v.correction, kind="resampled" if tried else "bonus",
-                 tokens=tuple(ids[i] for i in path) + (v.correction,), draft_s=draft_s, verify_s=verify_s,
-                 elapsed_s=0.0, candidates=cands, sources=tuple(prop.sources[i] for i in line), planned=prop.planned,
-                 stop=prop.stop, tree=tr)  # fmt: skip
+    rd = Round(index=index, drafted=tuple(ids[i] for i in line),
+               q=tuple(1.0 if greedy_mode else q_node[i] for i in line),
+               p=tuple(v.accept_prob[i] if greedy_mode else p_node[i] for i in line),
+               accept_prob=tuple(v.accept_prob[i] for i in line), r=tuple(v.r[i] for i in line), n=v.n,
+               correction=v.correction, kind="resampled" if tried else "bonus",
+               tokens=tuple(ids[i] for i in path) + (v.correction,), draft_s=draft_s, verify_s=verify_s,
+               elapsed_s=0.0, candidates=cands, sources=tuple(prop.sources[i] for i in line), planned=prop.planned,
+               stop=prop.stop, tree=tr)  # fmt: skip
+    return rd, (p_logits if p_probs is None else None)
 
 
 def _p_at_parents(p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor) -> list[float]:

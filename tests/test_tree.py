@@ -524,6 +524,31 @@ def test_a_greedy_tree_round_shows_the_same_p_and_q_whether_or_not_q_rows_were_b
         assert 0.0 < min(a.q) and max(a.p) <= 1.0
 
 
+def test_a_greedy_tree_rounds_p_for_the_page_is_read_after_its_clock_stops(loaded_pair, monkeypatch):
+    """At T = 0 a tree's p(x) at each node's parent is only shown (decoding reads the argmax; plain decoding's steps
+    show p = 1), so it is read once the round's clock has stopped: a clock that jumps 1000 s while it is read leaves
+    every round's elapsed_s as it was, and every node still gets its p."""
+    from specviz import engine
+
+    p, q = loaded_pair
+    cfg = SpecConfig(gamma=3, tree=6, drafter="model", max_new_tokens=24)
+    real_read, now = engine._p_at_parents, [0.0]
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: now[0])
+
+    def slow_read(*args):
+        now[0] += 1000.0
+        return real_read(*args)
+
+    for way in ("ticking", "slow"):
+        monkeypatch.setattr(engine, "_p_at_parents", real_read if way == "ticking" else slow_read)
+        now[0] = 0.0
+        rounds = [e for e in speculative_decode(p, q, _ids(p, "once upon a time"), cfg) if isinstance(e, Round)]
+        trees = [r.tree for r in rounds if r.tree is not None]
+        assert trees and all(len(t.p) == len(t.tokens) and 0.0 < min(t.p) and max(t.p) <= 1.0 for t in trees)
+        assert now[0] == (1000.0 * len(trees) if way == "slow" else 0.0)
+        assert all(r.elapsed_s == 0.0 for r in rounds)  # the clock never moved but for the reads of p
+
+
 def test_a_recording_carries_the_trees_through_json_and_the_exported_page(tiny_pair, tmp_path):
     from specviz import export_html, load_recording, record_run
 

@@ -193,3 +193,25 @@ def test_a_race_with_token_trees_keeps_the_text_and_marks_branches(client):
     assert "tree 8" in spec and "tok-branch" in spec  # the lane names its tree; kept runner-ups are marked
     _, final = _race(client, "hi", 3, 0.0, 0, 1.0, 8, 0, "head", "constant", "none", "auto", "8", "off")
     assert "grow from the draft model or prompt lookup" in final[MESSAGE]
+
+
+def test_the_queue_polls_every_50_ms_not_every_millisecond(tiny_pair):
+    """gradio's queue, off Windows, looks for an event every 1 ms when none waits and for progress every 10 ms; the
+    app's polls at QUEUE_POLL_S and PROGRESS_POLL_S (on two cores each wake-up takes a core from a model call's
+    threads). Slower polling is left as it is, and a demo without a queue is left alone; the races above stream
+    through this queue."""
+    from specviz.ui import PROGRESS_POLL_S, QUEUE_POLL_S, calm_queue
+
+    target, draft = tiny_pair
+    ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
+    ctx.default_target, ctx.default_draft = target, draft
+    demo = build_demo(ctx)
+    assert (demo._queue.sleep_when_free, demo._queue.progress_update_sleep_when_free) == (QUEUE_POLL_S, PROGRESS_POLL_S)
+    assert demo.preloader.wait(120) == "ready"
+    with gr.Blocks() as other:
+        gr.Markdown("x")
+    calm_queue(other)  # no queue: nothing to change
+    other.queue()
+    other._queue.sleep_when_free, other._queue.progress_update_sleep_when_free = 0.001, 0.5
+    calm_queue(other)
+    assert (other._queue.sleep_when_free, other._queue.progress_update_sleep_when_free) == (QUEUE_POLL_S, 0.5)

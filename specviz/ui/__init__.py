@@ -103,9 +103,8 @@ class Preloader:
 # idle on a 2-core Zen 3, against 0.6 % at Windows' own values, 50 and 100 ms. On two cores each wake-up takes a core
 # from one of a model call's two threads, and the other then waits for it at the call's next barrier: in one app
 # process, races alternating between the two settings, the page's speedup rose by 3.9 % and plain decoding by 2.2 %
-# (medians per race over 24), and the load's timed draws of the draft's step came out 4 times slower in 3 app
-# processes of 5 with gradio's values (BENCHMARKS.md, 7 Dec 2026). A click's event starts at most 50 ms later; streamed
-# outputs are sent as they come, not polled.
+# (medians per race over 24; BENCHMARKS.md, 7 Dec 2026). A click's event starts at most 50 ms later; streamed outputs
+# are sent as they come, not polled.
 QUEUE_POLL_S = 0.05
 PROGRESS_POLL_S = 0.1
 

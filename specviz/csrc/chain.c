@@ -170,9 +170,9 @@ A256 int top_probs(const float* logits, long V, long n, long* top_r, float* top_
     }
     // The n largest scores, the lower row first among equals: a softmax is monotone, so they are the n largest
     // probabilities, and only their n exponentials are taken beside the total's (by expf, which goes on into float's
-    // subnormals where exp8 stops at exp(-87): a row's probability is 0 where torch's is). Scalar, with expf for the
-    // total too, this took 52-62 us of the call for the built-in draft's 8,000 rows on a 2-core Zen 3; in 8 lanes
-    // 6-8 us (7 Dec 2026).
+    // subnormals where exp8 stops at exp(-87): a row's probability is 0 exactly where torch's read gives it 0).
+    // Scalar, with expf for the total too, this took 52-62 us of the call for the built-in draft's 8,000 rows on a
+    // 2-core Zen 3; in 8 lanes 6-8 us (7 Dec 2026).
     double total = sum_exp(logits, V, best);
     float top_s[16];
     long found = largest_n(logits, V, n, top_r, top_s);

@@ -2,7 +2,7 @@
 
 Hugging Face Spaces runs this file. Importing it is cheap: the demo is built and the models load only in main().
 Environment: SPECVIZ_TARGET / SPECVIZ_DRAFT pick the default pair; see specviz/limits.py for the caps, and
-SPECVIZ_MALLOC_ARENAS / SPECVIZ_TRIM_S for the server's memory housekeeping (specviz/memory.py).
+SPECVIZ_MALLOC_ARENAS / SPECVIZ_TRIM_S for the server's memory housekeeping (specviz/host/memory.py).
 """
 
 import os
@@ -13,7 +13,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 def main() -> None:
     import logging
 
-    from specviz import memory
+    from specviz.host import memory
     from specviz.limits import env_int
     from specviz.ui import build_demo, launch_kwargs
 

@@ -117,14 +117,14 @@ TAG = "@@ "  # the bench worker's protocol lines on its stdout (anything else pr
 
 
 def bench_worker(max_new_tokens: int) -> None:
-    """--bench-worker: the bench's own measurement (specviz.bench.measure, as `python -m specviz bench --configs
+    """--bench-worker: the bench's own measurement (specviz.bench.measure.measure, as `python -m specviz bench --configs
     BENCH_CONFIG --no-hf` runs it: the pair loaded by api.load_for, a warm-up, plain then speculative decoding) for
     one prompt at a time, each read from stdin as a JSON line, answered on stdout as (spec/ar, plain tokens/s)."""
     from specviz.api import load_for
-    from specviz.bench import measure
-    from specviz.bench_inputs import parse_configs
-    from specviz.machine import machine_info
-    from specviz.models import pair_backend
+    from specviz.bench.inputs import parse_configs
+    from specviz.bench.measure import measure
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import pair_backend
 
     request = RunRequest.of({"max_new_tokens": max_new_tokens}, "bench")
     p, q = load_for(request.replace(drafter="model"))
@@ -239,7 +239,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.bench_worker:
         return bench_worker(a.max_new_tokens)
-    from specviz.bench_inputs import load_prompts
+    from specviz.bench.inputs import load_prompts
 
     prompts = [p for s in a.sets.split(",") for p in load_prompts(s.strip(), a.limit)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from playwright.sync_api import expect, sync_playwright  # noqa: E402
 
-from specviz import ab, compute, cpus  # noqa: E402
-from specviz.bench_inputs import load_prompts  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
+from specviz import ab
+from specviz.bench.inputs import load_prompts  # noqa: E402
+from specviz.host import compute, cpus  # noqa: E402
+from specviz.host.machine import machine_info  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.browser import launch as browser_launch  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402

@@ -20,9 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-import specviz.run_setup as run_setup  # noqa: E402
-from specviz import ab, costs  # noqa: E402
+import specviz.engine.setup as run_setup  # noqa: E402
+from specviz import ab
 from specviz.api import encode_prompt  # noqa: E402
+from specviz.engine import costs  # noqa: E402
 
 SIZES = 9  # auto's gamma at most 8: a verify of 1 .. 9 tokens
 WAYS = ("old", "new")

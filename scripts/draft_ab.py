@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 from specviz import ab  # noqa: E402
 from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.bench_inputs import parse_configs  # noqa: E402
-from specviz.engine import autoregressive_decode, speculative_decode  # noqa: E402
-from specviz.head import head_backend, head_for  # noqa: E402
+from specviz.bench.inputs import parse_configs  # noqa: E402
+from specviz.engine.loop import autoregressive_decode, speculative_decode  # noqa: E402
+from specviz.models.head import head_backend, head_for  # noqa: E402
 from specviz.request import RunRequest  # noqa: E402
 
 WAYS = ("a", "b")

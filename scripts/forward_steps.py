@@ -56,7 +56,7 @@ EDITS = [
 
 
 def instrumented_sources(folder: Path) -> tuple[Path, ...]:
-    from specviz import native
+    from specviz.native import library as native
 
     out = []
     for src in native.SOURCES:
@@ -90,11 +90,11 @@ def main() -> None:
 
     import torch
 
-    from specviz import native
     from specviz.config import BUILTIN_TARGET
-    from specviz.costs import feed_seconds, open_run, read_bandwidth
-    from specviz.machine import machine_info
-    from specviz.models import load_model, pair_backend
+    from specviz.engine.costs import feed_seconds, open_run, read_bandwidth
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import load_model, pair_backend
+    from specviz.native import library as native
 
     folder = Path(tempfile.mkdtemp(prefix="specviz-steps-"))
     try:

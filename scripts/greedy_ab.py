@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, lean, sampling  # noqa: E402
+from specviz import ab, sampling
+from specviz.native import forward as lean  # noqa: E402
 
 WAYS = ("torch", "native")
 

@@ -22,7 +22,8 @@ os.environ["SPECVIZ_DRAFT_INT8"] = "0"  # before specviz loads anything: the dra
 os.environ["SPECVIZ_DRAFT_ACT8"] = "0"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, lean_panels  # noqa: E402
+from specviz import ab
+from specviz.native import panels as lean_panels  # noqa: E402
 
 WAYS = ("float", "int8")
 

@@ -1,10 +1,10 @@
 """A change to the C sources against a git revision's, in one process: the built-in pair's calls of a few tokens on
 the revision's library and on the working tree's, interleaved, after a check that both give the same bits.
 
-    python scripts/kernel_ab.py                      # the working tree's specviz/csrc against HEAD's
+    python scripts/kernel_ab.py                      # the working tree's specviz/native/csrc against HEAD's
     python scripts/kernel_ab.py --base 673db0f --reps 40 --sizes 1,2,4
 
-Both libraries are built with the kernel's own compiler and flags (specviz/native.py); the models load once, on
+Both libraries are built with the kernel's own compiler and flags (specviz/native/library.py); the models load once, on
 the working tree's library, and the base library gets its settings (instruction set, the panels' prefetch, the
 rows kernels' passes) before every lean forward in the process is pointed at one library or the other, alternately.
 Each size's logits must be equal on both (a change to how the threads share work must not change a number). Prints
@@ -40,7 +40,7 @@ FUNCTIONS = (
 
 def base_library(rev: str, folder: Path, new: ctypes.CDLL) -> ctypes.CDLL:
     """The kernel library built from the C sources at `rev`, its functions typed as the working tree's, set alike."""
-    from specviz import native
+    from specviz.native import library as native
 
     sources = []
     for src in native.SOURCES:
@@ -70,18 +70,18 @@ def base_library(rev: str, folder: Path, new: ctypes.CDLL) -> ctypes.CDLL:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", default="HEAD", help="the git revision whose specviz/csrc is the base")
+    ap.add_argument("--base", default="HEAD", help="the git revision whose specviz/native/csrc is the base")
     ap.add_argument("--sizes", default="1,2,3,4,5,6", help="the target's call sizes (the draft's: 1 and 2)")
     ap.add_argument("--reps", type=int, default=30)
     a = ap.parse_args()
     import torch
 
-    from specviz import native
     from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
-    from specviz.costs import feed_seconds, open_run, read_bandwidth
-    from specviz.lean import LeanLlama
-    from specviz.machine import machine_info
-    from specviz.models import load_model, pair_backend
+    from specviz.engine.costs import feed_seconds, open_run, read_bandwidth
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import load_model, pair_backend
+    from specviz.native import library as native
+    from specviz.native.forward import LeanLlama
 
     new = native.library()
     if new is None:
@@ -98,7 +98,7 @@ def main() -> None:
 
         m = machine_info()
         print(f"{m['cpu']} ({m['cpu_id']}; {m['cpu_vector']}); {pair_backend(p, q)}")
-        print(f"base: specviz/csrc at {a.base}; new: the working tree's; {len(leans)} lean forwards switched")
+        print(f"base: specviz/native/csrc at {a.base}; new: the working tree's; {len(leans)} lean forwards switched")
         prompt = torch.tensor(p.tokenizer(PROMPT)["input_ids"])
         sizes = [int(s) for s in a.sizes.split(",")]
         with torch.inference_mode():

@@ -18,7 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, lean_panels, runtime  # noqa: E402
+from specviz import ab
+from specviz.backends import local as runtime  # noqa: E402
+from specviz.native import panels as lean_panels
 
 WAYS = ("rows", "panels")
 

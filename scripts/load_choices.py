@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT))
 def child() -> None:
     import torch
 
-    from specviz import lean_panels, native
     from specviz.config import BUILTIN_TARGET
-    from specviz.models import load_model
+    from specviz.models.loaded import load_model
+    from specviz.native import library as native
+    from specviz.native import panels as lean_panels
 
     seen: dict[str, list] = {"layout": [], "prefetch": []}
     time_layouts, time_prefetch = lean_panels.time_layouts, lean_panels.time_prefetch
@@ -78,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child()
-    from specviz.machine import machine_info
+    from specviz.host.machine import machine_info
 
     facts = machine_info()
     print(f"{facts['cpu']} ({facts['cpu_id']}; {facts['cpu_vector']})")

@@ -31,7 +31,7 @@ def teacher_texts(n: int) -> tuple[list[str], list[str]]:
     """(prompts, replies) of the first n replies in data/teacher.jsonl.gz, decoded with the target's tokenizer."""
     from transformers import AutoTokenizer
 
-    from specviz.builtin import ensure_target
+    from specviz.models.builtin import ensure_target
 
     tok = AutoTokenizer.from_pretrained(ensure_target())  # the built-in target's (converted on first use)
     prompts, replies = [], []

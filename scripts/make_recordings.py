@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz import load_pair, record_run  # noqa: E402
 from specviz.api import encode_prompt  # noqa: E402
-from specviz.record import RECORDINGS_DIR, environment, make, settings_of  # noqa: E402
-from specviz.teach import Stepper, StepSettings  # noqa: E402
+from specviz.recording.record import RECORDINGS_DIR, environment, make, settings_of  # noqa: E402
+from specviz.teach.compute import Stepper, StepSettings  # noqa: E402
 
 
 def step_session(prompt: str, gamma: int, temperature: float, seed: int, tokens: int):
@@ -56,7 +56,7 @@ class _Lessons:
     """The Learn tab's lessons run on the built-in pair, saved as assets/recordings/lessons.json."""
 
     def save(self, path: Path) -> Path:
-        from specviz import lessons
+        from specviz.teach import lessons
 
         p, q = load_pair()
         lessons.save_recorded([lessons.run(ls, p, q) for ls in lessons.LESSONS], environment(p, q))

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specviz import ab  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
+from specviz.host.machine import machine_info  # noqa: E402
 
 
 def per_call_us(x: torch.Tensor, threads: int) -> float:

@@ -23,10 +23,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz.builtin import ensure_target  # noqa: E402
-from specviz.head import load_head  # noqa: E402
-from specviz.models import LoadedModel  # noqa: E402
-from specviz.policies import Auto  # noqa: E402
+from specviz.drafters.policies import Auto  # noqa: E402
+from specviz.models.builtin import ensure_target  # noqa: E402
+from specviz.models.head import load_head  # noqa: E402
+from specviz.models.loaded import LoadedModel  # noqa: E402
 from specviz.training.common import HELDOUT, ROOT, prompt_ids, read_heldout  # noqa: E402
 from specviz.training.eval_draft import load_draft, target_replies  # noqa: E402
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, runtime  # noqa: E402
+from specviz import ab
+from specviz.backends import local as runtime  # noqa: E402
 
 WAYS = ("whole", "kept")
 

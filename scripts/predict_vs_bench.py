@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str] | None = None) -> dict:
     from specviz import check_pair, load_pair
-    from specviz.bench import run_bench
-    from specviz.pairs import SAMPLE_PROMPTS
-    from specviz.pairs_measure import CHECK_GAMMA
+    from specviz.bench.measure import run_bench
+    from specviz.pairs.check import SAMPLE_PROMPTS
+    from specviz.pairs.measure import CHECK_GAMMA
     from specviz.theory import expected_tokens
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

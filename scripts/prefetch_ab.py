@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 
 def main() -> None:
-    from specviz import ab, native
+    from specviz import ab
+    from specviz.native import library as native
 
     ap = ab.parser(__doc__)
     ap.set_defaults(config="model:3")

@@ -31,11 +31,11 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from specviz import native
     from specviz.config import BUILTIN_TARGET
-    from specviz.costs import feed_seconds, open_run, read_bandwidth
-    from specviz.machine import machine_info
-    from specviz.models import load_model, pair_backend
+    from specviz.engine.costs import feed_seconds, open_run, read_bandwidth
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import load_model, pair_backend
+    from specviz.native import library as native
 
     p = load_model(BUILTIN_TARGET, device="cpu")
     chosen = native.panel_prefetch()

@@ -18,10 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from specviz import lean, native  # noqa: E402
 from specviz.config import BUILTIN_TARGET  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
-from specviz.models import load_model  # noqa: E402
+from specviz.host.machine import machine_info  # noqa: E402
+from specviz.models.loaded import load_model  # noqa: E402
+from specviz.native import forward as lean  # noqa: E402
+from specviz.native import library as native
 
 WAYS = {"llama.c calls": 10**6, "PyTorch ops": 0}  # lean.CHUNKED_PREFILL for every weight type, each way
 

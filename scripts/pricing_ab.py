@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-import specviz.run_setup as run_setup  # noqa: E402
+import specviz.engine.setup as run_setup  # noqa: E402
 from specviz import ab  # noqa: E402
 
 WAYS = ("alike", "first+next")

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from specviz import native  # noqa: E402
 from specviz.config import BUILTIN_TARGET  # noqa: E402
-from specviz.machine import machine_info  # noqa: E402
-from specviz.models import load_model  # noqa: E402
+from specviz.host.machine import machine_info  # noqa: E402
+from specviz.models.loaded import load_model  # noqa: E402
+from specviz.native import library as native  # noqa: E402
 
 
 def main(passes: int = 9, tokens: int = 8) -> None:

@@ -28,11 +28,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    from specviz import compute
-    from specviz.bench_inputs import load_prompts
-    from specviz.engine import autoregressive_decode, race, speculative_decode
-    from specviz.machine import machine_info
-    from specviz.models import pair_backend
+    from specviz.bench.inputs import load_prompts
+    from specviz.engine.loop import autoregressive_decode, race, speculative_decode
+    from specviz.host import compute
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import pair_backend
     from specviz.request import RunRequest
     from specviz.ui.common import default_context
     from specviz.ui.inputs import prepare

@@ -30,11 +30,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=0, help="0: the page's default")
     a = ap.parse_args()
-    from specviz.bench_inputs import load_prompts
-    from specviz.engine import autoregressive_decode, race, speculative_decode
+    from specviz.bench.inputs import load_prompts
+    from specviz.engine.loop import autoregressive_decode, race, speculative_decode
     from specviz.events import Round, Start, Step
-    from specviz.machine import machine_info
-    from specviz.models import pair_backend
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import pair_backend
     from specviz.request import RunRequest
     from specviz.ui.common import default_context
     from specviz.ui.inputs import prepare

@@ -23,9 +23,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, drafters, drafters_base, engine, sampling, served_run  # noqa: E402
+from specviz import ab, sampling
 from specviz.api import encode_prompt, load_for  # noqa: E402
-from specviz.bench_inputs import parse_configs  # noqa: E402
+from specviz.backends.served import run as served_run  # noqa: E402
+from specviz.bench.inputs import parse_configs  # noqa: E402
+from specviz.drafters import base as drafters_base
+from specviz.drafters import model as drafters
+from specviz.engine import loop as engine
 from specviz.request import RunRequest  # noqa: E402
 
 MODULES = (sampling, engine, drafters, drafters_base, served_run)  # every module that holds `sample`

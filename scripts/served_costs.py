@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz.served_http import Client  # noqa: E402  (the served lane's own HTTP: no redirects, errors as sentences)
+from specviz.backends.served.http import Client  # noqa: E402  (the served lane's own HTTP: no redirects, errors as sentences)
 
 
 def main() -> None:

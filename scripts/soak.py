@@ -40,7 +40,7 @@ from gradio_client import Client
 from gradio_client.utils import Status
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from specviz import memory  # noqa: E402 (the repository's own package, from a checkout)
+from specviz.host import memory  # noqa: E402 (the repository's own package, from a checkout)
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = re.compile(r'<span class="tok (tok-[a-z]+)[^"]*" title="[^"]*">(.*?)</span>', re.S)
@@ -341,7 +341,7 @@ def wait_ready(url: str, seconds: float = 600) -> None:
 
 def sample_rss(pid: int, log_path: Path, until: threading.Event, every_s: float, samples: list, blocks: list) -> None:
     """RSS every `every_s` seconds into `samples`, and the server's latest count of Python blocks (its memory
-    line, specviz/memory.py) into `blocks`, both as (seconds, value)."""
+    line, specviz/host/memory.py) into `blocks`, both as (seconds, value)."""
     proc, t0 = psutil.Process(pid), time.monotonic()
     while not until.is_set():
         try:

@@ -1,4 +1,4 @@
-"""Why the app runs its models on one thread (specviz/compute.py): the target's forward time over 1..5 tokens,
+"""Why the app runs its models on one thread (specviz/host/compute.py): the target's forward time over 1..5 tokens,
 measured on the thread that loaded it, then on a second thread while the first is still alive, then on the first
 again, then in a fresh process as the app runs it: loaded by a short-lived thread, run on the compute thread.
 
@@ -22,10 +22,10 @@ PROMPT = "Tell me about gravity, the moon and the tides of the sea."
 
 
 def measure(target: str | None, tokens: int, where: str) -> None:
-    from specviz import compute
     from specviz.config import BUILTIN_TARGET
-    from specviz.costs import forward_times
-    from specviz.models import load_model
+    from specviz.engine.costs import forward_times
+    from specviz.host import compute
+    from specviz.models.loaded import load_model
 
     if where == "compute":  # as the app does: a short-lived thread loads (its OpenMP team ends with it)
         box = []

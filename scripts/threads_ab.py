@@ -1,4 +1,4 @@
-"""Two thread counts for the models' calls, interleaved in one process (the measurements behind specviz/cpus.py):
+"""Two thread counts for the models' calls, interleaved in one process (the measurements behind specviz/host/cpus.py):
 run it inside the CPU quota it is about (e.g. a cgroup allowed one CPU on a 2-core machine), or with
 --neighbour: a second program keeping one CPU busy the whole time (busy) or a share of every 10 ms (0.35). A way is a number of threads, fixed,
 or `auto`: torch's count less the CPUs other programs keep busy (cpus.threads), with the share of native calls
@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
-from specviz import ab, cpus  # noqa: E402
+from specviz import ab
+from specviz.host import cpus  # noqa: E402
 
 
 def main() -> None:

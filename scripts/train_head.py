@@ -1,4 +1,4 @@
-"""Train a feature-level draft head (EAGLE-style, specviz/head.py) on the target's cached features.
+"""Train a feature-level draft head (EAGLE-style, specviz/models/head.py) on the target's cached features.
 
 The code is specviz/training/train_head.py (its docstring says how to run it; --help lists the options).
 """

@@ -26,8 +26,8 @@ def _gamma(text: str):
 
 def _sampling_args(ap: argparse.ArgumentParser) -> None:
     """A run's options; each left unset stays unset, so the run gets request.RunRequest's default (named here)."""
-    from .config import DRAFTERS, GAMMA_POLICIES
-    from .request import RunRequest
+    from specviz.config import DRAFTERS, GAMMA_POLICIES
+    from specviz.request import RunRequest
 
     def d(name: str) -> str:
         return f"default {RunRequest.default(name)}"
@@ -57,8 +57,8 @@ def _sampling_args(ap: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .config import CHECK_DRAFTERS, DRAFTERS
-    from .request import RunRequest
+    from specviz.config import CHECK_DRAFTERS, DRAFTERS
+    from specviz.request import RunRequest
 
     ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -119,19 +119,19 @@ def parser() -> argparse.ArgumentParser:
 
 def _request(a):
     """The run the arguments ask for: the options given, RunRequest's defaults for the rest."""
-    from .request import NAMES, RunRequest
+    from specviz.request import NAMES, RunRequest
 
     return RunRequest(**{k: v for k, v in vars(a).items() if k in NAMES and v is not None})
 
 
 def _generate(a) -> dict:
-    from .api import result
-    from .served import is_url
+    from specviz.api import result
+    from specviz.backends.served.connect import is_url
 
     req = _request(a)
     recorded, lanes = {}, {}
     if a.record or is_url(a.target):  # one recorded run (both modes raced for --compare), read back below
-        from .record import run_request
+        from specviz.recording.record import run_request
 
         rec = run_request(a.prompt, ("ar", "spec") if a.compare else (a.mode,), req)
         if a.record:
@@ -170,9 +170,9 @@ def _generate(a) -> dict:
 
 def _print_served(a, results, lanes: dict) -> None:
     """For a served target: how it verified, the requests and their share of each run, and the engine's panel."""
-    from .events import Round
-    from .served import is_url
-    from .theory import position_alphas
+    from specviz.backends.served.connect import is_url
+    from specviz.events import Round
+    from specviz.theory import position_alphas
 
     if not is_url(a.target):
         return
@@ -206,7 +206,7 @@ def _print_served(a, results, lanes: dict) -> None:
 
 def _engine_panel(a) -> dict:
     """{"engine_spec": the engine's own speculative decoding (served.EngineSpec) as a dict or None}; {} if local."""
-    from .served import connect, engine_spec, is_url
+    from specviz.backends.served.connect import connect, engine_spec, is_url
 
     if not is_url(a.target):
         return {}
@@ -225,8 +225,8 @@ def _engine_panel(a) -> dict:
 
 
 def _replay(a) -> dict:
-    from .export import write_html
-    from .record import load
+    from specviz.recording.export import write_html
+    from specviz.recording.record import load
 
     rec = load(a.recording)
     if a.html:
@@ -252,7 +252,7 @@ def _replay(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import SpecvizError
+    from specviz.config import SpecvizError
 
     a = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -264,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()  # "Loading weights" bars would bury the one line a user asked for
     try:
         if a.command == "setup":
-            from .models import load_pair, pair_backend, pair_dtypes
-            from .native import why_not
+            from specviz.models.loaded import load_pair, pair_backend, pair_dtypes
+            from specviz.native.library import why_not
 
             p, q = load_pair(device="cpu")
             print(f"Built-in pair ready: {p.name} ({p.n_params / 1e6:.0f}M) + {q.name} ({q.n_params / 1e6:.1f}M)")
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.command == "replay":
             out = _replay(a)
         elif a.command == "check":
-            from .pairs import check_pair
+            from specviz.pairs.check import check_pair
 
             rep = check_pair(
                 a.target,
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             if not a.json:
                 print(rep.report())
         else:
-            from .bench_cli import main as bench_main
+            from specviz.bench.cli import main as bench_main
 
             out = bench_main(a)
         if a.json:

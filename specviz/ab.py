@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cpus
-from .api import encode_prompt, load_for
-from .bench import timed_events
-from .bench_inputs import load_prompts, parse_configs
-from .engine import autoregressive_decode, speculative_decode
-from .events import Round
-from .machine import machine_info
-from .request import RunRequest
+from specviz.api import encode_prompt, load_for
+from specviz.bench.inputs import load_prompts, parse_configs
+from specviz.bench.measure import timed_events
+from specviz.engine.loop import autoregressive_decode, speculative_decode
+from specviz.events import Round
+from specviz.host import cpus
+from specviz.host.machine import machine_info
+from specviz.request import RunRequest
 
 WARM_PROMPT = "Tell me something about the sea."  # the untimed warm-up's prompt (in no prompt set)
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import BUILTIN_TARGET, MODEL_DRAFTERS, SpecvizError
-from .engine import autoregressive_decode, speculative_decode
-from .events import Done, Event
-from .models import LoadedModel, chat_ids, load_model, load_pair
-from .request import RunRequest
-from .served import ServedTarget, is_url, load_served_pair
+from specviz.backends.served.connect import ServedTarget, is_url, load_served_pair
+from specviz.config import BUILTIN_TARGET, MODEL_DRAFTERS, SpecvizError
+from specviz.engine.loop import autoregressive_decode, speculative_decode
+from specviz.events import Done, Event
+from specviz.models.loaded import LoadedModel, chat_ids, load_model, load_pair
+from specviz.request import RunRequest
 
 MAX_PROMPT_CHARS = 100_000  # far beyond any context window; guards the tokenizer against absurd input
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from .config import BUILTIN_DRAFT, BUILTIN_TARGET, GAMMA_MAX, SpecvizError
-from .served_http import base_url, is_url
+from specviz.backends.served.http import base_url, is_url
+from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, GAMMA_MAX, SpecvizError
 
 T = TypeVar("T")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .config import (
+from specviz.config import (
     CONFIDENCE_THRESHOLD,
     DEFAULT_DRAFTER,
     DEFAULT_GAMMA_SETTING,

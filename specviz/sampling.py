@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import native
-from .config import SamplingConfig, SpecvizError
+from specviz.config import SamplingConfig, SpecvizError
+from specviz.native import library as native
 
 FAST_GREEDY = True  # greedy's argmax by native.first_max where it can, and a lean draft's greedy step over the rows it
 # computes only (runtime.CachedModel.next_greedy); scripts/greedy_ab.py times both against neither

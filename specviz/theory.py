@@ -21,7 +21,7 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 
-from .config import GAMMA_MAX, SpecvizError
+from specviz.config import GAMMA_MAX, SpecvizError
 
 
 def alpha(accepted: int, rejected: int) -> float:

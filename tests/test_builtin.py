@@ -46,7 +46,7 @@ def builtin_pair():
 
 
 def test_target_converts_offline_from_a_clean_cache(tmp_path, monkeypatch):
-    from specviz import builtin
+    from specviz.models import builtin
 
     monkeypatch.setenv("SPECVIZ_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -14,11 +14,14 @@ import torch
 from conftest import blocking_pair
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import costs, generate, lean_chain, native, sampling
+from specviz import generate, sampling
+from specviz.backends.local import CachedModel
 from specviz.config import SamplingConfig, SpecvizError
-from specviz.drafters_base import DraftContext, draw
-from specviz.policies import GammaPolicy
-from specviz.runtime import CachedModel
+from specviz.drafters.base import DraftContext, draw
+from specviz.drafters.policies import GammaPolicy
+from specviz.engine import costs
+from specviz.native import chain as lean_chain
+from specviz.native import library as native
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
 BLOCKED = [r for r in range(64) if r % 4]  # 48 of the tiny draft's 64 rows: its output layer is cut to 16
@@ -232,7 +235,7 @@ def test_a_call_without_memory_for_its_buffers_fails_in_one_sentence_and_the_mod
     """llama.c's own buffers not allocated (llama_refuse_buffers fakes malloc's failure): the target's forward, the
     draft's chain and its tree read each raise the out-of-memory sentence, not 'refused its arguments' and not stale
     numbers, and the next call gives the same bits as before."""
-    from specviz.drafters import TREE_CHILDREN
+    from specviz.drafters.model import TREE_CHILDREN
 
     p, q = pair_with("llama.c", pair=blocking_pair(tiny_pair, tmp_path / "d64", BLOCKED), int8="0", half="0")
     prompt, lib = torch.tensor([5, 9, 12, 30, 7, 8]), native.library()

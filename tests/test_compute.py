@@ -1,4 +1,4 @@
-"""specviz.compute: the app's model calls all run on one long-lived thread (see the module for why)."""
+"""specviz.host.compute: the app's model calls all run on one long-lived thread (see the module for why)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import threading
 import pytest
 from gradio_client import Client
 
-from specviz import compute
+from specviz.backends.local import CachedModel
+from specviz.host import compute
 from specviz.limits import Limits
-from specviz.runtime import CachedModel
 from specviz.ui import build_demo, serve_locally
 from specviz.ui.common import UIContext
 

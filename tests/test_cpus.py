@@ -1,4 +1,4 @@
-"""specviz/cpus.py: the CPUs a cgroup quota allows, read from fake cgroup trees, and the thread count fitted to
+"""specviz/host/cpus.py: the CPUs a cgroup quota allows, read from fake cgroup trees, and the thread count fitted to
 them (the numbers not changing with the thread count: tests/test_lean.py)."""
 
 from __future__ import annotations
@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specviz import cpus, lean_panels
 from specviz.config import SpecvizError
+from specviz.host import cpus
+from specviz.native import panels as lean_panels
 
 
 def _write(root, rel: str, name: str, text: str) -> None:
@@ -218,7 +219,7 @@ def test_the_header_names_a_thread_count_specviz_lowered_or_the_operator_set(mon
 
 
 def test_the_pairs_backend_line_names_the_thread_rule_once(loaded_pair, monkeypatch):
-    from specviz.models import pair_backend
+    from specviz.models.loaded import pair_backend
 
     p, q = loaded_pair
     monkeypatch.setattr(lean_panels, "_passes_timed", {})  # no kernel counts timed by an earlier test's model

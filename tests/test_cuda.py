@@ -16,7 +16,7 @@ from conftest import save_pair
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import generate, load_pair
-from specviz.runtime import CachedModel
+from specviz.backends.local import CachedModel
 
 DEVICE = os.environ.get("SPECVIZ_TEST_DEVICE", "cuda")
 pytestmark = pytest.mark.skipif(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specviz.bench_inputs import load_prompts
+from specviz.bench.inputs import load_prompts
 from specviz.training import build_prompts, teacher_io
 from specviz.training.common import HeldOut, nearest_overlap, read_heldout
 from specviz.training.topics import HELD_OUT_TOPICS, UNSEEN_TOPICS, topic_hits

@@ -9,9 +9,9 @@ import torch
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
 from specviz import Done, Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
-from specviz.drafters import Drafter, LookupDrafter, Proposal
-from specviz.engine import autoregressive_decode, speculative_decode
-from specviz.policies import Auto, Heuristic
+from specviz.drafters.model import Drafter, LookupDrafter, Proposal
+from specviz.drafters.policies import Auto, Heuristic
+from specviz.engine.loop import autoregressive_decode, speculative_decode
 from specviz.theory import (
     accepted_histogram,
     expected_speedup,
@@ -69,7 +69,7 @@ def test_lookup_copies_no_control_token(seq, want):
 def test_lookup_never_proposes_the_chat_template_s_tokens(loaded_pair):
     """A race's lookup copied the template's tokens from the prompt (the built-in target's first round proposed
     `<|im_start|>`); it copies none of the target's control tokens but its end of turn, and the output is plain's."""
-    from specviz.drafters_lookup import never_copied
+    from specviz.drafters.lookup import never_copied
 
     p, _ = loaded_pair
     never = never_copied(p)
@@ -139,7 +139,7 @@ def test_auto_follows_acceptance_and_verify_cost():
 
 
 def test_auto_is_calibrated_with_a_monotone_verify_curve(loaded_pair, monkeypatch):
-    from specviz import costs
+    from specviz.engine import costs
 
     # a dip is noise, pooled with the spike before it (least squares); an honest rise is kept
     dips = [30.2, 30.5, 30.4, 31.2, 34.6, 32.1, 30.7, 31.5, 41.6]
@@ -160,8 +160,9 @@ def test_auto_is_calibrated_with_a_monotone_verify_curve(loaded_pair, monkeypatc
 def test_auto_times_a_draft_step_the_way_a_round_pays_it(loaded_pair, monkeypatch):
     """Each timed draft step comes right after a one-token target call (a verify has just streamed the target's
     weights through the caches); measured once per pair, and it is the step cost auto is given."""
-    from specviz import costs, run_setup
-    from specviz.runtime import CachedModel
+    from specviz.backends.local import CachedModel
+    from specviz.engine import costs
+    from specviz.engine import setup as run_setup
 
     p, q = loaded_pair
     calls, feed = [], CachedModel.feed
@@ -384,7 +385,7 @@ def test_under_auto_lookup_and_model_compete_for_each_round():
     """lookup+model with auto: a match goes to lookup only while lookup is expected to pay more than the model,
     and one match in EXPLORE_EVERY still goes to lookup, so its estimate keeps learning."""
     from specviz.config import SamplingConfig
-    from specviz.drafters import DraftContext, LookupModelDrafter
+    from specviz.drafters.model import DraftContext, LookupModelDrafter
 
     policy = Auto(4, [0.04] * 5, 0.004)
     for _ in range(30):  # guesses of 2-token matches are never kept, the model's always are
@@ -395,7 +396,7 @@ def test_under_auto_lookup_and_model_compete_for_each_round():
 
     class Counted(LookupModelDrafter):
         def __init__(self):  # no draft model: record which drafter a round would go to
-            from specviz.drafters import LookupDrafter
+            from specviz.drafters.model import LookupDrafter
 
             self.lookup, self.model, self.matches, self.used = LookupDrafter(), None, 0, []
 
@@ -414,7 +415,7 @@ def test_auto_learns_lookup_matches_by_their_length():
     per match length: here 1-token matches always fail and 3-token ones always hold, and after a while the
     rounds with a 1-token match go to the model while those with a 3-token match stay with lookup."""
     from specviz.config import SamplingConfig
-    from specviz.drafters import DraftContext, LookupModelDrafter
+    from specviz.drafters.model import DraftContext, LookupModelDrafter
 
     policy = Auto(4, [0.04] * 5, 0.004)
     ctx = DraftContext(SamplingConfig(), torch.Generator(), 64, torch.device("cpu"), policy, budget=50)
@@ -441,7 +442,7 @@ def test_auto_learns_lookup_matches_by_their_length():
 def test_a_guess_drawn_over_the_ids_a_draft_can_propose_has_the_full_rows_law(cfg):
     """drafters_base.draw with a trimmed draft's ids (LoadedModel.proposable): q is the V-wide row to_probs gives,
     zero off the ids, and the draws follow it."""
-    from specviz.drafters_base import DraftContext, draw
+    from specviz.drafters.base import DraftContext, draw
     from specviz.sampling import scatter_rows, to_probs
 
     V, ids = 12, torch.tensor([1, 4, 5, 9, 11])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specviz import Done, Round, SamplingConfig, SpecConfig, Start, Step, generate, race
-from specviz.engine import autoregressive_decode, eos_ids, speculative_decode
+from specviz.engine.loop import autoregressive_decode, eos_ids, speculative_decode
 
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "q", "what is 2+2?", "once upon a time", "x = (1, 2)"]
 
@@ -67,7 +67,7 @@ def test_each_round_yields_between_1_and_gamma_plus_1_and_counts_add_up(loaded_p
 
 def test_kv_cache_rollback_matches_a_fresh_encoding(loaded_pair):
     """Feed, feed wrong tokens, roll them back, feed on: the logits equal an uncached pass of the true sequence."""
-    from specviz.runtime import CachedModel
+    from specviz.backends.local import CachedModel
 
     p, q = loaded_pair
     seq = p.tokenizer("once upon a time")["input_ids"] + list(range(10, 30))

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from specviz import SpecvizError, generate
 from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
 from specviz.limits import Limits
-from specviz.models import CACHE, load_model
+from specviz.models.loaded import CACHE, load_model
 from specviz.ui.common import message
 
 FUZZ = settings(
@@ -223,7 +223,7 @@ import torch
 torch.set_num_threads(1)
 from conftest import make_model, make_tokenizer
 from specviz import generate, load_pair, memory
-from specviz.runtime import CachedModel
+from specviz.backends.local import CachedModel
 
 root, tok, paths = Path(sys.argv[1]), make_tokenizer(64, chat=True), []
 for name in ("target", "draft"):  # hidden 128: with this prompt one run's KV caches are ~1.6 MB
@@ -327,7 +327,7 @@ def test_out_of_memory_while_generating_gives_one_sentence_and_the_model_keeps_w
     good = generate("hello", target=p, draft=q, max_new_tokens=12, temperature=1.0, seed=1).token_ids
     model = (
         p.lean if p.lean is not None else p.model
-    )  # the forward the engine calls (specviz/lean.py's or transformers')
+    )  # the forward the engine calls (specviz/native/forward.py's or transformers')
     forward, calls = model.forward, []
 
     def oom_on_third_call(*a, **k):
@@ -401,10 +401,10 @@ def test_corrupt_weights_give_one_sentence(fresh_pair):
 
 
 def test_lru_keeps_at_most_capacity_models(fresh_pair, monkeypatch):
-    from specviz.model_cache import ModelCache
+    from specviz.models.cache import ModelCache
 
     cache = ModelCache(2)
-    monkeypatch.setattr("specviz.models.CACHE", cache)
+    monkeypatch.setattr("specviz.models.loaded.CACHE", cache)
     target, draft = fresh_pair
     a = load_model(target, device="cpu")
     b = load_model(draft, device="cpu")
@@ -429,7 +429,7 @@ def test_an_unreachable_hub_fails_in_seconds_not_a_minute(tmp_path):
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)
     code = (
-        "import time\nfrom specviz.models import load_model\nfrom specviz import SpecvizError\n"
+        "import time\nfrom specviz.models.loaded import load_model\nfrom specviz import SpecvizError\n"
         "t0 = time.perf_counter()\ntry:\n    load_model('specviz-test/no-such-model', device='cpu')\n"
         "except SpecvizError as e:\n    print('ERROR', e)\nprint('SECONDS', time.perf_counter() - t0)\n"
     )

@@ -1,4 +1,4 @@
-"""The feature-level head drafter (specviz/head.py): exactness, its cache after rejections, loading, and the
+"""The feature-level head drafter (specviz/models/head.py): exactness, its cache after rejections, loading, and the
 training pipeline (label_teacher.py --features -> train_head.py) on the tiny pair."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pytest
 import torch
 from test_drafters import PROMPTS
 
-from specviz import Round, SpecConfig, SpecvizError, generate, native
-from specviz.drafters import HeadDrafter, make_drafter
-from specviz.engine import speculative_decode
-from specviz.head import DraftHead, head_for, load_head
-from specviz.head_native import NativeHead
+from specviz import Round, SpecConfig, SpecvizError, generate
+from specviz.drafters.model import HeadDrafter, make_drafter
+from specviz.engine.loop import speculative_decode
+from specviz.models.head import DraftHead, head_for, load_head
+from specviz.native import library as native
+from specviz.native.head import NativeHead
 from specviz.training import label_teacher, train_head
 
 TRAIN_PROMPTS = [
@@ -216,7 +217,7 @@ def test_missing_or_wrong_heads_are_one_sentence(loaded_pair, tmp_path):
 
 def test_the_built_in_head_is_found_for_the_built_in_target_only(loaded_pair, monkeypatch, tmp_path):
     from specviz import config
-    from specviz import head as head_mod
+    from specviz.models import head as head_mod
 
     p, _ = loaded_pair
     DraftHead.from_target(p.model, list(range(p.vocab_size))).save(tmp_path / "builtin-head")
@@ -270,7 +271,7 @@ def test_eval_draft_measures_a_head(tiny_pair, trained_head, tmp_path, mix):
 def test_unrolled_training_computes_what_decoding_computes(loaded_pair):
     """Training-time test (head_unroll.unrolled) must see at step s exactly what decoding's (s+1)-th guess of a
     round sees: the true pairs before the round in the cache, then the head's own predicted features."""
-    from specviz.head import HeadCache
+    from specviz.models.head import HeadCache
     from specviz.training.head_unroll import unrolled
 
     p, _ = loaded_pair

@@ -12,9 +12,10 @@ from conftest import a_head
 from test_drafters import PROMPTS
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import generate, load_pair, native
-from specviz.head import HeadCache, head_for
-from specviz.head_native import NativeHead, describe
+from specviz import generate, load_pair
+from specviz.models.head import HeadCache, head_for
+from specviz.native import library as native
+from specviz.native.head import NativeHead, describe
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not()}")
 
@@ -103,7 +104,7 @@ def test_sampled_output_follows_the_target_on_every_head_path(small_vocab_pair, 
 
 @needs_kernel
 def test_bench_and_recordings_name_the_heads_path(loaded_pair, tmp_path, monkeypatch):
-    from specviz.record import environment
+    from specviz.recording.record import environment
 
     p, q = loaded_pair
     a_head(p, tmp_path / "h")

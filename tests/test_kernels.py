@@ -1,4 +1,4 @@
-"""specviz.kernels and specviz.native: every CPU path for linear layers computes nn.Linear's product, the
+"""specviz.native.linear and specviz.native.library: every CPU path for linear layers computes nn.Linear's product, the
 few-token kernel gives a row the same bits whatever the call's size, the choice follows the timings, and decoding
 is exact on every path the choice can pick."""
 
@@ -13,8 +13,11 @@ import torch.nn.functional as F
 from conftest import make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-import specviz.kernels as kernels
-from specviz import generate, hub, lean, native
+import specviz.native.linear as kernels
+from specviz import generate
+from specviz.models import hub
+from specviz.native import forward as lean
+from specviz.native import library as native
 
 PATHS = ["torch", "transposed", "kernel"]
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "what is 2+2?", "once upon a time", "x = (1, 2)"]
@@ -75,7 +78,7 @@ def _act8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> to
 def test_the_int8_activation_kernel_does_integer_products_and_a_row_gets_the_same_bits_in_any_call(isa, k, n):
     """native.pack8 (a draft's products against int8 activations, weight type 7): the reference's arithmetic, within
     about 1 % of the float product, and a row's numbers the same alone or among 1-16 rows."""
-    from specviz.lean import int8_rows
+    from specviz.native.forward import int8_rows
 
     torch.manual_seed(1)
     q, scale = int8_rows(torch.randn(n, k))
@@ -98,7 +101,7 @@ def test_the_int8_activation_kernel_does_integer_products_and_a_row_gets_the_sam
 def test_the_int8_activation_kernel_gives_the_same_bits_on_every_instruction_set():
     """Its integer sums are exact and its float32 chain the same on AVX2 and on AVX-512 (with VNNI where the CPU
     has it): a draft guesses the same whichever runs."""
-    from specviz.lean import int8_rows
+    from specviz.native.forward import int8_rows
 
     torch.manual_seed(2)
     q, scale = int8_rows(torch.randn(200, 576))
@@ -117,7 +120,7 @@ def test_the_int8_activation_kernel_gives_the_same_bits_on_every_instruction_set
 def test_the_nf4_kernel_multiplies_by_bitsandbytes_weights_and_a_row_gets_the_same_bits_in_any_call(k, n):
     """NF4 (two weights a byte, the first in the high nibble; code[q] * absmax per block of 64), checked against
     bitsandbytes' own dequantisation where it is installed and against the layout written out here."""
-    from specviz.quant import nf4_dense
+    from specviz.models.quant import nf4_dense
 
     torch.manual_seed(0)
     code = torch.linspace(-1, 1, 16) ** 3  # any 16 values: the kernel reads the table it is given
@@ -323,7 +326,7 @@ def test_on_a_gpu_the_target_keeps_float32_and_only_the_draft_takes_half(monkeyp
     """A verify of several tokens in bfloat16 rounds apart from one-token steps (argmax parted at 0.6 % of positions
     on an H200), so a target loaded without a dtype is float32 on every device; the draft, whose dtype changes only
     the guesses, takes the GPU's half dtype."""
-    from specviz.models import _resolve_dtype
+    from specviz.models.loaded import _resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
     assert _resolve_dtype(None) == _resolve_dtype("auto") == torch.float32  # on any device
@@ -351,7 +354,7 @@ def test_timings_keep_their_dtypes_while_another_thread_builds_a_float16_model(m
 def pair_on(tiny_pair, monkeypatch):
     """load_pair with the linear path forced, loaded afresh (the model cache does not key on the path)."""
     from specviz import load_pair
-    from specviz.models import CACHE, pair_backend
+    from specviz.models.loaded import CACHE, pair_backend
 
     def load(path: str, half: str = "0", pair=tiny_pair):
         monkeypatch.setenv("SPECVIZ_CPU_GEMM", path)

@@ -1,4 +1,4 @@
-"""The lean Llama forward (specviz/lean.py, csrc/llama.c): the same model as transformers runs, every path exact.
+"""The lean Llama forward (specviz/native/forward.py, csrc/llama.c): the same model as transformers runs, every path exact.
 
 Three forwards can run a Llama model here: llama.c (the default where the few-token kernel is built), the lean
 forward in PyTorch ops (another linear path, or a prefill longer than lean.CHUNKED_PREFILL) and transformers' own
@@ -18,9 +18,15 @@ import torch
 from conftest import PREFILLS, blocking_pair, feed_in_calls, long_prefill, make_model
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import cpus, generate, lean, lean_draft, lean_panels, lean_tiles, native
-from specviz.models import backend, pair_backend, pair_dtypes
-from specviz.runtime import CachedModel
+from specviz import generate
+from specviz.backends.local import CachedModel
+from specviz.host import cpus
+from specviz.models.loaded import backend, pair_backend, pair_dtypes
+from specviz.native import draft as lean_draft
+from specviz.native import forward as lean
+from specviz.native import library as native
+from specviz.native import panels as lean_panels
+from specviz.native import tiles as lean_tiles
 
 PROMPTS = ["hello world", "the cat sat on", "one two three four five", "tell me a story"]
 TILES = "llama.c, weights as bfloat16 pairs on AMX tiles"  # where the CPU has AMX (lean_panels; skipped elsewhere)

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from specviz import lessons
 from specviz.limits import Limits
+from specviz.teach import lessons
 from specviz.ui.common import UIContext
 from specviz.ui.learn import check
 

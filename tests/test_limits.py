@@ -278,7 +278,7 @@ def test_within_time_stops_after_the_deadline_and_closes_the_source():
 
 def _cache_capacity(value: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SPECVIZ_MAX_LOADED_MODELS": value}
-    code = "from specviz.models import CACHE; print(CACHE.capacity)"
+    code = "from specviz.models.loaded import CACHE; print(CACHE.capacity)"
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
 
 

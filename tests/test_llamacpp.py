@@ -1,4 +1,4 @@
-"""The served target against llama-cpp-python's real server (the second engine, specviz/llamacpp.py): its CPU
+"""The served target against llama-cpp-python's real server (the second engine, specviz/backends/served/llamacpp.py): its CPU
 build in .venv-llamacpp serving the built-in target's own GGUF file, started once per session by the
 `llamacpp_target` fixture (conftest.py, tests/llamacpp_server.py)."""
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import specviz
-from specviz import served
 from specviz.__main__ import main
-from specviz.bench_inputs import load_prompts
+from specviz.backends.served import connect as served
+from specviz.backends.served.llamacpp import ENGINE, pieces, scorable, text_of_ids
+from specviz.bench.inputs import load_prompts
 from specviz.config import SamplingConfig, SpecvizError
-from specviz.llamacpp import ENGINE, pieces, scorable, text_of_ids
 
 pytestmark = [pytest.mark.real, pytest.mark.llamacpp]
 

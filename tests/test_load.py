@@ -25,13 +25,14 @@ from gradio_client.utils import Status  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from specviz import generate, load_pair, memory  # noqa: E402
+from specviz import generate, load_pair  # noqa: E402
+from specviz.backends.local import CachedModel  # noqa: E402
+from specviz.host import memory  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
-from specviz.render import Pieces  # noqa: E402
-from specviz.runtime import CachedModel  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.race import HTML_EVERY_S  # noqa: E402
+from specviz.view.render import Pieces  # noqa: E402
 
 ECHO, AR, SPEC, AR_STATS, SPEC_STATS, MESSAGE = range(6)  # the outputs of /race, in order
 TOKEN = re.compile(r'<span class="tok (tok-[a-z]+)[^"]*" title="[^"]*"[^>]*>(.*?)</span>', re.S)
@@ -90,18 +91,18 @@ def models_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def probe():
-    import specviz.hub
+    import specviz.models.hub
 
     mp = pytest.MonkeyPatch()
     pr = Probe()
     mp.setattr(CachedModel, "feed", pr.wrap(CachedModel.feed))
-    real_load = specviz.hub.read_model
+    real_load = specviz.models.hub.read_model
 
     def load(name, device, dtype, quantize, trust_remote_code):
         pr.trust_remote_code.append(trust_remote_code)
         return real_load(name, device, dtype, quantize, trust_remote_code)
 
-    mp.setattr(specviz.hub, "read_model", load)
+    mp.setattr(specviz.models.hub, "read_model", load)
     yield pr
     mp.undo()
 

@@ -1,4 +1,4 @@
-"""specviz.memory: the allocator housekeeping a long-running server does (arena limit, heap trim, a log line)."""
+"""specviz.host.memory: the allocator housekeeping a long-running server does (arena limit, heap trim, a log line)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz import memory
+from specviz.host import memory
 
 GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 

@@ -3,8 +3,8 @@
 import pytest
 
 from specviz import SamplingConfig, SpecConfig, race
-from specviz.engine import autoregressive_decode, speculative_decode
-from specviz.metrics import COLUMNS, acceptance_by_position, accepted_histogram, rounds_frame, summaries, summary
+from specviz.engine.loop import autoregressive_decode, speculative_decode
+from specviz.view.metrics import COLUMNS, acceptance_by_position, accepted_histogram, rounds_frame, summaries, summary
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,14 @@ from test_drafters import PROMPTS
 from test_head_native import forced
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import Round, SpecvizError, generate, lean_chain, load_pair, native
+from specviz import Round, SpecvizError, generate, load_pair
 from specviz.config import SamplingConfig
-from specviz.drafters import DraftContext, HeadDrafter, ModelDrafter, make_drafter
-from specviz.drafters_mix import MixDrafter
-from specviz.head import head_for
-from specviz.policies import GammaPolicy
+from specviz.drafters.mix import MixDrafter
+from specviz.drafters.model import DraftContext, HeadDrafter, ModelDrafter, make_drafter
+from specviz.drafters.policies import GammaPolicy
+from specviz.models.head import head_for
+from specviz.native import chain as lean_chain
+from specviz.native import library as native
 
 MIXED = ("model+head", "lookup+model+head")
 BLOCKED = [r for r in range(64) if r % 4]  # the tiny draft proposes 16 of its 64 rows: a cut output layer
@@ -129,12 +131,12 @@ def test_what_it_cannot_do_is_one_sentence(loaded_pair, tmp_path):
 def test_a_draft_with_another_tokenizer_is_refused_in_one_sentence(loaded_pair, tmp_path, monkeypatch):
     """The mixture adds the two guessers' probabilities token by token: a draft that reads and writes text through
     another tokenizer (translate.py) has no such row to add."""
-    import specviz.translate
+    import specviz.models.translate
 
     p, q = loaded_pair
     a_head(p, tmp_path / "h")
     head = head_for(p, tmp_path / "h")
-    monkeypatch.setattr(specviz.translate, "needs_translation", lambda target, draft: True)
+    monkeypatch.setattr(specviz.models.translate, "needs_translation", lambda target, draft: True)
     with pytest.raises(SpecvizError, match="must share the target's tokenizer; use lookup\\+model"):
         make_drafter("lookup+model+head", q, p.vocab_size, head=head, target=p)
 

@@ -15,11 +15,11 @@ import torch
 from conftest import make_model, make_tokenizer
 from transformers import BertConfig, BertModel
 
-import specviz.hub as hub
-import specviz.models as models
+import specviz.models.hub as hub
+import specviz.models.loaded as models
 from specviz import SpecvizError, load_model, load_pair
-from specviz.model_cache import ModelCache
-from specviz.models import LoadedModel, pair_dtypes
+from specviz.models.cache import ModelCache
+from specviz.models.loaded import LoadedModel, pair_dtypes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,8 +284,8 @@ def test_kv_bytes_per_token_bounds_the_real_cache(loaded_pair):
     from transformers import DynamicCache
 
     from specviz.config import SpecConfig
-    from specviz.engine import speculative_decode
-    from specviz.lean import LeanCache
+    from specviz.engine.loop import speculative_decode
+    from specviz.native.forward import LeanCache
 
     p, q = loaded_pair
     caches = (DynamicCache, LeanCache)
@@ -323,7 +323,7 @@ def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh
     from collections import Counter
 
     from specviz.config import SamplingConfig, SpecConfig
-    from specviz.engine import autoregressive_decode, speculative_decode
+    from specviz.engine.loop import autoregressive_decode, speculative_decode
     from specviz.events import Round
 
     def trimmed(name: str, **extra) -> LoadedModel:
@@ -425,7 +425,7 @@ def test_a_failed_load_reaches_every_waiter_and_the_next_caller_tries_again():
 def test_importing_specviz_changes_no_environment_variable():
     code = (
         "import os, json; before = dict(os.environ)\n"
-        "import specviz, specviz.models, specviz.ui\n"
+        "import specviz, specviz.models.loaded, specviz.ui\n"
         "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "GRADIO_"))}
@@ -459,9 +459,9 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair
     import inspect
     import warnings
 
+    from specviz.backends.local import cache_kwargs
     from specviz.config import SpecConfig
-    from specviz.engine import speculative_decode
-    from specviz.runtime import cache_kwargs
+    from specviz.engine.loop import speculative_decode
 
     p, q = loaded_pair
 

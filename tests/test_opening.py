@@ -10,8 +10,8 @@ import torch
 
 from specviz import SamplingConfig, SpecConfig, generate, load_pair
 from specviz.api import encode_prompt
-from specviz.engine import eos_ids, speculative_decode
-from specviz.runtime import _OPENINGS, CachedModel, _forward_key, forget_openings, keep_opening, template_opening
+from specviz.backends.local import _OPENINGS, CachedModel, _forward_key, forget_openings, keep_opening, template_opening
+from specviz.engine.loop import eos_ids, speculative_decode
 
 
 def fresh_prefill(lm, ids: list[int], monkeypatch, hidden: bool = False):
@@ -82,7 +82,7 @@ def test_greedy_races_over_the_kept_opening_equal_plain_decoding(loaded_pair, dr
 def test_sampled_output_over_a_kept_opening_follows_the_target(small_vocab_pair, monkeypatch):
     """The chi-square of test_engine's two-token law, with the prompt's first two tokens standing for a template's
     opening: both models copy those rows in every run."""
-    from specviz import runtime
+    from specviz.backends import local as runtime
 
     p, q = load_pair(*small_vocab_pair, device="cpu")
     ids = [1, 5, 6]
@@ -109,7 +109,7 @@ def test_sampled_output_over_a_kept_opening_follows_the_target(small_vocab_pair,
 
 def test_a_recording_and_the_bench_say_how_the_prompt_was_encoded(loaded_pair, monkeypatch):
     from specviz import record_run
-    from specviz.runtime import opening_note
+    from specviz.backends.local import opening_note
 
     p, q = loaded_pair
     rec = record_run("hello world", target=p, draft=q, gamma=2, max_new_tokens=4)

@@ -8,12 +8,12 @@ import torch
 from conftest import make_model, make_tokenizer, word_tokenizer
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-import specviz.pairs as pairs
-import specviz.pairs_measure as pairs_measure
+import specviz.pairs.check as pairs
+import specviz.pairs.measure as pairs_measure
 from specviz import SpecvizError, check_pair
-from specviz.models import load_pair
-from specviz.pairs import expected_speedup, speedup_table
-from specviz.translate import compare_tokenizers
+from specviz.models.loaded import load_pair
+from specviz.models.translate import compare_tokenizers
+from specviz.pairs.check import expected_speedup, speedup_table
 
 V = 64
 
@@ -274,7 +274,7 @@ def test_a_check_past_its_time_limit_stops_with_a_sentence(fast_pair):
 def test_the_interval_covers_the_alpha_the_benchmark_measures(fast_pair):
     """The pair check's 95% interval for alpha, on its own prompts, holds the benchmark's alpha on the same prompts."""
     from specviz import load_pair
-    from specviz.bench import run_bench
+    from specviz.bench.measure import run_bench
 
     p, q = load_pair(*fast_pair, device="cpu")
     prompts = [x for v in pairs.SAMPLE_PROMPTS.values() for x in v]
@@ -289,7 +289,7 @@ def test_the_predicted_tokens_per_call_match_the_benchmarks(fast_pair, gamma):
     tokens per target call that the benchmark then measures at that gamma on the same prompts (within 10%).
     At 32 tokens per prompt the last round, cut by the budget, alone makes gamma 5 miss by 10%."""
     from specviz import load_pair
-    from specviz.bench import run_bench
+    from specviz.bench.measure import run_bench
     from specviz.theory import expected_tokens
 
     p, q = load_pair(*fast_pair, device="cpu")

@@ -9,10 +9,10 @@ so the loop pays twice the isolated call. Per round: 4 guesses at 1 ms, the veri
 
 import pytest
 
-import specviz.pairs as pairs
+import specviz.pairs.check as pairs
 from specviz import check_pair
-from specviz.pairs_measure import Acceptance, RoundCosts, TreeTrial
-from specviz.tally import Tally
+from specviz.engine.tally import Tally
+from specviz.pairs.measure import Acceptance, RoundCosts, TreeTrial
 
 MS = 1e-3
 TIMES = [1.0 * MS, 1.1 * MS, 1.2 * MS, 1.3 * MS, 1.5 * MS, 1.6 * MS, 1.7 * MS, 1.8 * MS, 1.9 * MS]  # 1 .. 9 tokens

@@ -10,7 +10,10 @@ import pytest
 import torch
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import generate, kernels, lean_panels, native
+from specviz import generate
+from specviz.native import library as native
+from specviz.native import linear as kernels
+from specviz.native import panels as lean_panels
 
 needs_avx2 = pytest.mark.skipif(native.library() is None, reason="no C compiler or no AVX2 here")
 DEFAULTS = {0: (4, 4, 4, 3, 3, 2, 2, 1), 1: (4, 4, 3, 2, 2, 2, 1, 1), 2: (4, 4, 3, 2, 2, 2, 1, 1)}
@@ -131,7 +134,7 @@ def test_time_passes_keeps_another_count_only_where_clearly_faster_every_time(av
 
 @needs_avx2
 def test_passes_are_timed_once_per_weight_type_on_a_model_large_enough(avx2, monkeypatch, tiny_pair):
-    from specviz.models import CACHE, load_model
+    from specviz.models.loaded import CACHE, load_model
 
     timed = []
     monkeypatch.setattr(lean_panels, "time_passes", lambda mats, wtype: timed.append((len(mats), wtype)) or (1,) * 8)
@@ -154,7 +157,7 @@ def test_passes_are_timed_once_per_weight_type_on_a_model_large_enough(avx2, mon
 @pytest.fixture
 def rows_pair(tiny_pair, monkeypatch):
     from specviz import load_pair
-    from specviz.models import CACHE
+    from specviz.models.loaded import CACHE
 
     def load(pair=tiny_pair):
         monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")
@@ -202,8 +205,8 @@ def test_the_header_names_counts_that_timing_changed_and_only_those(monkeypatch)
 
 @needs_avx2
 def test_the_pairs_backend_line_and_the_machine_facts_carry_the_counts(avx2, rows_pair, monkeypatch):
-    from specviz.machine import machine_info
-    from specviz.models import pair_backend
+    from specviz.host.machine import machine_info
+    from specviz.models.loaded import pair_backend
 
     p, q = rows_pair()
     monkeypatch.setattr(lean_panels, "_passes_timed", {0: (4, 1, 1, 3, 1, 1, 1, 1)})
@@ -297,7 +300,7 @@ def test_a_close_prefetch_timing_is_drawn_again_until_clear_or_the_last_draw(mon
 
 
 def test_the_prefetch_is_timed_once_per_process_on_a_model_in_panels_large_enough(prefetch, monkeypatch, tiny_pair):
-    from specviz.models import CACHE, load_model
+    from specviz.models.loaded import CACHE, load_model
 
     timed = []
     fake = {**dict.fromkeys(lean_panels.PREFETCHES, 2.0), "L1:32": 1.0, "none": 0.9, "L2:64": 0.5}
@@ -335,7 +338,7 @@ def test_greedy_spec_equals_plain_and_sampling_follows_the_target_whatever_the_p
     prefetch, monkeypatch, tiny_pair, small_vocab_pair, setting
 ):
     from specviz import load_pair
-    from specviz.models import CACHE
+    from specviz.models.loaded import CACHE
 
     monkeypatch.setenv("SPECVIZ_KERNEL_PREFETCH", setting)
     monkeypatch.setenv("SPECVIZ_CPU_GEMM", "kernel")

@@ -7,8 +7,8 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from specviz import plots
 from specviz.events import Round, Start, Step
+from specviz.view import plots
 
 
 def rnd(index: int, g: int, n: int, elapsed: float) -> Round:
@@ -90,7 +90,7 @@ def test_sweep_figure_has_measured_and_theory():
 
 
 def test_the_pair_checks_speedup_chart_names_the_break_even_line_in_its_legend_not_on_a_bar():
-    from specviz.teach_plots import speedup_figure
+    from specviz.teach.plots import speedup_figure
 
     fig = speedup_figure(range(1, 9), [1.27, 1.51, 1.49, 1.44, 1.44, 1.06, 1.07, 0.99], recommended=2)
     bars, line = fig.data

@@ -14,10 +14,12 @@ import pytest
 import torch
 from conftest import PREFILLS, feed_in_calls, long_prefill, save_pair
 
-from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, lean, load_model, load_pair, native
-from specviz.engine import speculative_decode
-from specviz.models import CACHE, backend
-from specviz.runtime import CachedModel
+from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, load_model, load_pair
+from specviz.backends.local import CachedModel
+from specviz.engine.loop import speculative_decode
+from specviz.models.loaded import CACHE, backend
+from specviz.native import forward as lean
+from specviz.native import library as native
 
 bnb = pytest.importorskip("bitsandbytes")  # requirements.txt installs it; a bare environment skips, not fails
 
@@ -76,7 +78,7 @@ def test_a_quantised_target_loads_on_the_cpu_and_says_what_it_is(wide_pair, quan
     assert p.n_params == full.n_params  # a 4-bit layer counts the weights it holds, not its packed bytes
     assert p.memory_bytes < full.memory_bytes  # the scales included (quant_state_bytes)
     assert p.precision in p.describe() and "M parameters" in p.describe()
-    from specviz.models import pair_dtypes
+    from specviz.models.loaded import pair_dtypes
 
     assert pair_dtypes(p, q) == f"{p.precision}; draft {q.precision}"
 
@@ -120,7 +122,7 @@ def test_a_device_bitsandbytes_cannot_serve_gets_one_sentence(wide_pair, monkeyp
 
 
 def test_the_pair_check_and_its_page_name_the_quantisation_and_memory(wide_pair, monkeypatch):
-    from specviz.pairs import check_pair
+    from specviz.pairs.check import check_pair
 
     monkeypatch.setenv("SPECVIZ_CPU_HALF_DRAFT", "0")  # the draft's dtype is a per-CPU choice (kernels.draft_dtype)
     from specviz.ui.pair import report_html
@@ -183,7 +185,7 @@ def test_a_quantised_target_keeps_its_rows_where_panels_would_be_timed_faster(wi
     """With the layout left to timing, an 8-bit target reads its int8 rows as bitsandbytes stores them, never a panel
     copy (its memory would double), where the float draft beside it takes the panels the same timing favours;
     forced by SPECVIZ_KERNEL_LAYOUT=panels it still takes them."""
-    from specviz import lean_panels
+    from specviz.native import panels as lean_panels
 
     if native.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
@@ -226,7 +228,7 @@ def test_nf4_weights_read_with_nested_absmax_are_bitsandbytes_own():
 
     from bitsandbytes.functional import dequantize_4bit, quantize_4bit
 
-    from specviz.quant import nf4_absmax, nf4_dense
+    from specviz.models.quant import nf4_absmax, nf4_dense
 
     w = torch.randn(96, 256, generator=torch.Generator().manual_seed(0))
     for nested in (False, True):

@@ -6,10 +6,20 @@ import pytest
 
 from specviz import SamplingConfig, SpecConfig, load_recording, record_run
 from specviz.__main__ import main
-from specviz.engine import autoregressive_decode, race, speculative_decode
+from specviz.engine.loop import autoregressive_decode, race, speculative_decode
 from specviz.events import Done, Round, Start, Step
-from specviz.export import html_page, play_all
-from specviz.record import MAX_BYTES, Recording, RecordingError, environment, loads, make, rounds_of, timeline, to_json
+from specviz.recording.export import html_page, play_all
+from specviz.recording.record import (
+    MAX_BYTES,
+    Recording,
+    RecordingError,
+    environment,
+    loads,
+    make,
+    rounds_of,
+    timeline,
+    to_json,
+)
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -156,13 +166,13 @@ def test_sampling_settings_are_recorded(tiny_pair):
 
 def test_a_step_session_and_a_sweep_are_recorded_and_export(tiny_pair):
     from specviz.limits import Limits
-    from specviz.render import Pieces
     from specviz.request import RunRequest
-    from specviz.teach import Stepper, StepSettings
+    from specviz.teach.compute import Stepper, StepSettings
     from specviz.ui.common import UIContext
     from specviz.ui.replay import step_recording, sweep_recording
     from specviz.ui.step import Session
     from specviz.ui.sweep import sweep_stream
+    from specviz.view.render import Pieces
 
     ctx = UIContext(limits=Limits(max_new_tokens=16, max_sweep=3), device="cpu")
     ctx.default_target, ctx.default_draft = tiny_pair

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
-from specviz.engine import speculative_decode
-from specviz.record import to_json
+from specviz.engine.loop import speculative_decode
+from specviz.recording.record import to_json
 from specviz.sampling import relaxed
-from specviz.teach import first_tokens, position_probs, sample_check, speculative_draws, total_variation
+from specviz.teach.compute import first_tokens, position_probs, sample_check, speculative_draws, total_variation
 
 N = 20_000
 

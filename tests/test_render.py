@@ -8,8 +8,8 @@ import re
 import pytest
 from conftest import make_tokenizer
 
-from specviz import render
 from specviz.events import Done, Round, Step
+from specviz.view import render
 
 NAN = float("nan")
 

@@ -10,7 +10,7 @@ from gradio_client import Client, handle_file
 from specviz.config import DEFAULT_DRAFTER
 from specviz.events import Start
 from specviz.limits import Limits
-from specviz.record import loads, shipped
+from specviz.recording.record import loads, shipped
 from specviz.ui import build_demo, serve_locally
 from specviz.ui.common import UIContext
 from specviz.ui.inputs import PAGE

@@ -104,7 +104,8 @@ def test_greedys_native_argmax_gives_the_cleaned_argmax_on_long_rows_with_ties_n
     """float32 scores go through native.first_max (csrc/greedy.c, 32 scores a block): at every row length around
     its blocks, with ties, NaN and +-inf anywhere, in a view whose rows are strided, the answer is the cleaned
     argmax's, and a row with nothing above -inf is refused as PyTorch's way refuses it."""
-    from specviz import native, sampling
+    from specviz import sampling
+    from specviz.native import library as native
 
     if native.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
@@ -131,7 +132,7 @@ def test_native_probs_at_reads_softmax_entries_as_to_probs_does_with_nan_and_inf
     (its row's mass shared among them) anywhere and a row repeated; it declines a chosen row with nothing above -inf
     and more than 64 entries, so the caller's PyTorch way answers there. Two float32 softmaxes of a row differ in
     their last bits (x - max rounded to float32 alone moves a probability by up to |x - max| * 6e-8), hence rel 2e-5."""
-    from specviz import native
+    from specviz.native import library as native
 
     if native.library() is None:
         pytest.skip("no C compiler or no AVX2 here")
@@ -167,7 +168,7 @@ def test_a_tree_reads_top_probabilities_are_to_probs_and_a_stable_sort_with_ties
     0.0 past the rows above 0; a row with nothing above -inf is refused (-2), as is n above 16 (-1)."""
     import ctypes
 
-    from specviz import native
+    from specviz.native import library as native
 
     lib = native.library()
     if lib is None:

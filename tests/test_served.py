@@ -14,9 +14,10 @@ from protocol_server import ProtocolServer
 from server_process import free_port
 
 import specviz
-from specviz import served, served_run
+from specviz.backends.served import connect as served
+from specviz.backends.served import run as served_run
 from specviz.config import SamplingConfig, SpecConfig, SpecvizError
-from specviz.engine import autoregressive_decode, eos_ids, speculative_decode
+from specviz.engine.loop import autoregressive_decode, eos_ids, speculative_decode
 from specviz.events import Round, Start
 from specviz.limits import Limits
 
@@ -346,7 +347,7 @@ def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
 def test_the_pair_check_measures_a_served_target(server, tiny_pair):
     """Alpha with its interval, the request and verify costs through the server, the expected speedup here and
     the one the engine would get drafting itself; in the CLI's report and the page's."""
-    from specviz.pairs import check_pair
+    from specviz.pairs.check import check_pair
     from specviz.ui.pair import report_html
 
     r = check_pair(server.url, tiny_pair[1], device="cpu", max_new_tokens=12, prompts=["the cat", "a b c"])
@@ -360,8 +361,8 @@ def test_the_pair_check_measures_a_served_target(server, tiny_pair):
 
 def test_the_bench_has_a_served_target_row(server, tiny_pair):
     """Speedup over plain decoding through the same server, with the share of each lane's time in requests."""
-    from specviz.bench import run_bench
-    from specviz.bench_cli import format_table
+    from specviz.bench.cli import format_table
+    from specviz.bench.measure import run_bench
 
     p, q = served.load_served_pair(server.url, tiny_pair[1], device="cpu")
     table = run_bench(p, q, ["the cat sat", "hello hello"], [2, "auto"], [0.0], max_new_tokens=10, hf=False, raw=True)

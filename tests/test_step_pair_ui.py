@@ -8,8 +8,8 @@ from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specviz.limits import Limits
-from specviz.pairs_report import PairReport
-from specviz.translate import compare_tokenizers
+from specviz.models.translate import compare_tokenizers
+from specviz.pairs.report import PairReport
 from specviz.ui.common import UIContext
 from specviz.ui.pair import build_pair_tab, report_html
 from specviz.ui.step import build_step_tab

@@ -14,17 +14,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specviz import bench, export, lessons, metrics, record, render
-from specviz.bench_inputs import Config
-from specviz.bench_summary import summarise_runs
+from specviz.bench import measure as bench
+from specviz.bench.inputs import Config
+from specviz.bench.summary import summarise_runs
 from specviz.config import SamplingConfig, SpecConfig
-from specviz.engine import autoregressive_decode, race, speculative_decode
+from specviz.engine.loop import autoregressive_decode, race, speculative_decode
+from specviz.engine.tally import Tally
 from specviz.events import Done, Round, Start, Step, TreeRound
-from specviz.pairs_measure import Acceptance
+from specviz.pairs.measure import Acceptance
+from specviz.recording import export, record
 from specviz.request import RunRequest
-from specviz.tally import Tally
+from specviz.teach import lessons
 from specviz.ui.race import RaceView
 from specviz.ui.sweep import sweep_numbers
+from specviz.view import metrics, render
 
 seconds = st.floats(1e-4, 0.05, allow_nan=False)
 ids = st.integers(5, 60)
@@ -391,7 +394,7 @@ def test_a_decoding_speedup_with_the_prefill_counted_is_the_whole_runs_ratio(tok
     """tally.with_prefill turns a decoding speedup (prefills left out, as the pair check predicts) into a whole
     run's, as the race and the bench time one: given the decoding speedup two sets of equally long runs measured, it
     is their tokens-per-second ratio; with no prefill it is the speedup itself."""
-    from specviz.tally import with_prefill
+    from specviz.engine.tally import with_prefill
 
     (pp, ps), (dp, ds) = prefills, decodes
     plain = Tally(runs=3, new_tokens=3 * tokens, prefill_s=3 * pp, elapsed_s=3 * (pp + dp))  # 3 runs of `tokens`

@@ -8,8 +8,8 @@ from conftest import make_model
 from transformers import PreTrainedTokenizerFast
 
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
-from specviz.engine import speculative_decode
-from specviz.teach import (
+from specviz.engine.loop import speculative_decode
+from specviz.teach.compute import (
     Stepper,
     StepSettings,
     describe_round,
@@ -150,7 +150,7 @@ def test_greedy_check_is_identical(loaded_pair):
 
 
 def test_greedy_check_points_at_the_first_difference():
-    from specviz.teach import GreedyCheck
+    from specviz.teach.compute import GreedyCheck
 
     assert GreedyCheck((1, 2, 3), (1, 5, 3)).first_difference == 1
     assert GreedyCheck((1, 2), (1, 2, 3)).first_difference == 2

@@ -5,7 +5,7 @@ one-token steps). Run where the CPU has AMX; skipped elsewhere, as the AVX-512 t
 import pytest
 import torch
 
-from specviz import native
+from specviz.native import library as native
 
 pytestmark = pytest.mark.skipif(not native.amx(), reason="this CPU (or this process) has no AMX tiles")
 
@@ -53,7 +53,9 @@ def test_auto_keeps_a_large_model_on_tiles_only_where_its_calls_were_timed_clear
     loser's copy is dropped, the winner's counted in copied_bytes and named in the engine string."""
     from transformers import LlamaForCausalLM
 
-    from specviz import lean, lean_panels, lean_tiles
+    from specviz.native import forward as lean
+    from specviz.native import panels as lean_panels
+    from specviz.native import tiles as lean_tiles
 
     model = LlamaForCausalLM.from_pretrained(tiny_pair[0])
     monkeypatch.setenv("SPECVIZ_KERNEL_LAYOUT", "auto")
@@ -81,7 +83,9 @@ def test_auto_keeps_a_large_model_on_tiles_only_where_its_calls_were_timed_clear
 def test_time_calls_times_each_forward_in_whole_calls(tiny_pair):
     from transformers import LlamaForCausalLM
 
-    from specviz import lean, lean_panels, lean_tiles
+    from specviz.native import forward as lean
+    from specviz.native import panels as lean_panels
+    from specviz.native import tiles as lean_tiles
 
     fwd = lean.LeanLlama(LlamaForCausalLM.from_pretrained(tiny_pair[0]), "kernel")
     other = lean_panels.with_tiles(fwd, lean_tiles.tiles(fwd))
@@ -111,8 +115,10 @@ def test_a_product_without_memory_for_its_x_says_so_and_the_next_call_is_whole()
 def test_a_forward_on_tiles_without_memory_fails_in_one_sentence_and_the_model_keeps_working(tiny_pair):
     from transformers import LlamaForCausalLM
 
-    from specviz import lean, lean_panels, lean_tiles
     from specviz.config import SpecvizError
+    from specviz.native import forward as lean
+    from specviz.native import panels as lean_panels
+    from specviz.native import tiles as lean_tiles
 
     fwd = lean.LeanLlama(LlamaForCausalLM.from_pretrained(tiny_pair[0]), "kernel")
     fwd = lean_panels.with_tiles(fwd, lean_tiles.tiles(fwd))

@@ -10,10 +10,10 @@ from cross_pair import cross_pair, phi3_draft, save, train_lm, useless_tokenizer
 
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, check_pair, generate, load_pair, stream
 from specviz.api import encode_prompt
-from specviz.drafters import TranslatingDrafter
-from specviz.engine import eos_ids, speculative_decode
-from specviz.render import Pieces, round_html
-from specviz.translate import shared_vocabulary, space_marker, translator
+from specviz.drafters.model import TranslatingDrafter
+from specviz.engine.loop import eos_ids, speculative_decode
+from specviz.models.translate import shared_vocabulary, space_marker, translator
+from specviz.view.render import Pieces, round_html
 
 PROMPTS = [
     "the red fox",
@@ -231,7 +231,7 @@ def test_a_tree_setting_with_a_translated_draft_runs_chains_and_the_race_says_so
 def test_the_benchmark_races_transformers_universal_assisted_generation_on_the_same_pair(pair):
     """bench's peers for a draft with another tokenizer: transformers' assisted generation given both tokenizers
     (Universal Assisted Generation); at T = 0 every method's output must equal plain greedy decoding."""
-    from specviz.bench import run_bench
+    from specviz.bench.measure import run_bench
 
     p, q = pair
     table = run_bench(p, q, ["the red fox", "the old farmer helps the"], [2], [0.0], max_new_tokens=16)

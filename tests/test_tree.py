@@ -10,10 +10,10 @@ import torch
 from two_tokens import chi2_z, exact_two_token_law
 
 from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
-from specviz.drafters import DraftContext, ModelDrafter
-from specviz.engine import speculative_decode
-from specviz.policies import GammaPolicy, TreePolicy
-from specviz.runtime import CachedModel
+from specviz.backends.local import CachedModel
+from specviz.drafters.model import DraftContext, ModelDrafter
+from specviz.drafters.policies import GammaPolicy, TreePolicy
+from specviz.engine.loop import speculative_decode
 from specviz.sampling import verify_tree_greedy, verify_tree_sampled
 
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "q", "what is 2+2?", "once upon a time", "x = (1, 2)"]
@@ -147,9 +147,9 @@ def test_the_sampled_walk_emits_the_target_law_with_children_drawn_without_repla
 @pytest.mark.parametrize("children", [2, 4])
 @pytest.mark.parametrize("drafter", ["model", "lookup+model"])
 def test_greedy_tree_decoding_equals_plain_decoding_token_for_token(loaded_pair, monkeypatch, children, drafter):
-    import specviz.drafters
+    import specviz.drafters.model
 
-    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", children)
+    monkeypatch.setattr(specviz.drafters.model, "TREE_CHILDREN", children)
     p, q = loaded_pair
     plain = {pr: generate(pr, target=p, mode="ar", max_new_tokens=40).token_ids for pr in PROMPTS}
     branched = off_first = 0
@@ -178,9 +178,9 @@ def _ids(p, prompt):
 def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pair, monkeypatch, children):
     """Vocabulary 8: the exact law of the first two tokens (64 outcomes) against tree runs at T = 1, whose first
     round is a tree of depth 2 with `children` children per node."""
-    import specviz.drafters
+    import specviz.drafters.model
 
-    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", children)
+    monkeypatch.setattr(specviz.drafters.model, "TREE_CHILDREN", children)
     p, q = load_pair(*small_vocab_pair, device="cpu")
     ids = [1, 5, 6]
     V, n = p.vocab_size, 1000
@@ -209,7 +209,7 @@ def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pa
 
 
 def test_prompt_lookup_proposes_a_tree_where_the_text_continued_differently_before(loaded_pair):
-    from specviz.drafters import LookupDrafter
+    from specviz.drafters.model import LookupDrafter
 
     seq = [5, 6, 7, 8, 9, 5, 6, 3, 4, 5, 6, 7, 8, 1, 5, 6]  # "5 6" went on with 7 8 9 5 .., 3 4 5 6 .., 7 8 1 5 ..
     d = LookupDrafter(max_matching_ngram_size=2)
@@ -302,8 +302,8 @@ def test_auto_grows_a_tree_only_where_it_beats_the_best_chain_and_looks_again_no
 
 
 def test_auto_prices_a_tree_node_by_the_drafts_own_timed_read(loaded_pair):
-    from specviz.costs import tree_read_calibration
-    from specviz.run_setup import make_run
+    from specviz.engine.costs import tree_read_calibration
+    from specviz.engine.setup import make_run
 
     p, q = loaded_pair
     ids = _ids(p, "hello world")
@@ -391,7 +391,7 @@ def test_the_calibration_learns_how_often_each_rank_is_kept():
 def test_a_tree_round_teaches_the_gamma_policy_what_its_chain_of_first_choices_would_have_got(
     ranks, parents, path, want
 ):
-    from specviz.policies import chain_outcome
+    from specviz.drafters.policies import chain_outcome
 
     assert chain_outcome(parents, ranks, path) == want
 
@@ -400,7 +400,7 @@ def test_tree_rounds_leave_the_chains_estimates_as_the_chains_own_rounds_would(l
     """Every gamma-policy update of a tree round is the spine of first choices': its kept count is the path's
     leading rank-0 nodes, never a sibling's success (the walked line's length counted those, and made the
     chain look better than it is wherever trees ran)."""
-    from specviz import engine
+    from specviz.engine import loop as engine
 
     p, q = loaded_pair
     seen, walked = [], []
@@ -427,7 +427,7 @@ def test_tree_rounds_leave_the_chains_estimates_as_the_chains_own_rounds_would(l
 def test_lookup_is_weighed_against_the_tree_the_model_would_grow():
     """lookup+model under tree=auto: the model's best is the better of its chain and its tree; with a fixed
     budget it is the tree's."""
-    from specviz.policies import Auto
+    from specviz.drafters.policies import Auto
 
     policy = Auto(3, [1.0] * 4, 0.01)
     for _ in range(20):  # lookup's guesses: the first kept half the time; the model's chain about the same
@@ -501,7 +501,7 @@ def test_a_greedy_tree_round_shows_the_same_p_and_q_whether_or_not_q_rows_were_b
     """Greedy with no detail view, a tree's q rows are never built (its q(x) come from the draft's ranked
     probabilities) and p at T = 1 is read on the parents' rows only: every round shows the numbers it shows where
     all of them are built (detail on, p from a softmax of every row of the verify)."""
-    from specviz import engine
+    from specviz.engine import loop as engine
     from specviz.sampling import to_probs
 
     p, q = loaded_pair
@@ -528,7 +528,7 @@ def test_a_greedy_tree_rounds_p_for_the_page_is_read_after_its_clock_stops(loade
     """At T = 0 a tree's p(x) at each node's parent is only shown (decoding reads the argmax; plain decoding's steps
     show p = 1), so it is read once the round's clock has stopped: a clock that jumps 1000 s while it is read leaves
     every round's elapsed_s as it was, and every node still gets its p."""
-    from specviz import engine
+    from specviz.engine import loop as engine
 
     p, q = loaded_pair
     cfg = SpecConfig(gamma=3, tree=6, drafter="model", max_new_tokens=24)
@@ -665,7 +665,7 @@ def test_the_tree_view_draws_the_walk_with_its_numbers():
 
 
 def test_the_chart_counts_tested_guesses_by_depth_and_rank():
-    from specviz import metrics, plots
+    from specviz.view import metrics, plots
 
     rd = _sampled_tree_round()
     table = metrics.tree_acceptance([rd, rd, Round(**{**rd.__dict__, "tree": None})])  # a chain round adds nothing
@@ -683,7 +683,7 @@ def test_the_chart_counts_tested_guesses_by_depth_and_rank():
 
 def test_a_race_and_a_recording_with_trees_chart_them_by_depth_and_rank(tiny_pair):
     from specviz import record_run
-    from specviz.export import figures, play_all
+    from specviz.recording.export import figures, play_all
 
     kw = dict(target=tiny_pair[0], draft=tiny_pair[1], device="cpu", drafter="model", gamma=3, max_new_tokens=24)
     rec = record_run("once upon a time", tree=6, **kw)
@@ -696,7 +696,7 @@ def test_a_race_and_a_recording_with_trees_chart_them_by_depth_and_rank(tiny_pai
 
 
 def test_the_benchs_rank_histogram_counts_where_the_targets_token_sits_among_the_drafts_choices(loaded_pair):
-    from specviz.bench import draft_ranks, ranks_line
+    from specviz.bench.measure import draft_ranks, ranks_line
 
     p, q = loaded_pair
     prompts = [_ids(p, pr) for pr in PROMPTS[:4]]
@@ -719,10 +719,10 @@ def test_the_step_throughs_leftover_where_the_walk_stopped_is_what_the_correctio
 ):
     """Where the walk turned down several guesses at a branch, p shrank once per guess: the leftover the view
     shows has no mass on any of them (with the first guess's norm(max(0, p - q)) alone it would) and sums to 1."""
-    import specviz.drafters
+    import specviz.drafters.model
     from specviz.sampling import residual
 
-    monkeypatch.setattr(specviz.drafters, "TREE_CHILDREN", 3)
+    monkeypatch.setattr(specviz.drafters.model, "TREE_CHILDREN", 3)
     p, q = load_pair(*small_vocab_pair, device="cpu")
     V, seen, naive_wrong = p.vocab_size, 0, 0
     for seed in range(60):

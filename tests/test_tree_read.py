@@ -12,12 +12,14 @@ from conftest import blocking_pair
 from test_chain import BLOCKED, FORWARDS, PROMPTS  # the chain's tiny pair with a cut output layer, and its forwards
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import Round, SpecConfig, generate, lean_chain, runtime
+from specviz import Round, SpecConfig, generate
 from specviz.api import encode_prompt
+from specviz.backends import local as runtime
+from specviz.backends.local import CachedModel
 from specviz.config import SamplingConfig
-from specviz.drafters import TREE_CHILDREN
-from specviz.engine import speculative_decode
-from specviz.runtime import CachedModel
+from specviz.drafters.model import TREE_CHILDREN
+from specviz.engine.loop import speculative_decode
+from specviz.native import chain as lean_chain
 from specviz.sampling import to_probs
 
 

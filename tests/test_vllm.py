@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import specviz
-from specviz import served
 from specviz.__main__ import main
-from specviz.bench_inputs import load_prompts
+from specviz.backends.served import connect as served
+from specviz.bench.inputs import load_prompts
 from specviz.config import SpecvizError
 from specviz.events import Round, Start
 
@@ -55,8 +55,8 @@ def test_greedy_through_vllm_is_the_engine_s_own_greedy_output(vllm_target, held
 def test_at_t1_vllm_s_prompt_logprobs_are_the_target_s_p(vllm_target):
     """The premise of exact sampling at T = 1: the p(x) each round used equals p computed here by transformers;
     rejected rounds drew their corrections from the engine's own samples."""
-    from specviz.models import load_model
-    from specviz.runtime import CachedModel
+    from specviz.backends.local import CachedModel
+    from specviz.models.loaded import load_model
 
     url, folder = vllm_target
     lm = load_model(folder, device="cpu")
@@ -99,10 +99,11 @@ def test_sampled_output_through_vllm_follows_the_target_at_temperature_one(vllm_
     2 0.62 s, on a 2-core Zen 1; this test 923 s), and more requests a draw also run the loop that asks again."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specviz import SamplingConfig, SpecConfig, served_run
-    from specviz.engine import speculative_decode
-    from specviz.models import load_model
-    from specviz.runtime import CachedModel
+    from specviz import SamplingConfig, SpecConfig
+    from specviz.backends.local import CachedModel
+    from specviz.backends.served import run as served_run
+    from specviz.engine.loop import speculative_decode
+    from specviz.models.loaded import load_model
 
     url, folder = vllm_target
     monkeypatch.setattr(served_run, "RESIDUAL_SAMPLES", 2)

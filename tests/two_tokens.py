@@ -8,10 +8,10 @@ import math
 
 import torch
 
+from specviz.backends.served.target import eos_ids
 from specviz.config import SamplingConfig, SpecConfig
-from specviz.engine import speculative_decode
+from specviz.engine.loop import speculative_decode
 from specviz.events import Round
-from specviz.served_target import eos_ids
 
 
 def exact_two_token_law(m, ids):

@@ -30,9 +30,9 @@ import re
 import sys
 from pathlib import Path
 
-from . import prompt_sources as src
-from .common import HELDOUT_DIR, ROOT, HeldOut, norm_prompt, read_prompts  # noqa: F401 (read_prompts: as before)
-from .prompt_lists import (
+from specviz.training import prompt_sources as src
+from specviz.training.common import HELDOUT_DIR, ROOT, HeldOut, norm_prompt, read_prompts  # noqa: F401 (read_prompts: as before)
+from specviz.training.prompt_lists import (
     ACTIONS,
     ADVICE,
     CHARACTERS,
@@ -300,7 +300,7 @@ def grounded(rng: random.Random) -> dict[str, list[str]]:
 
 
 def read_target_written(path: str | Path) -> list[str]:
-    from .target_prompts import read_cache
+    from specviz.training.target_prompts import read_cache
 
     return [r["prompt"] for r in read_cache(path)]
 
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.target_written:
-        from .target_prompts import extend_cache
+        from specviz.training.target_prompts import extend_cache
 
         extend_cache(args.target_cache, args.target_written, target=args.target, seed=args.seed)
     rows = build(args.seed, args.heldout_dir, args.target_cache)

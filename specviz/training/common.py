@@ -114,7 +114,7 @@ def target_folder(target: str) -> Path:
     """The target's model folder: `target` if given, else the built-in target (converted on first use)."""
     if target:
         return Path(target)
-    from ..builtin import ensure_target
+    from specviz.models.builtin import ensure_target
 
     return ensure_target()
 

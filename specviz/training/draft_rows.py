@@ -27,7 +27,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .teacher_io import read_jsonl
+from specviz.training.teacher_io import read_jsonl
 
 KEEP = 8000  # rows a draft proposes by default (train_draft's --propose-rows)
 

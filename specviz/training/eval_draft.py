@@ -8,7 +8,7 @@ A target token that has no row in the trimmed draft vocabulary counts as a miss.
 c: the median time of one single-token cached forward (plain transformers, DynamicCache, float32) of q,
 divided by the same for p.
 
---head FOLDER measures a feature-level head (specviz/head.py) instead: its first guess teacher-forced on the
+--head FOLDER measures a feature-level head (specviz/models/head.py) instead: its first guess teacher-forced on the
 target's true features, and c from one head step after a cached prefix. --head FOLDER --mix measures the draft and
 the head together (drafter model+head, drafters_mix.py): the first guess of their mixture, and decoding with it.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import cache_kwargs
-from .common import HELDOUT, ROOT, prompt_ids, read_heldout, target_folder
+from specviz.backends.local import cache_kwargs
+from specviz.training.common import HELDOUT, ROOT, prompt_ids, read_heldout, target_folder
 
 
 def load_draft(folder: str | Path):
@@ -41,7 +41,7 @@ def load_draft(folder: str | Path):
     else float32) and the target id of each of its rows (a trimmed draft's specviz_vocab.json; else every id)."""
     from transformers import AutoModelForCausalLM
 
-    from ..kernels import draft_dtype
+    from specviz.native.linear import draft_dtype
 
     folder = Path(folder)
     dtype = draft_dtype(torch.device("cpu")) or torch.float32
@@ -226,12 +226,12 @@ def mix_acceptance(draft, target_ids, head, target, tokenizer, prompts, replies,
 def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], gamma: int, max_new_tokens: int) -> dict:
     """Greedy speculative decoding of each prompt with specviz's engine at a constant gamma: the chained
     acceptance by position, the overall alpha and tokens per target call."""
-    from .. import load_model, load_pair
-    from ..api import encode_prompt
-    from ..config import SpecConfig
-    from ..engine import speculative_decode
-    from ..events import Done, Round
-    from ..theory import alpha, position_alphas
+    from specviz import load_model, load_pair
+    from specviz.api import encode_prompt
+    from specviz.config import SpecConfig
+    from specviz.engine.loop import speculative_decode
+    from specviz.events import Done, Round
+    from specviz.theory import alpha, position_alphas
 
     if head and draft:  # both: the mixture's first guess (drafters_mix.py)
         p, q = load_pair(str(target_dir), draft, device="cpu")
@@ -295,13 +295,13 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = read_heldout(args.prompts)
     replies = target_replies(target, tokenizer, prompts, Path(args.cache), args.max_new_tokens, args.batch_size)
     if args.head:
-        from ..costs import head_calibration
-        from ..head import load_head
-        from ..models import LoadedModel
+        from specviz.engine.costs import head_calibration
+        from specviz.models.head import load_head
+        from specviz.models.loaded import LoadedModel
 
         head = load_head(args.head, LoadedModel(target, tokenizer, "target", torch.device("cpu"), torch.float32))
         if args.mix:
-            from ..config import HEAD_WEIGHT
+            from specviz.config import HEAD_WEIGHT
 
             draft, target_ids = load_draft(args.draft)
             w = HEAD_WEIGHT if args.weight is None else args.weight

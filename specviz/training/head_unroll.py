@@ -109,8 +109,8 @@ def unrolled_loss(head, b: dict, lookup: torch.Tensor, steps: int, noise: float,
 def pack_tokens(path: str | Path, splits: dict[str, list[dict]], tokenizer, max_len: int = 512) -> dict[str, int]:
     """Write {split: rows} (teacher rows: prompt, temperature, ids) as one .npz of prompt + reply ids, each reply
     once (by teacher_io.reply_key, as the cached-feature path loads them)."""
-    from .common import prompt_ids
-    from .teacher_io import reply_key
+    from specviz.training.common import prompt_ids
+    from specviz.training.teacher_io import reply_key
 
     prompts: dict[str, list[int]] = {}
     seen: set[str] = set()

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .common import ROOT, prompt_ids, target_folder
-from .teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, reply_key
+from specviz.training.common import ROOT, prompt_ids, target_folder
+from specviz.training.teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, reply_key
 
 
 def label_name(path: str | Path) -> str:

@@ -1,7 +1,7 @@
 """How good are prompt-lookup guesses, by the length of the match, against the draft model's at the same place?
 
 At every position of the target's greedy teacher replies (teacher files, temperature 0), in the text so far:
-- lookup (`specviz.drafters.LookupDrafter`, n = 3 down to 1): the length n of the suffix it matched and how
+- lookup (`specviz.drafters.model.LookupDrafter`, n = 3 down to 1): the length n of the suffix it matched and how
   many of the tokens that followed it equal the reply's next tokens, in a row (at most --k);
 - the draft model: how many of its greedy guesses are right in a row from there (teacher-forced; in greedy
   decoding that is also the chained count, since a right guess leaves the draft the same context).
@@ -19,10 +19,10 @@ import random
 
 import torch
 
-from ..drafters import MAX_MATCHING_NGRAM_SIZE, LookupDrafter
-from . import teacher_io
-from .common import ROOT, prompt_ids, target_folder
-from .eval_draft import draft_guesser, load_draft
+from specviz.drafters.model import MAX_MATCHING_NGRAM_SIZE, LookupDrafter
+from specviz.training import teacher_io
+from specviz.training.common import ROOT, prompt_ids, target_folder
+from specviz.training.eval_draft import draft_guesser, load_draft
 
 
 def run_length(guess: list[int], truth: list[int]) -> int:

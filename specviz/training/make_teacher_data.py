@@ -43,9 +43,9 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import cache_kwargs
-from .common import HELDOUT, HELDOUT_DIR, HeldOut, prompt_ids, read_heldout, read_prompts, target_folder
-from .teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_part, topk_parts
+from specviz.backends.local import cache_kwargs
+from specviz.training.common import HELDOUT, HELDOUT_DIR, HeldOut, prompt_ids, read_heldout, read_prompts, target_folder
+from specviz.training.teacher_io import append_jsonl, encode_topk, read_jsonl, repair_tail, topk_part, topk_parts
 
 # --- the built-in prompts: templates x fillers --------------------------------------------------------
 

@@ -22,9 +22,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .build_prompts import build
-from .common import HELDOUT_DIR, ROOT, SHINGLE, HeldOut, OverlapIndex, norm_prompt, read_heldout, read_prompts
-from .topics import HELD_OUT_TOPICS, UNSEEN_TOPICS, topic_hits
+from specviz.training.build_prompts import build
+from specviz.training.common import (
+    HELDOUT_DIR,
+    ROOT,
+    SHINGLE,
+    HeldOut,
+    OverlapIndex,
+    norm_prompt,
+    read_heldout,
+    read_prompts,
+)
+from specviz.training.topics import HELD_OUT_TOPICS, UNSEEN_TOPICS, topic_hits
 
 WRITTEN = ROOT / "data" / "prompts_written.txt"
 TUNING = ROOT / "assets" / "tuning_prompts.txt"

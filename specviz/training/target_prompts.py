@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from .prompt_lists import ACTIONS, PAIRS, SUBJECTS, THINGS, TOPICS
-from .teacher_io import append_jsonl, read_jsonl, repair_tail
+from specviz.training.prompt_lists import ACTIONS, PAIRS, SUBJECTS, THINGS, TOPICS
+from specviz.training.teacher_io import append_jsonl, read_jsonl, repair_tail
 
 ASKS = (
     "Write one question that a curious student might ask about {}. Reply with the question only.",
@@ -108,8 +108,8 @@ def extend_cache(
     """Ask the target n more meta-prompts (the next ones not yet in the cache); returns how many were asked."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .common import prompt_ids, target_folder
-    from .make_teacher_data import generate_batch
+    from specviz.training.common import prompt_ids, target_folder
+    from specviz.training.make_teacher_data import generate_batch
 
     path = Path(path)
     repair_tail(path)

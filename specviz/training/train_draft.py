@@ -41,10 +41,18 @@ from pathlib import Path
 
 import torch
 
-from .common import HELDOUT, HeldOut, nearest_overlap, norm_prompt, prompt_ids, read_heldout, target_folder
-from .draft_model import TOKENIZER_FILES, build_draft, save_draft, start_from  # noqa: F401 (TOKENIZER_FILES)
-from .draft_rows import KEEP, never_propose
-from .teacher_io import decode_topk, read_jsonl, reply_key
+from specviz.training.common import (
+    HELDOUT,
+    HeldOut,
+    nearest_overlap,
+    norm_prompt,
+    prompt_ids,
+    read_heldout,
+    target_folder,
+)
+from specviz.training.draft_model import TOKENIZER_FILES, build_draft, save_draft, start_from  # noqa: F401 (TOKENIZER_FILES)
+from specviz.training.draft_rows import KEEP, never_propose
+from specviz.training.teacher_io import decode_topk, read_jsonl, reply_key
 
 NOVEL_BELOW = 0.4  # a validation prompt whose nearest training prompt overlaps less (common.nearest_overlap) is novel
 SPECIAL_IDS = (0, 1, 2)  # <|endoftext|> (also the row for unknown tokens), <|im_start|>, <|im_end|> (= eos)

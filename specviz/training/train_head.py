@@ -1,4 +1,4 @@
-"""Train a feature-level draft head (EAGLE-style, specviz/head.py) on the target's features.
+"""Train a feature-level draft head (EAGLE-style, specviz/models/head.py) on the target's features.
 
 Data, either way: the feature shards of `scripts/label_teacher.py --features` (the target's last hidden state at every
 position of prompt + reply, computed once) and the teacher files they came from (for the prompts: held-out
@@ -38,11 +38,18 @@ from pathlib import Path
 
 import torch
 
-from ..head import HEAD_CONFIG, HEAD_WEIGHTS, DraftHead
-from .common import HELDOUT, ROOT, read_heldout, target_folder
-from .head_unroll import collate, length_batches, pack_tokens, read_tokens, target_features, unrolled_loss
-from .teacher_io import read_jsonl, reply_key
-from .train_draft import TrainConfig, lr_at, progress_at, split_rows
+from specviz.models.head import HEAD_CONFIG, HEAD_WEIGHTS, DraftHead
+from specviz.training.common import HELDOUT, ROOT, read_heldout, target_folder
+from specviz.training.head_unroll import (
+    collate,
+    length_batches,
+    pack_tokens,
+    read_tokens,
+    target_features,
+    unrolled_loss,
+)
+from specviz.training.teacher_io import read_jsonl, reply_key
+from specviz.training.train_draft import TrainConfig, lr_at, progress_at, split_rows
 
 
 def load_sequences(feature_dir: Path, rows_by_key: dict[str, dict]) -> list[dict]:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..config import ASSETS, SpecvizError
-from ..models import LoadedModel, pair_backend
-from .common import UIContext, default_context, message
+from specviz.config import ASSETS, SpecvizError
+from specviz.models.loaded import LoadedModel, pair_backend
+from specviz.ui.common import UIContext, default_context, message
 
 log = logging.getLogger("specviz")
 
@@ -127,12 +127,12 @@ def build_demo(ctx: UIContext | None = None) -> gr.Blocks:
 
     The tabs are imported here, not guarded: a broken install fails at start-up with its ImportError.
     """
-    from .learn import build_learn_tab
-    from .pair import build_pair_tab
-    from .present import build_present_controls
-    from .race import build_race_tab
-    from .replay import build_replay_tab
-    from .step import build_step_tab
+    from specviz.ui.learn import build_learn_tab
+    from specviz.ui.pair import build_pair_tab
+    from specviz.ui.present import build_present_controls
+    from specviz.ui.race import build_race_tab
+    from specviz.ui.replay import build_replay_tab
+    from specviz.ui.step import build_step_tab
 
     ctx = ctx or default_context()
     loader = Preloader(ctx)

@@ -7,10 +7,10 @@ import html
 import os
 from dataclasses import dataclass, field
 
-from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
-from ..limits import Limits
-from ..models import QUANTIZE, LoadedModel, load_model, load_pair
-from ..served import ServedTarget, is_url, load_served_pair
+from specviz.backends.served.connect import ServedTarget, is_url, load_served_pair
+from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
+from specviz.limits import Limits
+from specviz.models.loaded import QUANTIZE, LoadedModel, load_model, load_pair
 
 NO_QUANTIZE = "none"  # the page's word for full-precision weights
 HTML_EVERY_S = 0.1  # at most ~10 text updates a second, so the browser keeps up on long runs (race and sweep)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import html
 
-from ..api import encode_prompt
-from ..config import AUTO_GAMMA_MAX, DRAFTERS, GAMMA_POLICIES, SpecvizError
-from ..request import RunRequest
-from .common import UIContext
+from specviz.api import encode_prompt
+from specviz.config import AUTO_GAMMA_MAX, DRAFTERS, GAMMA_POLICIES, SpecvizError
+from specviz.request import RunRequest
+from specviz.ui.common import UIContext
 
 NO_LANE = "none"  # the third lane's drafter when there is no third lane
 

@@ -1,4 +1,4 @@
-"""Keeping a finished run: its recording (specviz.record) as a JSON file and a self-contained HTML page.
+"""Keeping a finished run: its recording (specviz.recording.record) as a JSON file and a self-contained HTML page.
 
 The Race and Step-through tabs show two download buttons under a finished run (`download_buttons`, `downloads`);
 `with_result` lets a page handler hand its finished view to them; `race_recording`, `sweep_recording` and
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import export, record
-from .common import UIContext
+from specviz.recording import export, record
+from specviz.ui.common import UIContext
 
 
 def _out_dir() -> Path:

@@ -1,4 +1,4 @@
-"""The Learn tab: short guided experiments in predict-then-check form (specviz.lessons).
+"""The Learn tab: short guided experiments in predict-then-check form (specviz.teach.lessons).
 
 The page asks a question; the student picks an answer; the app runs the experiment on the loaded pair (or shows
 the run shipped in assets/recordings/lessons.json when no model can be loaded, marked as such), then shows the
@@ -11,9 +11,10 @@ import html
 
 import gradio as gr
 
-from .. import compute, lessons
-from ..config import SpecvizError
-from .common import UIContext, error_html, gpu, message
+from specviz.config import SpecvizError
+from specviz.host import compute
+from specviz.teach import lessons
+from specviz.ui.common import UIContext, error_html, gpu, message
 
 PAGE_BUDGET = lessons.Budget()
 INTRO = (

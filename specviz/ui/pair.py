@@ -1,4 +1,4 @@
-"""The "Pair check" tab: can this draft q serve this target p, and is it worth it? (specviz.pairs.check_pair)
+"""The "Pair check" tab: can this draft q serve this target p, and is it worth it? (specviz.pairs.check.check_pair)
 
 The visitor picks a preset or types a hub id or folder (checked by the deployment's limits); the page shows
 the verdict with its reasons, the measured acceptance a and cost ratio c, and the expected speedup per gamma.
@@ -10,13 +10,13 @@ import html
 
 import gradio as gr
 
-from .. import compute
-from ..config import BUILTIN_DRAFT, BUILTIN_TARGET, CHECK_DRAFTERS, PRESETS, SpecvizError
-from ..pairs import check_pair
-from ..pairs_measure import CHECK_GAMMA
-from ..pairs_report import PairReport, memory_words
-from ..teach_plots import speedup_figure
-from .common import NO_QUANTIZE, UIContext, error_html, gpu
+from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, CHECK_DRAFTERS, PRESETS, SpecvizError
+from specviz.host import compute
+from specviz.pairs.check import check_pair
+from specviz.pairs.measure import CHECK_GAMMA
+from specviz.pairs.report import PairReport, memory_words
+from specviz.teach.plots import speedup_figure
+from specviz.ui.common import NO_QUANTIZE, UIContext, error_html, gpu
 
 CUSTOM = "Custom (type the ids below)"
 BADGES = {  # an icon and a word besides the colour (Okabe-Ito)

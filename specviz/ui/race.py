@@ -11,17 +11,17 @@ import time
 
 import gradio as gr
 
-from .. import compute, metrics, plots, render
-from ..config import ASSETS, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
-from ..engine import autoregressive_decode, race, speculative_decode
-from ..events import Done, Round, Start, Step
-from ..head import head_backend
-from ..request import RunRequest
-from ..served import EngineSpec, ServedTarget, engine_spec
-from ..tally import Tally
-from ..theory import position_alphas
-from .common import HTML_EVERY_S, UIContext, error_html, gpu
-from .inputs import (
+from specviz.backends.served.connect import EngineSpec, ServedTarget, engine_spec
+from specviz.config import ASSETS, DRAFTERS, GAMMA_POLICIES, TEMPERATURE_MAX
+from specviz.engine.loop import autoregressive_decode, race, speculative_decode
+from specviz.engine.tally import Tally
+from specviz.events import Done, Round, Start, Step
+from specviz.host import compute
+from specviz.models.head import head_backend
+from specviz.request import RunRequest
+from specviz.theory import position_alphas
+from specviz.ui.common import HTML_EVERY_S, UIContext, error_html, gpu
+from specviz.ui.inputs import (
     NO_LANE,
     PAGE,
     RACE_INPUTS,
@@ -34,8 +34,9 @@ from .inputs import (
     prepare,
     race_requests,
 )
-from .keep import download_buttons, downloads, race_recording, sweep_recording, with_result
-from .sweep import EMPTY_SWEEP, sweep_page
+from specviz.ui.keep import download_buttons, downloads, race_recording, sweep_recording, with_result
+from specviz.ui.sweep import EMPTY_SWEEP, sweep_page
+from specviz.view import metrics, plots, render
 
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
@@ -223,7 +224,7 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
             autoregressive_decode(p, ids, plain),
             *(speculative_decode(p, q, ids, r.spec) for r in requests.values()),
         ]
-        # on the one compute thread (specviz/compute.py); within_time: past the request cap it stops the race
+        # on the one compute thread (specviz/host/compute.py); within_time: past the request cap it stops the race
         # with one SpecvizError (caught below)
         stream = ctx.limits.within_time(compute.iterate(race(*runs, names=("ar", *requests))), start)
         for side, ev in stream:

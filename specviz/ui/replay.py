@@ -1,8 +1,8 @@
 """The Replay tab: recordings shared and played back, and the /record_race endpoint that makes one.
 
-A recording (specviz.record) is played with no model loaded: at the recorded speed (a race on its own recorded
+A recording (specviz.recording.record) is played with no model loaded: at the recorded speed (a race on its own recorded
 clocks), faster, all at once, or one round per click. A file a visitor uploads is checked by `record.load`
-(size, schema) and everything it carries is escaped where it is shown (specviz.export). How a finished run
+(size, schema) and everything it carries is escaped where it is shown (specviz.recording.export). How a finished run
 becomes a recording, and its download buttons, is keep.py's.
 """
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from .. import export, record
-from ..config import SpecvizError
-from .common import UIContext, error_html, gpu, message
-from .inputs import PAGE, race_requests
-from .keep import downloads, race_recording, step_recording, sweep_recording  # noqa: F401 (the last two: as before)
-from .race import race_stream
+from specviz.config import SpecvizError
+from specviz.recording import export, record
+from specviz.ui.common import UIContext, error_html, gpu, message
+from specviz.ui.inputs import PAGE, race_requests
+from specviz.ui.keep import downloads, race_recording, step_recording, sweep_recording  # noqa: F401 (the last two: as before)
+from specviz.ui.race import race_stream
 
 SPEEDS = {"recorded speed": 1.0, "4× faster": 4.0, "all at once": 0.0}
 FRAME_S = 0.1  # at most ~10 page updates a second while playing

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..config import SpecvizError
+from specviz.config import SpecvizError
 
 
 @dataclass

@@ -15,16 +15,23 @@ import threading
 
 import gradio as gr
 
-from .. import compute
-from ..api import encode_prompt
-from ..config import DEFAULT_GAMMA, TEMPERATURE_MAX, TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
-from ..render import Pieces
-from ..teach import Stepper, StepSettings, forward_times, greedy_check, label, sample_check, timing_sentence
-from ..teach_plots import candidates_figure, exactness_figure, forward_time_figure
-from .common import UIContext, error_html, gpu
-from .keep import download_buttons, downloads, step_recording
-from .sessions import SessionStore
-from .step_html import (
+from specviz.api import encode_prompt
+from specviz.config import DEFAULT_GAMMA, TEMPERATURE_MAX, TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
+from specviz.host import compute
+from specviz.teach.compute import (
+    Stepper,
+    StepSettings,
+    forward_times,
+    greedy_check,
+    label,
+    sample_check,
+    timing_sentence,
+)
+from specviz.teach.plots import candidates_figure, exactness_figure, forward_time_figure
+from specviz.ui.common import UIContext, error_html, gpu
+from specviz.ui.keep import download_buttons, downloads, step_recording
+from specviz.ui.sessions import SessionStore
+from specviz.ui.step_html import (
     CSS,
     EXACT_HELP,
     EXPLAIN,
@@ -38,6 +45,7 @@ from .step_html import (
     text_html,
     timing_html,
 )
+from specviz.view.render import Pieces
 
 log = logging.getLogger("specviz")
 LOSSY_LABEL = "w: verify against w·p + (1 − w)·q (1 = exact; lower keeps more guesses and drifts from p)"

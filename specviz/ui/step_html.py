@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import html
 
-from ..events import Round
-from ..render import Pieces, round_html
-from ..teach import GreedyCheck, SampleCheck, Stepper, describe_round, describe_tree_round, label, prob
-from .tree_html import TREE_LEGEND, ranks_html, tree_html
+from specviz.events import Round
+from specviz.teach.compute import GreedyCheck, SampleCheck, Stepper, describe_round, describe_tree_round, label, prob
+from specviz.ui.tree_html import TREE_LEGEND, ranks_html, tree_html
+from specviz.view.render import Pieces, round_html
 
 START = '<div class="sv-say">Press <b>Next round</b> to let the draft make its first guesses.</div>'
 EXACT_HELP = (

@@ -11,15 +11,16 @@ import time
 
 import pandas as pd
 
-from .. import compute, plots
-from ..engine import autoregressive_decode, speculative_decode
-from ..events import Done
-from ..record import keep
-from ..request import RunRequest
-from ..tally import Tally
-from .common import HTML_EVERY_S, UIContext, error_html
-from .inputs import note as _note
-from .inputs import page_request, prepare
+from specviz.engine.loop import autoregressive_decode, speculative_decode
+from specviz.engine.tally import Tally
+from specviz.events import Done
+from specviz.host import compute
+from specviz.recording.record import keep
+from specviz.request import RunRequest
+from specviz.ui.common import HTML_EVERY_S, UIContext, error_html
+from specviz.ui.inputs import note as _note
+from specviz.ui.inputs import page_request, prepare
+from specviz.view import plots
 
 SWEEP_GAMMAS = (1, 2, 3, 4, 6, 8, 12, 16)  # the first limits.max_sweep of these, up to limits.max_gamma
 DEFAULT_SWEEP = 6  # 1, 2, 3, 4, 6, 8 unless the deployment asks for fewer

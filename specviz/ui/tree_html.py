@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import html
 
-from ..events import Round
-from ..metrics import TREE_RANKS, tree_acceptance
-from ..teach import prob, rank_words
+from specviz.events import Round
+from specviz.teach.compute import prob, rank_words
+from specviz.view.metrics import TREE_RANKS, tree_acceptance
 
 TREE_LEGEND = (
     '<div class="sv-tree-legend"><span><span class="sv-tn sv-t-kept">✓ kept</span> on the accepted path</span>'

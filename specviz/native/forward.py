@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 # The longest prefill llama.c runs in calls of up to 16 tokens, by weight type (float32, float16, int8, NF4); a longer
 # one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call (0.1 and 0.5 s of
-# the built-in target's). `python scripts/prefill_costs.py [--quantize 8bit|4bit]` on the 2-core Zen 3 of 26 Nov
+# the built-in target's). `python benchmarks/prefill_costs.py [--quantize 8bit|4bit]` on the 2-core Zen 3 of 26 Nov
 # 2026: the calls were faster up to about 96 tokens in float32 (24 tokens: 84 against 136 ms), 128 in int8 (58
 # against 108 ms) and past 384 in NF4 (76 against 683 ms); set at or below those, as another CPU's crossover may sit
 # lower (faster batched products).

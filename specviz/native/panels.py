@@ -333,7 +333,7 @@ PREFETCHES = (native.PANEL_PREFETCH, "none", "L1:16", "L2:64", "L2:128", "L2:256
 # base. L2:128 and L2:256: on the 2-core Zen 4 without AVX-512 (3 Dec 2026) a verify of 2-5 tokens took 1.06-1.19
 # steps with them against 1.10-1.35 with L1:32 and 1.15-1.33 with L2:64, in one process, interleaved (BENCHMARKS.md).
 # L1:16: on the 2-core Zen 3 of 6 Dec 2026, 2-4 tokens took 1.00-1.03 steps with it against 1.04-1.13 with L1:32,
-# and 1.04-1.11 against 1.15-1.25 a minute later in faster memory (scripts/prefetch_costs.py, interleaved)
+# and 1.04-1.11 against 1.15-1.25 a minute later in faster memory (benchmarks/prefetch_costs.py, interleaved)
 PREFETCH_MARGIN = 0.97
 PREFETCH_DRAWS = 4  # 2.5-3.3 s each for the built-in target on a 2-core Zen 3
 

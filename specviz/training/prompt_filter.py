@@ -1,5 +1,5 @@
 """Which prompts of a batch written by hand may join data/prompts_written.txt, and why each other one may not
-(scripts/filter_prompts.py is its command line).
+(specviz.training.filter_prompts is its command line).
 
 The written prompts are there to be one of a kind: along the greedy replies to builder prompts draft v6 never saw, its
 first guess was right 0.39 of the time where no prompt it trained on overlapped 0.4 of the words, 0.52-0.58 where one

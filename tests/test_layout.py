@@ -1,6 +1,6 @@
 """The shape of the code, read from its source with ast (nothing is imported): no import circle in specviz/, the
-training tools one importable package that the app never loads, scripts/ thin entry points that import no other
-script, and files and functions short enough to read in one sitting (issue 23's targets; STYLE.md).
+training tools one importable package that the app never loads, scripts/ a few tools each named in the docs,
+scripts/ and benchmarks/ entry points that import no other script, and files and functions short enough to read in one sitting (issue 23's targets; STYLE.md).
 
 A circle counts every import, the ones inside functions too: a function-level import that runs back up is a circle
 hidden, not removed.
@@ -13,7 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "specviz"
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "scripts"  # what a user or operator runs, each named in the docs
+BENCHMARKS = ROOT / "benchmarks"  # the harnesses whose figures the docs cite
+MAX_SCRIPTS = 12
 TRAINING = "specviz.training"
 MAX_LINES = 400  # no file in specviz/ longer, text aside
 MAX_FUNCTION_LINES = 60  # in the engine and the drafters
@@ -127,7 +129,7 @@ def test_no_import_circle_in_specviz():
 
 
 def test_the_app_never_loads_the_training_tools():
-    """specviz.training (data, training and evaluation of the draft and head) is for scripts/ and the tests; no
+    """specviz.training (data, training and evaluation of the draft and head) is for its tools and the tests; no
     module outside it imports it, so `import specviz` and the app never load it."""
     graph = import_graph()
     outside = {m: sorted(d for d in deps if d.startswith(TRAINING)) for m, deps in graph.items()}
@@ -148,11 +150,24 @@ def _root_expr(tree: ast.Module) -> set[str]:
     return {f"str({root})"} | {f"str({n})" for n in names}
 
 
-def test_scripts_import_no_other_script_and_put_only_the_repository_on_sys_path():
-    """Shared code lives in specviz (specviz.training for the training tools), so a script never imports another
-    and never puts scripts/ on sys.path; `python scripts/X.py` needs only this checkout's root there."""
-    stems = {p.stem for p in SCRIPTS.glob("*.py")}
-    for path in sorted(SCRIPTS.glob("*.py")):
+def test_scripts_are_a_few_tools_each_named_in_the_docs():
+    """scripts/ holds what a user or operator runs; measurement harnesses live in benchmarks/, finished experiments
+    are deleted (git keeps them) and the training tools run as `python -m specviz.training.NAME`."""
+    files = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file())
+    assert len(files) <= MAX_SCRIPTS, files
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in docs if p.is_file())
+    assert [f for f in files if f"scripts/{f}" not in text] == [], "scripts the docs never name"
+
+
+def test_scripts_and_benchmarks_import_no_other_script_and_put_only_the_repository_on_sys_path():
+    """Shared code lives in specviz (specviz.training for the training tools), so a script or benchmark never
+    imports another and never puts scripts/ or benchmarks/ on sys.path; `python scripts/X.py` and
+    `python benchmarks/X.py` need only this checkout's root there."""
+    paths = sorted(SCRIPTS.glob("*.py")) + sorted(BENCHMARKS.glob("*.py"))
+    assert len(paths) > len(list(SCRIPTS.glob("*.py")))  # benchmarks/ is read too
+    stems = {p.stem for p in paths}
+    for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         allowed = _root_expr(tree)
         for node in ast.walk(tree):
@@ -176,7 +191,8 @@ def test_the_tests_reach_the_training_tools_as_a_package():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("sys.path."):
-                assert "scripts" not in ast.unparse(node), f"{_rel(path)}:{node.lineno} puts scripts/ on sys.path"
+                call = ast.unparse(node)
+                assert "scripts" not in call and "benchmarks" not in call, f"{_rel(path)}:{node.lineno} {call}"
 
 
 def test_files_fit_in_one_sitting():

@@ -73,12 +73,12 @@ class SamplingConfig:
 
 DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); the built-in pair is best at 1-3
 # What a user gets without choosing, in the API, the CLI and the page (request.RunRequest holds them): the
-# configuration that the benchmark found best overall for the built-in pair on a 2-core CPU (BENCHMARKS.md, 23 Nov
-# 2026): free lookup guesses where the text has them, the draft model otherwise, as many per round as the auto
+# configuration that the benchmark found best overall for the built-in pair on a 2-core CPU (docs/performance.md):
+# free lookup guesses where the text has them, the draft model otherwise, as many per round as the auto
 # policy expects to pay
 DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
-# and token trees where they pay (BENCHMARKS.md, 5 Dec 2026): tree "auto" weighs each round's best tree against the
+# and token trees where they pay: tree "auto" weighs each round's best tree against the
 # best chain by this machine's measured costs, so a CPU on which trees do not pay runs chains
 DEFAULT_TREE_SETTING = "auto"
 DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head", "model+head", "lookup+model+head")

@@ -68,8 +68,8 @@ class Pools:
         committed: str | Path | None = COMMITTED,
         built: Iterable[str] | None = None,
     ) -> Pools:
-        """`built`: the prompts of `build_prompts.build(seed=0)` if the caller has them (else built here: 3 s on the
-        2-core Zen 3, beside other work); the committed prompt file's are added to them."""
+        """`built`: the prompts of `build_prompts.build(seed=0)` if the caller has them (else built here, a few
+        seconds); the committed prompt file's are added to them."""
         if built is None:
             built = [r["prompt"] for r in build(seed=0)]
         built = list(built)

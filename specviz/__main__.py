@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     from specviz.config import CHECK_DRAFTERS, DRAFTERS
     from specviz.request import RunRequest
 
-    ap = argparse.ArgumentParser(prog="python -m specviz", description="See, teach and judge speculative decoding.")
+    prog = "specviz" if os.path.basename(sys.argv[0]) == "specviz" else "python -m specviz"  # the installed command
+    ap = argparse.ArgumentParser(prog=prog, description="See, teach and judge speculative decoding.")
     sub = ap.add_subparsers(dest="command", required=True)
 
     sub.add_parser("setup", help="prepare the built-in pair (converts the target once, offline afterwards)")

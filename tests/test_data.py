@@ -1,6 +1,6 @@
-"""The teacher-data prompt builder (scripts/build_prompts.py) and the teacher file helpers (specviz/training/teacher_io.py).
+"""The teacher-data prompt builder (specviz.training.build_prompts) and the teacher file helpers (specviz/training/teacher_io.py).
 
-The generator itself (scripts/make_teacher_data.py: resuming, top-k) is tested in test_train.py, beside the
+The generator itself (specviz.training.make_teacher_data: resuming, top-k) is tested in test_train.py, beside the
 tiny chat target it runs on.
 """
 

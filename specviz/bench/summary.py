@@ -40,8 +40,8 @@ def _paired(a: pd.DataFrame, b: pd.DataFrame) -> float:
 
 def _spread(spec: pd.DataFrame, ar: pd.DataFrame) -> dict:
     """How the paired per-prompt speedups spread around their median: the lowest (and its prompt), the quartiles and
-    the highest. Why: on a 2-core CPU whose memory a neighbour shares, one prompt's ratio moved by up to 0.19 between
-    two runs seconds apart (BENCHMARKS.md, "The Zen 3, a fourth session"), so a median alone hides what a visitor's
+    the highest. Why: on a CPU whose memory a neighbour shares, one prompt's ratio moves visibly between two runs
+    seconds apart, so a median alone hides what a visitor's
     single race may show, and the slowest prompt is the one a claim of "never slower" rests on."""
     r = _ratios(spec, ar)
     if r.empty:

@@ -102,7 +102,7 @@ class LookupDrafter(Drafter):
     def key(self, n: int) -> str:
         """The policy's estimate for matches of n tokens: a 3-token match is right far more often than a 1-token
         one (its first guess 0.81 vs 0.20 of the time on the built-in target's greedy replies, measured by
-        scripts/lookup_stats.py), so auto learns each length apart."""
+        specviz.training.lookup_stats), so auto learns each length apart."""
         return f"{self.name}:{n}"
 
     def propose(self, seq: list[int], ctx: DraftContext) -> Proposal:

@@ -192,7 +192,7 @@ class TreePolicy:
     """
 
     RANKS = 3  # calibration per rank 0, 1 and 2+ (the built-in draft: the target's token is its 1st choice 50%
-    # of the time, its 2nd 12%, its 3rd 6% on held-out greedy replies; scripts/eval_draft.py --ranks)
+    # of the time, its 2nd 12%, its 3rd 6% on held-out greedy replies; specviz.training.eval_draft --ranks)
     PRIOR = 1.0  # pseudo-mass of cal = 1: take the draft at its word until the target has said otherwise
     START = 4  # auto's first round, before any curve is known
     EXPLORE_EVERY = 8  # under auto, one round in 8 that would be a chain grows a tree anyway: its curve keeps learning

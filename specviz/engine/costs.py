@@ -35,9 +35,8 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
     """GB/s of one pass that only reads `nbytes` of memory (a sum over a float32 buffer that large, the best of `reps`
     after one untimed): the fastest a step can stream a model's weights at this moment, so a step's time over it is
     the memory-bound limit (scripts/cpu_costs.py). The bench prints it before and after a run: on a VM it moves with
-    the neighbours, and with it every ratio (the 2-core Zen 5 of 29 Nov 2026 read 41-80 GB/s within an hour,
-    and the bench's default ran from 1.16x to 1.55x plain decoding: a verify's extra tokens are arithmetic, which
-    slow memory hides and fast memory shows; BENCHMARKS.md, "Per CPU: AMD EPYC Zen 5")."""
+    the neighbours, and with it every ratio (a verify's extra tokens are arithmetic, which slow memory hides and fast
+    memory shows), so a speedup is read beside the bandwidth it was measured at."""
     big = torch.ones(nbytes // 4)
     return nbytes / 1e9 / best_seconds(big.sum, reps)
 
@@ -45,9 +44,8 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
 def relative_times(samples: list[list[float]]) -> list[float]:
     """Seconds per size from `forward_samples`, read against the one-token call of the same repetition: the median
     over repetitions of size / one-token, times the one-token call's median. What the bandwidth a VM gets does
-    from second to second falls on a repetition's sizes alike and cancels: on the 2-core Zen 4 of BENCHMARKS.md
-    the 2- to 5-token costs spread 0.011-0.015 steps between draws, made monotone, against 0.011-0.024 for plain
-    medians of the same 6 calls and 0.024-0.037 for medians of 2 (scripts/calibration_noise.py)."""
+    from second to second falls on a repetition's sizes alike and cancels, so the ratios spread less between draws
+    than plain medians of the same calls do."""
     one = samples[0]
     return [statistics.median(t / o for t, o in zip(s, one)) * statistics.median(one) for s in samples]
 
@@ -89,7 +87,7 @@ def feed_seconds(run, tokens: torch.Tensor, at: int, device: torch.device | None
 
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its times; freed with the model
 
-CALIBRATION_REPS = 6  # 6 interleaved calls per size (2 medians until 27 Nov 2026: auto's k followed the noise)
+CALIBRATION_REPS = 6  # interleaved calls per size: with fewer, auto's k follows the timing's noise
 
 
 def monotone(times: list[float]) -> list[float]:
@@ -112,8 +110,7 @@ def draft_step_calibration(
     """([median seconds of a draft step right after a one-token target call, of the step after that], seconds spent
     now), once per (draft, target): the way a round pays for its first guess, after the verify has streamed the
     target's weights through the caches, and for each further one, with the draft's weights back in cache (the
-    built-in draft's int8 step in the Zen 4's decode loop, 27 Nov 2026: 0.96 ms first, 0.63-0.72 ms second,
-    0.57-0.63 ms third, Python included). A served target's calls run elsewhere: its draft's steps are timed back
+    first costs clearly more than the later ones). A served target's calls run elsewhere: its draft's steps are timed back
     to back, both numbers alike. greedy: the steps a greedy round takes (`next_greedy`, or a lean draft's chain of
     one: no V-wide logits; the chain's later steps pay no Python, so the second number is a little high), else a
     sampled round's (a lean draft's sampled chain of one, or `feed`)."""

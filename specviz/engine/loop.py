@@ -275,7 +275,7 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     tokens not yet cut at EOS or the budget, its elapsed_s not yet set), and at T = 0 the verify's scores (N + 1, V),
     from which `_round` reads the tree's p(x) at T = 1 once the round's clock has stopped (else None: p is filled).
     Greedy decoding never reads those p: plain decoding's steps show p = 1 and a chain's rounds their verdicts, so
-    they are the page's work, not the models' (0.15-0.23 ms of a tree round of about 23 ms on a 2-core Zen 3)."""
+    they are the page's work, not the models' (a small share of a tree round)."""
     p_run, drafter, policy, tree, clock = run.p_run, run.drafter, run.policy, run.tree, run.clock
     s, gen, cfg = run.cfg.sampling, run.gen, run.cfg
     x, N = prop.tokens, int(prop.tokens.numel())  # (N,)
@@ -326,8 +326,8 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
 def _p_at_parents(p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor) -> list[float]:
     """Each tree node's p(x) at its parent: from the verify's probabilities where it sampled, else (greedy) p at T = 1
     on the parents' rows only (a softmax of every row of the verify, every round, was most of that work): in one native
-    call where it can (native.probs_at: each row's maximum and sum of exponentials, then only the chosen entries';
-    0.44-0.47 -> 0.15-0.25 ms a tree round in the decoding loop on a 2-core Zen 3, 7 Dec 2026), else in PyTorch."""
+    call where it can (native.probs_at: each row's maximum and sum of exponentials, then only the chosen entries'),
+    else in PyTorch."""
     if p_probs is not None:
         return p_probs[[par + 1 for par in parents], x].tolist()
     known = native.probs_at(p_logits, [par + 1 for par in parents], x.tolist())

@@ -57,10 +57,9 @@ def make_run(
 def runs_chains(cfg: SpecConfig, target, drafter: Drafter) -> bool:
     """Whether a run asked for trees runs chains anyway (the race says so): a draft with another tokenizer guesses
     a line of text at a time; a served target has no tree-masked verify (a fixed budget is refused there,
-    check_served); and tree "auto" grows trees at temperature 0 only. At T > 0 its estimates do not hold: on 10
-    stories on a 2-core AMX Xeon at T = 0.7 a tree round was expected to give 2.33 tokens and gave 2.03, its
-    drafting took 5.8 ms against 3.9 expected (the q rows every node then needs), and trees ran 0.98x the chain
-    (BENCHMARKS.md, 5 Dec 2026); a fixed budget still grows them there."""
+    check_served); and tree "auto" grows trees at temperature 0 only. At T > 0 its estimates do not hold: a round
+    gives fewer tokens than expected and drafting costs more (the q rows every node then needs), so trees ran no
+    faster than the chain; a fixed budget still grows them there."""
     translating = isinstance(getattr(drafter, "model", drafter), TranslatingDrafter)
     return translating or isinstance(target, ServedTarget) or (cfg.tree == "auto" and not cfg.sampling.greedy)
 

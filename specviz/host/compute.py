@@ -4,10 +4,8 @@ Why: on the CPU, torch runs its matrix products through MKL on GNU OpenMP (libgo
 parallel region keeps a team of OpenMP worker threads for as long as it lives, and once the live teams hold more
 threads than the machine has CPUs, libgomp stops letting idle workers spin: each small product then pays for
 waking them. A web server answers from a pool of threads, so without this module every model call of the app
-ran in that slow state. Measured on a 2-core AMD EPYC (torch 2.13.0, 2 threads): a 3-row product with a
-1536 x 576 weight took 0.085 ms on the only thread that had used torch and 0.17 ms once a second live thread
-had; a verify call of the built-in target over 2-4 tokens took 27-31 ms against 49-54 ms, which turned the
-pair check's 1.4x into 0.9x. A thread that has ended frees its team, so short-lived threads (model loads) are
+ran in that slow state: a small product costs about twice as much once a second live thread has used torch, and
+a verify call of the built-in target enough more to turn a speedup into a slowdown. A thread that has ended frees its team, so short-lived threads (model loads) are
 harmless; the pool's threads live on.
 
 So the app runs every model call on one thread: `call(fn, ...)` runs fn there and returns its result;

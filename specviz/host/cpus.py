@@ -5,22 +5,21 @@ smaller machine. Inside it `os.cpu_count()` and the affinity mask still show eve
 Space with 2 vCPUs has been reported to show 16), and torch starts one thread per core it sees. The models' calls
 split every product over those threads with a barrier between steps (csrc/llama.c: about 300 a forward of the
 built-in target), so once the threads outnumber the quota the process is stopped for part of every period and each
-barrier waits for a stopped thread. On a 2-core AMD EPYC Zen 4 in a cgroup allowed one CPU, plain decoding of the
-built-in target ran 25-28 tokens/s on 2 threads and 41-44 on 1 (scripts/threads_ab.py; BENCHMARKS.md "Threads for
-the CPUs a process really has"). So the thread count is at most the CPUs the quota allows, rounded down (1.5 CPUs
+barrier waits for a stopped thread: in a cgroup allowed one CPU, plain decoding on two threads runs clearly slower
+than on one. So the thread count is at most the CPUs the quota allows, rounded down (1.5 CPUs
 run one thread unthrottled rather than two throttled a quarter of the time), and at most the CPUs in the affinity
 mask. The thread count never changes the numbers: llama.c and few_rows.c split a product's output columns and a
 step's rows or heads between threads, each computed whole by one.
 
 The same barriers make a busy neighbour costly where there is no quota: a program that keeps one of two cores busy
-stops one of the two threads for a scheduler slice at a time, and every barrier waits for it. On that Zen 4 beside a
-busy loop, plain decoding ran 21-23 tokens/s on 2 threads and 43-45 with this rule (1 thread). So without a quota
+stops one of the two threads for a scheduler slice at a time, and every barrier waits for it, so two threads beside
+a busy loop run slower than one. So without a quota
 the native calls (llama.c, few_rows.c) take `threads()`: the fitted count less the CPUs other programs kept busy
 over the last half second (/proc/stat for the CPUs of the affinity mask, less this process's own CPU time; a
 hypervisor's steal counts as busy), looked at most twice a second. Torch's own count follows it (set by `threads()`
 on the thread that asks), since PyTorch's OpenMP regions wait at the same kind of barrier: a sampled round's
-49,152-wide probability rows, draws and scatters ran on 2 threads beside the native calls' 1, and with chromium
-drawing the race on one of a Zen 1's two cores a draft step at T = 0.7 took 20 ms instead of 5.
+49,152-wide probability rows, draws and scatters ran on 2 threads beside the native calls' 1, and with a browser
+drawing the race on one of two cores a sampled draft step took several times as long.
 
 SPECVIZ_THREADS: a number forces that many threads, always; unset (or `auto`), the fit above and the neighbours'
 share, unless OMP_NUM_THREADS is set (then torch's count is the operator's, as OpenMP programs take it).

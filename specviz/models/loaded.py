@@ -165,7 +165,7 @@ def _resolve_device(device: str | torch.device | None) -> torch.device:
 
 def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     """The dtype asked for; without one float32 on every device, so a verify of several tokens picks what one-token
-    steps pick (in bfloat16 they parted at 0.6 % of positions on an H200: `pair_dtypes`). A draft's half dtype, which
+    steps pick (in bfloat16 they part at some positions: `pair_dtypes`). A draft's half dtype, which
     changes only its guesses, comes from kernels.draft_dtype."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
@@ -238,8 +238,8 @@ def pair_dtypes(p: LoadedModel, q: LoadedModel) -> str:
 
 
 # A target in half precision: a call of several tokens and a one-token step sum in another order and round apart
-# (call_vs_steps.py on the built-in draft's weights, real text: argmax parted at 0.57 % of positions in bfloat16 and
-# 0.10 % in float16 on an H200, 0.39 % in bfloat16 on a CPU; none of 12,800 in float32)
+# (benchmarks/call_vs_steps.py counts, on real text, the positions where their argmax parts: some in bfloat16 and
+# float16, on a GPU and on a CPU; none in float32)
 ROUNDS_APART = (torch.bfloat16, torch.float16)
 
 
@@ -337,9 +337,8 @@ def load_pair(
 def _start_after(target: tuple | None, draft_request: tuple, trust_remote_code: bool) -> None:
     """Start loading the target (name, device, dtype, quantize; None: one already loaded), then the draft once the
     target is in, in the background: both land in the cache for the next caller if this one gives up waiting, but
-    one after the other, since each load times its kernels' choices (kernels.py, lean_panels.py). Started together,
-    the built-in target's kernel choice (kernels.choose, 10.4-14.1 s into the load on a 2-core Zen 4) was timed
-    while the draft timed its own kernels and layouts (10.5-11.1 s; BENCHMARKS.md, "The Zen 4 without AVX-512")."""
+    one after the other, since each load times its kernels' choices (kernels.py, lean_panels.py): started together,
+    each would time its choices while the other's timing loaded the same cores, and choose by that."""
     key, make = draft_request[:2]
     if target is None:  # a target already loaded
         CACHE.start(key, make)

@@ -4,8 +4,8 @@
 `CachedModel.next_greedy` (the argmax), at T > 0 `feed` and `drafters_base.draw` (a draw from the softmax). For a
 lean draft whose output layer is cut to the rows it proposes (the built-in one: `LeanLlama.skip_rows`) that loop is
 `greedy_chain` or `sampled_chain` here: the same llama.c calls, the same argmax or the same draw from the same
-uniforms, so the same tokens and the same cache, with the Python between calls (about 0.4 ms a call at T = 0 and
-0.9 at T > 0 on a 2-core Zen 1) gone.
+uniforms, so the same tokens and the same cache, with the Python between calls (a large share of a small draft's
+step) gone.
 """
 
 from __future__ import annotations
@@ -181,8 +181,7 @@ def _read_buffers(lean) -> threading.local:
     """This thread's buffers for `tree_read`'s calls on this lean forward, made once per thread: the residual stream x
     and the normed states hn (MAX_ROWS, H), the output layer's scores, the fed rows and the n best rows and
     probabilities (ctypes arrays: a read returns lists made from them). Making them for every read, with the fed ids
-    mapped by a tensor index, cost a root read 50-60 us on a 2-core Zen 3 (0.48-0.50 -> 0.43 ms, median of 200
-    interleaved reads, 7 Dec 2026)."""
+    mapped by a tensor index, was a visible share of a root read."""
     local = lean.__dict__.get("_read_local")
     if local is None:
         local = lean.__dict__.setdefault("_read_local", threading.local())
@@ -203,5 +202,5 @@ def _input_rows(lm) -> list[int] | None:
 
 def _kept_list(lm) -> list[int]:
     """`kept_ids` as a Python list, made once per cut output layer: a read maps its n rows through it (indexing the
-    V-wide tensor took 35 us of a read's Python on a 2-core Zen 3)."""
+    V-wide tensor is most of a read's Python)."""
     return _memo(lm.lean, "_kept_list", lm.lean.kept, lambda: kept_ids(lm).tolist())

@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 
 INT8_MIN_BYTES = 4 << 20  # a draft with fewer bytes of weights stays in the CPU's caches between rounds anyway
 # int8 is kept where its cold step takes under this share of the float one: it guesses as the float draft does
-# (alpha 0.50 either way, BENCHMARKS "An int8 draft"), so any gain beyond the timing's noise is one. At 0.85 a Zen 1,
-# where a draw's share is 0.73-0.86, kept float weights in 1 of 18 processes timed (c 0.06-0.07, not 0.04-0.05)
+# (the same alpha either way), so any gain beyond the timing's noise is one; a stricter share kept float weights
+# in some processes where int8 was faster in all
 INT8_PAYS = 0.95
 
 
 # int8 activations are kept where the int8 draft's cold step takes under this share of its time without them: they
-# move a product by about 0.5 %, a guess rarely (tests/test_lean.py; BENCHMARKS "The Zen 3, a fifth session")
+# move a product by about 0.5 %, a guess rarely (tests/test_lean.py)
 ACT8_PAYS = 0.95
 
 
@@ -88,9 +88,8 @@ def _act8(target: LeanLlama | None, fwd: LeanLlama) -> LeanLlama:
 
 def _act8_to_time(fwd: LeanLlama) -> list[LeanLlama]:
     """[the int8 forward fwd with int8 activations] where auto will weigh them (ACT8_PAYS) and they can run, else [].
-    Timed beside the float and int8 forms: on a 2-core Zen 4 without AVX-512 (3 Dec 2026) int8 weights alone came
-    within 5 % of float16 (1.05-1.52 against 0.99-1.40 ms), so the float16 draft was kept in 2 of 3 bench processes
-    (c 0.06-0.08), where with int8 activations it runs at c 0.03-0.05."""
+    Timed beside the float and int8 forms: where int8 weights alone come no faster than float16 (a CPU without
+    AVX-512 converts int8 slowly), the integer products can still be, and the draft's c is then the lower."""
     if act8_mode() != "auto" or fwd.act8_pays is not None or not lean_panels.can8(fwd):
         return []
     return [lean_panels.with_act8(fwd)]
@@ -105,8 +104,8 @@ def _judged_steps(target: LeanLlama, drafts: list[LeanLlama], bar: float) -> lis
 def _variants(small: LeanLlama) -> list[LeanLlama]:
     """The int8 draft read by rows and in panels, to be timed the way a round runs it (where the layout is timed:
     lean_panels.layout_mode): its few MB stay in the caches when timed back to back, which favours rows, while a round
-    reads them after the target's verify has streamed through the caches (on the Zen 4 of 27 Nov 2026 its step took
-    0.89-0.99 ms in panels against 1.05-1.17 by rows that way, while timed warm it chose rows)."""
+    reads them after the target's verify has streamed through the caches (cold, panels can win where warm timing
+    chooses rows)."""
     if lean_panels.layout_mode() != "auto" or small.layout_timed_cold or not lean_panels.can(small):
         return [small]
     return [lean_panels.copy_with(small, False), lean_panels.copy_with(small, True)]

@@ -3,9 +3,9 @@ model's own arithmetic runs.
 
 Why. Speculative decoding pays off when a verify of gamma + 1 tokens costs about one single-token step: both read
 every weight once, and at these sizes reading the weights is the work. With specviz's few-token kernel the
-linear layers of the built-in target are at that limit (16.9 ms for one row, 17.3 ms for four, on a 2-core
-Xeon), but transformers' Llama spends as long again around them: a step took 32.9 ms and a verify of four
-tokens 1.18 steps, because its per-layer bookkeeping (mask building, cache concatenation, the generic attention
+linear layers of the built-in target are at that limit (four rows cost about what one costs), but transformers'
+Llama spends about as long again around them, and a verify costs clearly more than a step, because its per-layer
+bookkeeping (mask building, cache concatenation, the generic attention
 interface, about 185 small copies) grows with the tokens fed. This module runs the same model with one tensor
 op per piece of arithmetic and nothing else (after gpt-fast's `model.py`: preallocated KV cache, fused q/k/v and
 gate/up products):
@@ -50,10 +50,9 @@ log = logging.getLogger(__name__)
 
 # The longest prefill llama.c runs in calls of up to 16 tokens, by weight type (float32, float16, int8, NF4); a longer
 # one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call (0.1 and 0.5 s of
-# the built-in target's). `python scripts/prefill_costs.py [--quantize 8bit|4bit]` on the 2-core Zen 3 of 26 Nov
-# 2026: the calls were faster up to about 96 tokens in float32 (24 tokens: 84 against 136 ms), 128 in int8 (58
-# against 108 ms) and past 384 in NF4 (76 against 683 ms); set at or below those, as another CPU's crossover may sit
-# lower (faster batched products).
+# the built-in target's). Calls of up to 16 tokens win up to a crossover that grows with what the batched path must
+# dequantise (`python benchmarks/prefill_costs.py [--quantize 8bit|4bit]` finds it); set at or below the crossovers
+# met, as another CPU's may sit lower (faster batched products).
 CHUNKED_PREFILL = {0: 48, 1: 48, 2: 128, 3: 256}
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose cos/sin depend on the position only
 _DTYPES = (torch.float32, torch.float16)
@@ -65,7 +64,7 @@ def mode() -> str:
     return "transformers" if v in ("transformers", "hf", "0", "off", "no", "false") else "auto"
 
 
-SKIP_ROWS_BELOW = 0.9  # compute a draft's output layer over the rows it may propose where they are under 90 %
+SKIP_ROWS_BELOW = 0.9  # compute a draft's output layer over the rows it may propose where they are under 9 in 10
 
 
 def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,9 +223,8 @@ class LeanLlama:
     def skip_rows(self, blocked: torch.Tensor) -> None:
         """Leave out of the output layer the rows a draft never proposes (their logits come back -inf, as the
         engine sets them anyway). Worth it where they are many: the built-in draft proposes 8,000 of its 21,513
-        rows (training/draft_rows.py), and its output layer was 59 % of version 6's bytes, read again from memory
-        every round after a verify: its int8 step right after a target step took 0.93-0.96 ms against 1.21-1.26
-        (Zen 4)."""
+        rows (training/draft_rows.py), and an output layer is a large share of a small draft's bytes, read again
+        from memory every round after a verify."""
         keep = torch.ones(self.rows, dtype=torch.bool)
         keep[blocked] = False
         if int(keep.sum()) > SKIP_ROWS_BELOW * self.rows:

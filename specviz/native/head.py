@@ -1,8 +1,7 @@
 """A draft head's guesses by specviz's native forward (llama.c), as the target's and the draft's run.
 
 Why: in PyTorch a guess of the built-in head is a few dozen tensor operations, each dispatched on its own, and
-read its 11,760 output rows (8,000 since 27 Nov) in float32 (27 MB): on the 2-core Zen 3 of 26 Nov 2026 its cost ratio c was 0.24-0.31
-against the int8 draft's 0.07 in llama.c. The head's block is a Llama decoder layer and its final norm and rows
+read its output rows in float32, so its cost ratio c was several times the int8 draft's in llama.c. The head's block is a Llama decoder layer and its final norm and rows
 are an output layer, so the head is a one-layer Llama model whose input vectors are fc([e(x); f]) instead of an
 embedding table's rows: LeanLlama runs it (`forward_embedded`) in one call with no Python between its parts, and
 `lean_draft.draft_forward` gives it int8 weights (a quarter of the bytes) where this machine runs them faster, as it

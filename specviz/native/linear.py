@@ -2,9 +2,8 @@
 
 1. The linear layers (`use_fast_linear`). Speculative decoding counts on a verify of gamma + 1 tokens costing
 about one single-token step: both read every weight once, and at these sizes reading the weights is the work.
-PyTorch's BLAS paths do not behave so for 2-8 rows, by CPU: on an AMD EPYC (MKL) `F.linear` for 2-16 rows took
-about twice a one-row call and the transposed product (W·xᵀ)ᵀ got a 3-token call from 86 to 40 ms; on an Intel
-Xeon the transposed product did the opposite (2 tokens 34 -> 70 ms) and `F.linear` jumped at 4 rows. So three paths
+PyTorch's BLAS paths do not behave so for 2-8 rows, and not alike on every CPU: `F.linear` can cost about twice a
+one-row call, and the transposed product (W·xᵀ)ᵀ halves that on some CPUs and doubles it on others. So three paths
 are timed once per process on the model's own layers (SPECVIZ_CPU_GEMM=auto), one row and four rows, the fastest
 in sum used (the kernel unless another is faster by more than its margin, LEAN_MARGIN or KERNEL_MARGIN): "torch",
 `F.linear`; "transposed", (W·xᵀ)ᵀ for 2-64 rows; "kernel", specviz's own few-token kernel (native.py,
@@ -16,8 +15,7 @@ timed once per model. The result is the same product up to float32 rounding; qua
 left alone.
 
 2. A draft in float16 (`draft_dtype`). A draft's step reads all of its weights for one token, so it is bound by
-memory traffic: in half precision it reads half the bytes (the built-in draft: 4.1 -> 1.6 ms a step on an EPYC),
-which cuts c. CPUs that convert float16 slowly can lose instead, so (SPECVIZ_CPU_HALF_DRAFT=auto) a one-token
+memory traffic: in half precision it reads half the bytes, which cuts c. CPUs that convert float16 slowly can lose instead, so (SPECVIZ_CPU_HALF_DRAFT=auto) a one-token
 product in float16 and in float32 is timed once per process, each by its fastest path, and a draft loaded without a
 dtype takes float16 only where clearly faster; `1` forces it, `0` never. Only the guesses change, not the output.
 """
@@ -36,11 +34,11 @@ import torch.nn.functional as F
 from specviz.native import library as native
 
 # The kernel is kept unless another path is clearly faster at the products alone (KERNEL_MARGIN): a busy neighbour
-# can put one timing a few percent off, and where the kernel loses, `choose` draws again (Chromium starting beside a
-# load on a Zen 4, 2 Dec 2026, once gave PyTorch's path: plain 12.9 tokens/s, not 33.5). Where the kernel also brings
-# a Llama's whole forward in llama.c (lean.py), products timed one by one from Python cannot see it: on a 2-core Zen 3
-# (3 Dec 2026) they took 97-151 ms for a step and a 4-token call (transposed 117-142) where llama.c's forward takes 41
-# and PyTorch's 133 (`scripts/cpu_costs.py`), and 1 fresh process of 19 took PyTorch's path: LEAN_MARGIN there.
+# can put one timing a few percent off (a browser starting beside a load once gave PyTorch's path, several times
+# slower), and where the kernel loses, `choose` draws again. Where the kernel also brings a Llama's whole forward in
+# llama.c (lean.py), products timed one by one from Python cannot see it: their Python overhead can make the kernel
+# look no faster while llama.c's forward is several times PyTorch's (`scripts/cpu_costs.py` compares the whole
+# forwards): LEAN_MARGIN there.
 KERNEL_MARGIN = 1.15
 LEAN_MARGIN = 2.0
 MAX_ROWS = 64  # the transposed product's range: past a few dozen rows MKL's usual path is fine again (a prefill)
@@ -233,7 +231,7 @@ def _time_halves(rows: int = 16384, cols: int = 576) -> tuple[float, float]:
 
 @functools.cache
 def half_is_faster() -> bool:
-    """Whether float16 weights clearly beat float32 for one token on this CPU (timed once per process, ~0.2 s)."""
+    """Whether float16 weights clearly beat float32 for one token on this CPU (timed once per process)."""
     full, half = _time_halves()
     return half < 0.8 * full
 

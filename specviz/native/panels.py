@@ -37,10 +37,10 @@ def choose(fwd) -> None:
     """Panels where they run this forward's products faster here (timed on its own weights), else rows (with the
     rows of W per pass timed, where this is the process's first such model: `choose_passes`). A target bitsandbytes
     quantised keeps its rows unless SPECVIZ_KERNEL_LAYOUT forces panels: it was loaded in 8 bits to hold a quarter
-    of float32's bytes, and a panel copy would hold its weights twice (an 8-bit built-in target 440 MB, not 270).
-    On a CPU with AMX, a float32 model of TILES_MIN_BYTES or more is then timed on tiles (native.tile) against the
-    layout chosen, and kept there where they pay (second_pays): on the 2-core Xeon of 5 Dec 2026 the built-in
-    target's step took 20.3 ms on tiles against 21.0 in panels, and a call of 9 tokens 1.09 steps against 1.35."""
+    of float32's bytes, and a panel copy would hold its weights twice.
+    On a CPU with AMX tiles, a float32 model of TILES_MIN_BYTES or more is then timed on tiles (native.tile) against
+    the layout chosen, and kept there where they pay (second_pays): tiles keep a step about as fast as panels and
+    make a tree's long verify cheaper, where the float products are compute-bound."""
     if not can(fwd):
         return fwd.point()
     if layout_mode() == "tiles" and lean_tiles.can_tile(fwd):
@@ -70,8 +70,8 @@ _prefetch_timed: list[str] = []  # the panels' prefetch this process chose by ti
 def choose_prefetch(fwd) -> None:
     """How the panel kernels prefetch in calls of 2+ tokens, forced by SPECVIZ_KERNEL_PREFETCH or timed once per
     process on the first model in panels large enough to stream from memory (PASSES_MIN_BYTES; its calls of 2 and 4
-    tokens, six settings, 2.5-3.3 s a draw for the built-in target on the 2-core Zen 3 of 6 Dec 2026, up to
-    PREFETCH_DRAWS draws while too close to call); one setting for every model of the process. Any setting computes
+    tokens, six settings, a few seconds a draw for the built-in target, up to PREFETCH_DRAWS draws while too close
+    to call); one setting for every model of the process. Any setting computes
     the same numbers."""
     forced = prefetch_mode()
     if forced is not None:
@@ -88,8 +88,8 @@ _passes_timed: dict[int, tuple[int, ...]] = {}  # weight type -> the counts this
 
 def choose_passes(fwd) -> None:
     """The AVX2 rows kernels' rows of W per pass for fwd's weight type, timed once per process on the first model
-    of that type large enough to stream from memory (time_passes; 0.7 s for the built-in target on a 2-core
-    Zen 1); smaller models keep what was chosen (or the defaults). Any counts compute the same numbers."""
+    of that type large enough to stream from memory (time_passes; about a second for the built-in target); smaller
+    models keep what was chosen (or the defaults). Any counts compute the same numbers."""
     if fwd.wtype in _passes_timed or native.passes(fwd.wtype) is None or not passes_timed():
         return
     mats, size = [], 0
@@ -196,7 +196,7 @@ PANELS_GUARD = 1.06
 # AMX tiles (native.tile) are timed only against a model this large: a smaller one's products run from the caches,
 # where the timing says little about a step that streams the weights after a verify (a draft's)
 TILES_MIN_BYTES = 64 << 20
-LAYOUT_REPS = 4  # time_layouts' and time_calls' repetitions: 0.7 s for the built-in target on a 2-core Zen 3
+LAYOUT_REPS = 4  # time_layouts' and time_calls' repetitions: the best of 4 sheds one burst of other work
 
 
 def layout_mode() -> str:
@@ -234,7 +234,7 @@ def time_passes(mats: list[tuple], wtype: int) -> tuple[int, ...]:
     count up to the most each size takes (native.pass_limits), alternating within each of 3 repetitions; a count
     other than the default is kept only where it beat the default by PASSES_MARGIN in every repetition (one burst of
     other work must not decide a process's counts), the fastest such by its best time. A step's count (1 token)
-    stays the compiled one, the best on every CPU measured (Xeon, Zen 1, 3, 4). Leaves the chosen counts set."""
+    stays the compiled one, the best on every CPU met (docs/performance.md). Leaves the chosen counts set."""
     default, most = native.passes(wtype), native.pass_limits(wtype)[1]
     chosen = list(default)
     for m in range(2, 9):
@@ -275,8 +275,9 @@ def prefetch_mode() -> str | None:
 def time_prefetch(call, rows: tuple[int, ...] = (2, 4)) -> dict[str, float]:
     """Seconds of a model's calls of `rows` tokens (call(m) runs one call of m tokens: a verify's whole forward, its
     attention and barriers included), summed over `rows`, for each of PREFETCHES, alternating within each of
-    LAYOUT_REPS repetitions (the best of each). Leaves the setting as it found it. Whole calls, not the products: on
-    the Zen 4 of 2 Dec 2026 the products understated the difference enough to keep L1:32 in one process of three."""
+    LAYOUT_REPS repetitions (the best of each). Leaves the setting as it found it. Whole calls, not the products:
+    the products alone understate the difference (attention and barriers share the memory) enough to keep a losing
+    setting."""
     was = native.panel_prefetch()
     best = {s: [float("inf")] * len(rows) for s in PREFETCHES}
     try:
@@ -292,8 +293,8 @@ def time_prefetch(call, rows: tuple[int, ...] = (2, 4)) -> dict[str, float]:
 
 def prefetch_pays(times: dict[str, float]) -> str:
     """The setting to keep from `time_prefetch`'s sums: the fastest, where it was PREFETCH_MARGIN faster than the
-    compiled one, else the compiled one. L1:32 made calls of 3-6 tokens 1.23-1.28 -> 1.17-1.20 steps on a 2-core Zen 5;
-    on a 2-core Zen 4 2-5 tokens took 1.26-1.52 steps with it, 1.03-1.16 with none, 0.94-1.10 with L2:64."""
+    compiled one, else the compiled one: a setting that helps on one CPU costs on another, so none is kept on a
+    small lead."""
     fastest = min(times, key=times.get)
     return fastest if times[fastest] < PREFETCH_MARGIN * times[native.PANEL_PREFETCH] else native.PANEL_PREFETCH
 
@@ -317,10 +318,8 @@ CLOSE = 0.1  # for every choice kept by a ratio to a bar: lean_draft's int8 and 
 
 def judged_prefetch(call) -> str:
     """`prefetch_pays` of `time_prefetch(call)`, drawn again while too close to call (`judged`, PREFETCH_DRAWS at
-    most). On the Zen 4 of 2 Dec 2026, with one draw, one load in three kept L1:32 (20 % slower). On the Zen 4
-    without AVX-512 of 3 Dec, with two, 4 loads of 17 still did, each after two tied draws: the memory has slow spells
-    in which every setting ties (a step 17-19 ms, not 14-15), and a draw in a fast moment sets L2:128 10-17 % ahead
-    at 2-4 tokens."""
+    most). Why more than one: the memory has slow spells in which every setting ties, and a single draw taken in one
+    keeps the compiled setting where another is clearly faster in a fast moment."""
 
     def draw() -> list[float]:
         times = time_prefetch(call)
@@ -330,12 +329,10 @@ def judged_prefetch(call) -> str:
 
 
 PREFETCHES = (native.PANEL_PREFETCH, "none", "L1:16", "L2:64", "L2:128", "L2:256")  # the compiled one first: judged's
-# base. L2:128 and L2:256: on the 2-core Zen 4 without AVX-512 (3 Dec 2026) a verify of 2-5 tokens took 1.06-1.19
-# steps with them against 1.10-1.35 with L1:32 and 1.15-1.33 with L2:64, in one process, interleaved (BENCHMARKS.md).
-# L1:16: on the 2-core Zen 3 of 6 Dec 2026, 2-4 tokens took 1.00-1.03 steps with it against 1.04-1.13 with L1:32,
-# and 1.04-1.11 against 1.15-1.25 a minute later in faster memory (scripts/prefetch_costs.py, interleaved)
+# base. Each of the others was the fastest for a verify of 2-5 tokens on some CPU met (benchmarks/prefetch_costs.py
+# compares them, interleaved in one process), so each stays a candidate.
 PREFETCH_MARGIN = 0.97
-PREFETCH_DRAWS = 4  # 2.5-3.3 s each for the built-in target on a 2-core Zen 3
+PREFETCH_DRAWS = 4  # a few seconds each for the built-in target
 
 
 def passes_timed() -> bool:
@@ -348,14 +345,10 @@ def panels_pay(mats: list[tuple]) -> bool:
     """Whether this model's weights go to llama.c packed in panels: forced by SPECVIZ_KERNEL_LAYOUT, or timed on
     its own weights (`time_layouts`; under a second for the built-in target) and kept where a step and a 4-token
     verify take clearly less time together than by rows (PANELS_SUM_MARGIN) and neither is clearly slower alone
-    (PANELS_GUARD). On a 2-core Zen 1 (28 Nov 2026) panels took a step 7 % faster but a 4-token call 9 % slower, and
-    the race ran 1.28-1.34x against 1.50-1.54x by rows: rows. On a 2-core Zen 3 (1 Dec 2026) panels ran both lanes
-    faster, but the products alone read a step 0.83-0.95 of rows' time and a 4-token call 0.85-1.05: the earlier
-    rule (a 4-token call 3 % faster, a step not 3 % slower) took rows in 2 of 4 fresh processes. Judged by the two
-    together, the noise of one size weighs half (BENCHMARKS.md, the Zen 1, Zen 5 and Zen 3 sections). Where the two
-    together land within CLOSE of the margin, a second draw (`judged`): on the 2-core Zen 4 without AVX-512 of 3 Dec
-    2026, 2 app loads of 7 kept the target by rows (one timed 0.99 and 1.00, where the others read 0.52-0.79 and
-    0.66-0.84); with the second draw, 34 of 34 loads took panels."""
+    (PANELS_GUARD). Why both: a layout can make a step faster and a verify slower, and the race (a verify and a
+    step per round) then runs slower; and judged by the two together, the noise of one size weighs half, where a rule
+    on each alone flipped between fresh processes. Where the two together land within CLOSE of the margin, a second
+    draw (`judged`), so one slow moment of the memory does not decide a load."""
     how = layout_mode()
     if how != "auto":
         return how == "panels"

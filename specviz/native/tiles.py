@@ -25,8 +25,8 @@ def tiles(fwd) -> dict[int, torch.Tensor]:
 def time_calls(fwds: list, reps: int, rows: tuple[int, ...] = (1, 4)) -> list[tuple[float, ...]]:
     """Seconds of whole calls of `rows` tokens after 16 in the cache (a plain step and a typical verify: attention
     and barriers included; kernels.verify_call) for each forward, alternating within each of `reps` repetitions; the
-    best of each. For AMX tiles against panels: on the Xeon of 5 Dec 2026 the products alone, one parallel region
-    each, read tiles 1-2 % slower at 1 and 4 tokens, where a forward's calls ran them 3 % faster at 1 and 10 % at 4."""
+    best of each. For AMX tiles against panels whole calls, not the products alone: the products, one parallel
+    region each, can rank tiles behind panels where a forward's calls rank them ahead."""
     calls = [kernels.verify_call(f) for f in fwds]
     best = [[float("inf")] * len(rows) for _ in fwds]
     for _ in range(reps):

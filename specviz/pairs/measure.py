@@ -17,10 +17,10 @@ from specviz.theory import speedup_per_round, wilson_interval
 
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
 PLAIN_TOKENS = 16  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean. A run's
-# first step costs more (the tiny cross pair: 0.29 ms against 0.24), so 8-token runs read a step 3-8% slower than
-# 64-token runs did and the prediction as much too high; 16-token runs read 1-2% slower
+# first step costs more, so short runs read a step slower than long ones and the prediction as much too high; at
+# 16 tokens that first step weighs little
 TREE_BUDGETS = (4, 7)  # token trees the check measures: a verify of 8 positions at most, the CPU few-token
-# kernel's range (kernels.py; past it a verify here cost about twice: 2.1 steps at 9 positions, 1.3 at 8)
+# kernel's range (kernels.py; past it a verify falls back to PyTorch's products and costs about twice)
 
 
 @dataclass(frozen=True)

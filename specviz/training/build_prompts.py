@@ -1,7 +1,7 @@
 """Build the prompt set for the teacher data: many distinct instructions over many kinds, none held out.
 
-    python scripts/build_prompts.py --out data/prompts.jsonl.gz            # templates + real texts (seconds)
-    python scripts/build_prompts.py --out data/prompts.jsonl.gz --target-written 400   # + prompts the target writes
+    python -m specviz.training.build_prompts --out data/prompts.jsonl.gz            # templates + real texts (seconds)
+    python -m specviz.training.build_prompts --out data/prompts.jsonl.gz --target-written 400   # + prompts the target writes
 
 Writes one JSON object per line, `{"prompt": str, "kind": str}`, in a seeded shuffled order (so a teacher run
 that stops early still covers every kind), and prints the count per kind. The kinds:

@@ -89,10 +89,8 @@ def nearest_overlap(prompts: list[str], pool: list[str]) -> list[float]:
 
     Why: the prompt builder writes many prompts from one template and topic ("Write a short story about a magic
     paintbrush who ..."), so a validation prompt usually has a sibling in the training split whose reply the draft
-    has all but seen. Along the greedy replies to 1,913 builder prompts draft v6 never saw (29 Nov 2026, 100 replies
-    a row), its first guess was right 0.39 of the time where the nearest prompt it trained on overlapped under 0.4,
-    0.52 at 0.4-0.6, 0.55 at 0.6-0.8 and 0.58 above (part of it is kind: the pasted-text kinds have few siblings);
-    its held-out prompts get 0.50."""
+    has all but seen: a draft's first guess is right more often the more the nearest prompt it trained on overlaps
+    (assets/draft/MODEL_CARD.md shows the effect on held-out prompts), so validation must leave such siblings out."""
     index = OverlapIndex(pool)
     return [index.nearest(prompt)[0] for prompt in prompts]
 

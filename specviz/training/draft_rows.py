@@ -5,18 +5,18 @@ output layer, tied to that embedding, was 59 % of its weights; every round reads
 verify has streamed 538 MB through the caches. Most of those rows are prompt tokens it has to read but that the target
 rarely writes: the 8,000 most frequent reply tokens cover 95 % of the target's reply tokens on the teacher data's last
 tenth, and on that tenth's greedy replies the draft, allowed only those rows, guesses the target's next token 0.5366 of
-the time against 0.5390 with all of them (`scripts/draft_rows_eval.py`, BENCHMARKS "The draft's output layer cut to the
+the time against 0.5390 with all of them (`benchmarks/draft_rows_eval.py`, BENCHMARKS "The draft's output layer cut to the
 rows it proposes"). The rows left out stay in its embedding (it still reads those tokens) and go into
 specviz_vocab.json's "never_propose"; lean.LeanLlama.skip_rows leaves them out of the output layer. The draft's q is
 renormalised over the rows it keeps, so the output is still the target's exactly.
 
-    python scripts/draft_rows.py --draft assets/draft --teacher data/teacher.jsonl.gz --keep 8000
+    python -m specviz.training.draft_rows --draft assets/draft --teacher data/teacher.jsonl.gz --keep 8000
 
 A feature-level head (head.py) reads the target's own embedding and computes only its `target_ids` output rows, so
 for a head the rows it never proposes are simply dropped from that list (`--head FOLDER`): the same law as -inf
 logits, with no list beside it.
 
-    python scripts/draft_rows.py --head assets/head --teacher data/teacher.jsonl.gz --keep 8000
+    python -m specviz.training.draft_rows --head assets/head --teacher data/teacher.jsonl.gz --keep 8000
 """
 
 from __future__ import annotations

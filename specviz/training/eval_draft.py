@@ -18,8 +18,8 @@ given the first was right), ... (theory.position_alphas over the rounds that rea
 head that is where its later guesses read its own predicted features. Expected speedup per round of gamma drafted tokens, if a verify costs one target
 step (Leviathan et al. 2023, eq. 1 / theorem 3.8): (1 - alpha**(gamma+1)) / ((1 - alpha) * (gamma*c + 1)).
 
-    nice -n 15 python scripts/eval_draft.py --draft assets/draft
-    nice -n 15 python scripts/eval_draft.py --head assets/head
+    nice -n 15 python -m specviz.training.eval_draft --draft assets/draft
+    nice -n 15 python -m specviz.training.eval_draft --head assets/head
 """
 
 from __future__ import annotations

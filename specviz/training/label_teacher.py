@@ -12,7 +12,7 @@ over prompt + reply gives, at every reply position t, the distribution ids[t] wa
 Resumable: replies already in the top-k file are skipped, and each batch is written whole (features first,
 then its top-k lines), so a kill loses at most one batch. Niced and single-file per input, e.g.
 
-    nohup nice -n 19 python scripts/label_teacher.py --data /work/shared/data/smollm2-teacher/teacher.jsonl.gz \
+    nohup nice -n 19 python -m specviz.training.label_teacher --data /work/shared/data/smollm2-teacher/teacher.jsonl.gz \
         /work/shared/data/smollm2-teacher-2/teacher.jsonl.gz data/teacher.jsonl.gz --out runs/labels --features &
 """
 

@@ -8,7 +8,7 @@ At every position of the target's greedy teacher replies (teacher files, tempera
 Prints, per kind and n, the positions, P(first guess right) and the mean run for both. No timing: it runs
 beside anything.
 
-    python scripts/lookup_stats.py --data data/teacher.jsonl.gz --per-kind 40
+    python -m specviz.training.lookup_stats --data data/teacher.jsonl.gz --per-kind 40
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import random
 
 import torch
 
-from specviz.drafters.model import MAX_MATCHING_NGRAM_SIZE, LookupDrafter
+from specviz.config import MAX_MATCHING_NGRAM_SIZE
+from specviz.drafters.lookup import LookupDrafter
 from specviz.training import teacher_io
 from specviz.training.common import ROOT, prompt_ids, target_folder
 from specviz.training.eval_draft import draft_guesser, load_draft

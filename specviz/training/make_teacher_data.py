@@ -6,7 +6,7 @@ file names one), where `ids` are the tokens the target generated after its chat 
 is kept; replies that hit --max-new-tokens stop there). temperature 0 is greedy; others are plain sampling
 (no top-k, no top-p).
 
-Prompts: --prompts FILE (the output of scripts/build_prompts.py, `{"prompt", "kind"}` JSON lines, or a .txt
+Prompts: --prompts FILE (the output of specviz.training.build_prompts, `{"prompt", "kind"}` JSON lines, or a .txt
 with one prompt a line), in the file's order; without it, the small built-in template set below, shuffled
 with --seed. Prompts in any file of assets/prompts/ (held-out and benchmark sets) are never generated for.
 
@@ -23,7 +23,7 @@ reply in --out has its top-k record (a kill between the two leaves a spare top-k
 match by (prompt, temperature, ids) and otherwise ignore). Prompts are taken in windows of --window, every
 temperature within a window, so a run stopped early still covers every kind at every temperature, e.g.
 
-    nohup nice -n 19 python scripts/make_teacher_data.py --prompts data/prompts.jsonl.gz \
+    nohup nice -n 19 python -m specviz.training.make_teacher_data --prompts data/prompts.jsonl.gz \
         --out data/teacher.jsonl.gz --temperatures 0 0.8 > data/teacher.log 2>&1 &
 
 A temperature listed twice asks for two samples per prompt at it. Sampling draws from one torch.Generator
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="JSONL file to append to (.gz for gzip)")
-    ap.add_argument("--prompts", default="", help="prompt file from scripts/build_prompts.py (or a .txt)")
+    ap.add_argument("--prompts", default="", help="prompt file from specviz.training.build_prompts (or a .txt)")
     ap.add_argument(
         "--n-prompts", type=int, default=None, help="use the first N prompts (default: 600 built-in, all of --prompts)"
     )

@@ -1,5 +1,5 @@
 """Which prompts of a batch written by hand may join data/prompts_written.txt, and why each other one may not
-(scripts/filter_prompts.py is its command line).
+(specviz.training.filter_prompts is its command line).
 
 The written prompts are there to be one of a kind: along the greedy replies to builder prompts draft v6 never saw, its
 first guess was right 0.39 of the time where no prompt it trained on overlapped 0.4 of the words, 0.52-0.58 where one
@@ -68,8 +68,8 @@ class Pools:
         committed: str | Path | None = COMMITTED,
         built: Iterable[str] | None = None,
     ) -> Pools:
-        """`built`: the prompts of `build_prompts.build(seed=0)` if the caller has them (else built here: 3 s on the
-        2-core Zen 3, beside other work); the committed prompt file's are added to them."""
+        """`built`: the prompts of `build_prompts.build(seed=0)` if the caller has them (else built here, a few
+        seconds); the committed prompt file's are added to them."""
         if built is None:
             built = [r["prompt"] for r in build(seed=0)]
         built = list(built)

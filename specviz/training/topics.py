@@ -10,7 +10,7 @@ draft; the unseen set measures it on new ground.
 
 Each dictionary maps a prompt (or a group of them) to its word starts, comma-separated; a word start matches at the
 start of a word ("vaccin" finds "vaccine" and "vaccination"), case-insensitively. tests/test_data.py holds every
-teacher prompt to these lists; scripts/filter_prompts.py drops a new hand-written prompt that names one.
+teacher prompt to these lists; specviz.training.filter_prompts drops a new hand-written prompt that names one.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Why it looks the way it does (measured on a 2-core CPU, float32, one cached toke
     count the extra blocks come after its own, starting out as no-ops (draft_model.start_from).
 
 Usage (the shipped draft; see assets/draft/MODEL_CARD.md for the exact command):
-    nice -n 15 python scripts/train_draft.py --data /path/teacher.jsonl.gz --out runs/draft --minutes 90
+    nice -n 15 python -m specviz.training.train_draft --data /path/teacher.jsonl.gz --out runs/draft --minutes 90
 Re-running the same command resumes from <out>/state.pt. A usable draft folder is written to
 <out>/latest every --ckpt-minutes (atomically), and to <out>/final at the end.
 """

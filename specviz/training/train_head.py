@@ -1,6 +1,6 @@
 """Train a feature-level draft head (EAGLE-style, specviz/models/head.py) on the target's features.
 
-Data, either way: the feature shards of `scripts/label_teacher.py --features` (the target's last hidden state at every
+Data, either way: the feature shards of `python -m specviz.training.label_teacher --features` (the target's last hidden state at every
 position of prompt + reply, computed once) and the teacher files they came from (for the prompts: held-out
 and benchmark prompts are dropped, and a share of distinct prompts is kept aside for validation).
 
@@ -10,7 +10,7 @@ at each position whose prediction yields a reply token is the EAGLE paper's: Smo
 softmax(E[rows] F_{j+1}) (soft labels come free with the features). Uniform noise of +-`--noise` on the
 input features (EAGLE's) makes later guesses, which read the head's own predicted feature, less fragile.
 
-    nohup nice -n 19 python scripts/train_head.py --features runs/labels/features \
+    nohup nice -n 19 python -m specviz.training.train_head --features runs/labels/features \
         --data /work/shared/data/smollm2-teacher/teacher.jsonl.gz ... --vocab assets/draft/specviz_vocab.json \
         --out runs/head --minutes 40 --threads 1 &
 
@@ -23,8 +23,8 @@ Or a packed token file and the target itself, which computes the features batch 
 GPU: nothing to cache, nothing but the target's weights and this file to bring), with the chained guesses of
 decoding trained too (`--unroll 3`: training-time test, head_unroll.py):
 
-    python scripts/train_head.py --pack-tokens runs/head_tokens.npz --data data/teacher.jsonl.gz ...
-    python scripts/train_head.py --tokens runs/head_tokens.npz --unroll 3 --batch-size 64 --lr 6e-4 ...
+    python -m specviz.training.train_head --pack-tokens runs/head_tokens.npz --data data/teacher.jsonl.gz ...
+    python -m specviz.training.train_head --tokens runs/head_tokens.npz --unroll 3 --batch-size 64 --lr 6e-4 ...
 """
 
 from __future__ import annotations

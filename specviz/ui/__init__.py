@@ -99,12 +99,10 @@ class Preloader:
 
 
 # How often gradio's queue looks for an event to start when none waits, and for progress to send. Its defaults off
-# Windows, 1 ms and 10 ms, keep its server thread waking a thousand times a second, idle or racing: 5-6 % of a core
-# idle on a 2-core Zen 3, against 0.6 % at Windows' own values, 50 and 100 ms. On two cores each wake-up takes a core
-# from one of a model call's two threads, and the other then waits for it at the call's next barrier: in one app
-# process, races alternating between the two settings, the page's speedup rose by 3.9 % and plain decoding by 2.2 %
-# (medians per race over 24; BENCHMARKS.md, 7 Dec 2026). A click's event starts at most 50 ms later; streamed outputs
-# are sent as they come, not polled.
+# Windows, 1 ms and 10 ms, keep its server thread waking a thousand times a second, idle or racing; Windows' own
+# values, 50 and 100 ms, wake it a tenth as often. On two cores each wake-up takes a core from one of a model call's
+# two threads, and the other then waits for it at the call's next barrier, so fewer wake-ups make both lanes faster.
+# A click's event starts at most 50 ms later; streamed outputs are sent as they come, not polled.
 QUEUE_POLL_S = 0.05
 PROGRESS_POLL_S = 0.1
 

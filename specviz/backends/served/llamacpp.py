@@ -24,8 +24,7 @@ this server gives neither; the plain lane samples with the server's own sampler 
 Its echo leaves out every copy of the beginning-of-text token (SmolLM2's <|im_start|>), so guesses are scored up
 to the first such guess and the engine's own token corrects there (LlamaCppRun.verify). What a round costs: the
 server writes the echo's logprobs in Python, sorting the whole vocabulary for every prompt token, so a verify grows
-with the text (measured with the built-in target's GGUF on a busy 2-core CPU: ~0.1 s a prompt token, 1.2 s at
-10 tokens and 15.8 s at 160, against 0.05-0.07 s for a plain step, which sends no echo). Through this server the
+with the text, where a plain step sends no echo and stays cheap. Through this server the
 spec lane is exact but slower than plain decoding: it suits checking a pair's acceptance, not speed.
 """
 
@@ -81,7 +80,7 @@ def pieces(tok) -> tuple[dict[int, str], dict[str, int]]:
 def request_body(model: str, text: str, fields: dict) -> dict:
     """llama-cpp-python's completion request for a ServedRun's fields: the text, echo where the prompt's logprobs
     are asked for (a verify; never for a plain step: echo costs the server a sort of the whole vocabulary per
-    prompt token, ~0.1 s each on a busy 2-core CPU, where a step costs 0.05 s), at least one top logprob, and
+    prompt token, each dearer than a whole step), at least one top logprob, and
     every sampling field explicit (its defaults, e.g. repeat_penalty 1.1 and min_p 0.05, would change p)."""
     top = max(1, int(fields.get("prompt_logprobs") or 0), int(fields.get("logprobs") or 0))
     echo = "prompt_logprobs" in fields

@@ -15,7 +15,7 @@ What is exact (p target, q draft, r the uniform draw, as in sampling.py):
   kept with probability max(0, 1 − q(y)/p(y)) leaves exactly that residual), and, if none is kept, from the whole
   distribution at that one position (`logprobs: -1`, which needs the server's `--max-logprobs -1`).
 - any other temperature, or a top-k/top-p filter: p needs its normaliser, i.e. every token's logprob at every drafted
-  position (`prompt_logprobs: -1`: 47 s per round for a 49,152-token vocabulary on the 2-core CPU server we measured).
+  position (`prompt_logprobs: -1`: a whole vocabulary's logprobs at every position, far slower than decoding).
   specviz checks against the engine's top `APPROX_TOP` instead, renormalised, and says "approximate: top-20" in the
   run's stats, the page, the recording and the bench. What is lost: the mass outside the top-20, so p(x_i) is
   overstated and the residual misses every token outside the top-20; the bonus is still the engine's own sample.

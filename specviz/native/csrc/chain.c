@@ -1,9 +1,9 @@
 // chain.c: a draft's guesses for one round in one call: k forward passes (llama.c), each fed the argmax (greedy.c)
 // of the one before, or at T > 0 a draw from its softmax.
 //
-// Why: a lean draft's greedy step is about 1.2-1.4 ms of llama.c on a 2-core Zen 1, and the Python around each
-// call (the token's embedding, RoPE rows, buffers, the argmax's row mapped back to a token id, the proposal's
-// bookkeeping) added about 0.4 ms more to each (27-28 Nov 2026). Here the loop between calls is a few lines of C.
+// Why: a lean draft's greedy step is short enough that the Python around each call (the token's embedding, RoPE
+// rows, buffers, the argmax's row mapped back to a token id, the proposal's bookkeeping) is a large share of it.
+// Here the loop between calls is a few lines of C.
 //
 // Same numbers as the per-call path (lean.py's `_native` then `sampling.greedy`): the first call feeds the L
 // tokens the draft has not seen (their embeddings, x (L, H), from the caller), each later call one token, whose
@@ -171,8 +171,7 @@ A256 int top_probs(const float* logits, long V, long n, long* top_r, float* top_
     // The n largest scores, the lower row first among equals: a softmax is monotone, so they are the n largest
     // probabilities, and only their n exponentials are taken beside the total's (by expf, which goes on into float's
     // subnormals where exp8 stops at exp(-87): a row's probability is 0 exactly where torch's read gives it 0).
-    // Scalar, with expf for the total too, this took 52-62 us of the call for the built-in draft's 8,000 rows on a
-    // 2-core Zen 3; in 8 lanes 6-8 us (7 Dec 2026).
+    // The total in 8 lanes: scalar expf over every row was a visible share of a draft call.
     double total = sum_exp(logits, V, best);
     float top_s[16];
     long found = largest_n(logits, V, n, top_r, top_s);
@@ -196,7 +195,7 @@ A256 int top_probs(const float* logits, long V, long n, long* top_r, float* top_
 // are scored by), and the n largest (n <= 16) go to top_p, their rows to top_r, largest first, the lower row first
 // among equals; where fewer than n rows have a probability above 0, the rest of top_r is -1.
 // The Python read it stands for (feed_tree or feed, then to_probs and topk) built a V-wide row, a mask and positions
-// in torch for every node: about 0.6 ms a node on a 2-core Zen 3 beside 0.5 ms of llama.c (BENCHMARKS.md).
+// in torch for every node, which cost more than the node's own forward.
 // Returns 0; -1 where llama_forward refused its arguments; -2 where no score is above -inf (greedy's error); -3 where
 // the mask or the call's buffers had no memory.
 long llama_tree_read(const void* const* weights, const float* const* scales, const float* const* norms, long layers,

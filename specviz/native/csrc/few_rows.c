@@ -1,9 +1,8 @@
 // few_rows.c: y (M, N) = x (M, K) . W (N, K)^T for a call of 1-16 tokens, reading W once.
 //
 // Why: a verify of a few tokens reads the same weights as a one-token step, so on a memory-bound CPU it should
-// cost about one step. The BLAS paths PyTorch uses do not get there for 2-8 rows (on an Intel Xeon with MKL a
-// 4-token product over the built-in target's layers costs 1.7 one-token products; on an AMD EPYC 1.3-2x): they
-// pick kernels made for large products. Here each thread streams its share of W's rows once, prefetching the next
+// cost about one step. The BLAS paths PyTorch uses do not get there for 2-8 rows: they pick kernels made for large
+// products, which read W more than once (docs/performance.md has the figures per CPU). Here each thread streams its share of W's rows once, prefetching the next
 // block, and multiplies every loaded vector with all M rows of x, which sit in L1. A call of 9-16 rows (a token
 // tree's verify) runs the register kernels on 8 rows of x at a time over each block of 32 rows of W, so the block
 // is read from memory once and again from the core's own cache.
@@ -97,8 +96,8 @@
     }
 
 // The AVX2 kernels take R at run time, from the rows of W per pass a process chose for each M (few_rows_passes):
-// what pays differs by CPU (a 5-token call on the Zen 1 of 28 Nov 2026 cost 1.54 one-token products with 3 rows of W
-// per pass, 1.30 with 1; on a Zen 3 3 rows won). Up to 4 rows for 1-3 tokens, 3 for 4-5, 2 for 6-8.
+// what pays differs by CPU (more rows share each load of x but need more registers), so it is timed per process.
+// Up to 4 rows for 1-3 tokens, 3 for 4-5, 2 for 6-8.
 #define BODY_UPTO4(MM) switch (R) { case 1: { BODY(MM, 1) } break; case 2: { BODY(MM, 2) } break; \
                                     case 3: { BODY(MM, 3) } break; default: { BODY(MM, 4) } break; }
 #define BODY_UPTO3(MM) switch (R) { case 1: { BODY(MM, 1) } break; case 2: { BODY(MM, 2) } break; \
@@ -161,11 +160,9 @@ KERNELS(i8_512, int8_t, A512, 4, 4, 4, 4, 4, 4, 3, 3)
 #undef W
 
 // ---- AVX2 + FMA + F16C: 8 lanes, 16 registers ----
-// float32: R x M accumulators + R weights + 1 input <= 16 (3 rows of W for 4 tokens, 2 for 7: measured on a
-// Xeon with the AVX-512 path turned off, a 4-token call 1.18-1.21 steps with 2 rows, 1.07-1.09 with 3), but 4 rows
-// for 3 tokens and 3 for 5 (one register over: the input is reloaded from L1): on the Zen 3 of 26 Nov 2026 a
-// 3-token call went 1.09-1.12 -> 1.05-1.09 steps and 5 tokens 1.20-1.24 -> 1.09-1.20 (scripts/cpu_costs.py
-// --paths kernel, two interleaved rounds). Those are the defaults (passes256); a process may time others
+// float32: R x M accumulators + R weights + 1 input <= 16 (3 rows of W for 4 tokens, 2 for 7), but 4 rows for 3
+// tokens and 3 for 5 (one register over: the input is reloaded from L1, cheaper than a second pass over W; timed
+// with `scripts/cpu_costs.py --paths kernel`). Those are the defaults (passes256); a process may time others
 // (lean_panels.choose_passes). R does not change the numbers: each output is the same chain of FMAs.
 A256 static inline float hsum256(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -206,8 +203,8 @@ KERNELS_R(i8_256, int8_t, A256)
 // product of the dequantised weights; the tests hold it to a float64 product of those).
 // nf4_32 rebuilds 32 code values from 16 bytes, 8 to a register in their own order: the bytes are reordered so that,
 // split into one nibble a byte, four byte-wise table lookups (vpshufb; table b holds byte b of the 16 float32 code
-// values) and two rounds of unpacking put each float where its weight belongs. On the Zen 3 here this is twice as
-// fast as a lookup of 8 at a time with vpermps (the products were compute-bound at 1-8 rows, and still are).
+// values) and two rounds of unpacking put each float where its weight belongs: fewer shuffles per weight than a
+// lookup of 8 at a time with vpermps, which matters because NF4 products are compute-bound at 1-8 rows.
 A256 static inline void nf4_32(const uint8_t* p, const __m256i tab[4], __m128i order, __m256i low4, __m256 v[4]) {
     __m128i b = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i*)p), order);  // bytes 0 1 4 5 8 9 12 13 | 2 3 6 7 ...
     __m256i h = _mm256_cvtepu8_epi16(b);
@@ -307,26 +304,21 @@ int few_rows_passes(int wtype, const int* r, int* out) {
 // ---- Panels: W packed as (N / 16, K, 16), panel p holding output columns 16p .. 16p + 15 row after row of K ----
 // (wtype 4, 5, 6: float32, float16, int8 with a scale per output column.) Each output is one multiply-add chain
 // over k in order, in a lane of its own: no horizontal sums, and a thread reads its panels front to back, one
-// stream per panel. Why: on the 2-core Zen 4 of 27 Nov 2026 a step of the built-in target took 17.1-18.5 ms this
-// way against 20.9-22.0 ms by rows, and a call of 2-6 tokens 0.98-1.07 steps against 1.04-1.19
-// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels`, two runs). Up to 6 rows of x (AVX-512: 8,
+// stream per panel. Why: one sequential stream per panel keeps the hardware prefetchers ahead where rows' horizontal
+// sums and scattered streams do not, so on CPUs where that pays the load chooses panels by timing both
+// (`python scripts/cpu_costs.py --paths kernel@rows,kernel@panels` compares them). Up to 6 rows of x (AVX-512: 8,
 // below) go through a group of panels at a time; more take another pass over the same panels, from the core's cache.
 // Same numbers whatever M (each output is the same chain), though not the rows layout's (another order of
 // additions): a model keeps one layout for every call (lean_panels.py).
-// AVX-512, as measured on the 2-core Zen 5 of 29 Nov 2026 (the built-in target's 151 products in one parallel region,
-// variants alternated in one process; BENCHMARKS.md "Per CPU: AMD EPYC Zen 5"): a call of 2 or more rows prefetches
-// each panel PANEL_AHEAD rows of k ahead, since while the core does M multiply-adds per weight the hardware
-// prefetchers alone let fast memory idle (3-6 rows 1.23-1.28 -> 1.17-1.20 steps in a fast minute; a tie in a slow
-// one); a one-token step does not (its loop is loads: 2-10 % slower with them). 7-8 rows go through 3 panels at a
-// time in one pass (8 x 3 accumulators + 3 weights + a broadcast: 28 of 32 registers), not 6 rows and then the rest
-// again: 1.27-1.30 -> 1.10-1.12 steps in a slow minute, 1.59-1.63 -> 1.18-1.21 in a fast one; 9-16 rows take passes
-// of 8 (1.31-1.53 -> 1.22-1.38).
+// AVX-512: a call of 2 or more rows prefetches each panel PANEL_AHEAD rows of k ahead, since while the core does M
+// multiply-adds per weight the hardware prefetchers alone let fast memory idle; a one-token step does not (its loop
+// is loads, and the extra instructions only cost). 7-8 rows go through 3 panels at a time in one pass (8 x 3
+// accumulators + 3 weights + a broadcast: 28 of 32 registers), not 6 rows and then the rest again, so the weights are
+// read once; 9-16 rows take passes of 8.
 #define PANEL_AHEAD 32
 // The prefetch in use (few_rows_panel_ahead): how many rows of k ahead (0: none) and into which cache (0: L1, T0;
-// 1: L2, T1). On the 2-core Zen 4 of 2 Dec 2026 (33-57 GB/s) L1 at 32 rows made a call of 2-5 tokens 1.26-1.52
-// steps against 1.03-1.16 without, and L2 at 64 rows 0.94-1.10; the race at gamma 3 ran 1.31-1.46x with L1:32 and
-// 1.51-1.73x with none in one interleaved run, none 1.36-1.63x and L2:64 1.53-1.66x in two more
-// (scripts/prefetch_ab.py): the setting is timed per process (lean_panels.time_prefetch), as the CPUs disagree.
+// 1: L2, T1). Which setting helps, and whether any does, differs by CPU and by how fast its memory is that minute:
+// the setting is timed per process (lean_panels.time_prefetch), and any setting computes the same numbers.
 static int ahead = PANEL_AHEAD, ahead_l2 = 0;
 #define PREFETCH_PANEL(addr)                                                                               \
     do {                                                                                                   \
@@ -369,9 +361,7 @@ static int ahead = PANEL_AHEAD, ahead_l2 = 0;
 // AVX2: one panel at a time, as two 8-lane halves (2 weight registers, 2 x 6 accumulators, a broadcast <= 16). As on
 // AVX-512, a call of 2 or more rows prefetches PANEL_AHEAD rows of k ahead; more than 6 rows of x go through a panel
 // in balanced passes (7 as 4 + 3, 8 as 4 + 4: a pass of 1-2 rows is bound by its few multiply-add chains, not by
-// the weights it rereads from cache). On the 2-core Zen 3 of 1 Dec 2026, the race in one process with this build and
-// the one before alternated per prompt (BENCHMARKS.md "The Zen 3 again"): 1.34-1.42x -> 1.39-1.49x everyday,
-// 1.47-1.48x -> 1.55-1.59x stories, code 1.46x -> 1.54x and 1.59x -> 1.54x (18 prompts a run, the order swapped).
+// the weights it rereads from cache), so every pass keeps enough chains in flight.
 #define PANEL_256(MM)                                                                                      \
     {                                                                                                      \
         __m256 acc[MM][2];                                                                                 \
@@ -469,9 +459,8 @@ PANELS2(i8, int8_t)
 // QBLOCK: scale max |x| / 127, values rounded to the nearest integer (as llama.cpp's Q8_0 activations). A block's
 // products are summed exactly in int32 (vpmaddubsw of |x| and w with x's sign, vpmaddwd of the pairs), its sum times
 // its scale is added to a float32 chain, and the column's weight scale multiplies the result. Why: the int8 -> float32
-// conversion, not the memory, bounds the float path of an int8 draft (1.24 ms a step on a Zen 1 where the bandwidth
-// allows 0.49; on the Zen 3 of 1 Dec 2026 the built-in draft's products for a guess took 0.50 ms that way and 0.16 ms
-// this way, warm, in a /tmp harness). Only guesses come from it (a draft's weights; lean_draft chooses it by timing):
+// conversion, not the memory, bounds the float path of an int8 draft (a step there takes well over what reading its
+// bytes costs), and integer products skip that conversion. Only guesses come from it (a draft's weights; lean_draft chooses it by timing):
 // its numbers are not the float path's. The same numbers whatever M: each row of x goes through a panel on its own.
 // Needs K a multiple of QBLOCK; |w| <= 127 (int8_rows' range: the pair sums of vpmaddubsw stay under 2^15).
 #define QBLOCK 32
@@ -523,7 +512,7 @@ A256 static void panel_q8(const int8_t* restrict w, const int8_t* restrict q, co
     _mm256_storeu_ps(out, f0);
     _mm256_storeu_ps(out + 8, f1);
 }
-// The same with AVX-512 VNNI (Zen 4, Ice Lake and later Xeons): all 16 columns of a group in one register, w negated
+// The same with AVX-512 VNNI (where the CPU reports it): all 16 columns of a group in one register, w negated
 // where x is negative (a byte mask: AVX-512 has no vpsignb) and vpdpbusd summing each column's 4 products of |x| and
 // w into its int32 lane. The integers are the AVX2 path's exactly, and so is the float32 chain: the same bits.
 #define AVNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -587,9 +576,8 @@ A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q,
 }
 
 // ---- float32 weights as two bfloat16 parts each, on AMX tiles (wtype 8) ----
-// Why: past 4-5 tokens a call on two cores is bound by its float32 multiply-adds, not by the memory (a 2-core Xeon
-// with AMX, 5 Dec 2026: the built-in target's products took 1.17 one-token steps at 8 tokens and 1.62 at 16 in
-// panels), so a token tree's verify cost more than a chain's. An AMX tile multiply does 16 x 16 x 32 of them at once:
+// Why: past a few tokens a call on few cores is bound by its float32 multiply-adds, not by the memory, so a token
+// tree's verify (up to 16 tokens) costs more than a chain's. An AMX tile multiply does 16 x 16 x 32 of them at once:
 // the same products at 1-16 tokens then cost what reading the weights costs. AMX multiplies bfloat16 (8 bits of
 // significand), so each weight is stored as hi + lo, two bfloat16 (hi = w rounded to nearest even, lo = w - hi
 // rounded: 16 of float32's 24 bits, in float32's 4 bytes), each row of x likewise, and a product sums
@@ -598,8 +586,7 @@ A256 static void panels_q8(const int8_t* w, const float* scale, const int8_t* q,
 // speculative decoding compute the same bits. Same numbers whatever M and whichever thread: every output is its own
 // chain of tile multiply-adds over k in order (the tile unit's order within a 32-wide chunk is fixed by the CPU).
 // Layout (native.tile): (ceil(N / 16), 2, K / 32, 16, 32) bfloat16: panel p of 16 output columns, its hi part then
-// its lo part (two streams: one stream with the parts alternating per chunk made the products 9 % slower on the Xeon
-// of 5 Dec 2026, scripts/amx_products.c), chunk c of 32 k, row r holding k = 32c + 2r and 32c + 2r + 1 side by
+// its lo part (two streams: one stream with the parts alternating per chunk was slower), chunk c of 32 k, row r holding k = 32c + 2r and 32c + 2r + 1 side by
 // side for each column (AMX's pairs). K a multiple of 32. The Linux kernel hands a process the tiles' state only when
 // asked (few_rows_amx).
 // Products on the tiles whose thread had no memory to split x (their columns NaN, `blocks`): llama_forward and
@@ -614,10 +601,8 @@ void few_rows_refuse_split(int n) { atomic_store(&split_refusals, n); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
 #define AAMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
 #define TILE (16 * 32)  // bfloat16 elements in a tile of W: 16 pairs of k by 16 columns
-// Chunks of k the weights are prefetched ahead (panels_amx). On the Xeon of 5 Dec 2026 a one-token step of the
-// built-in target took 19.8-19.9 ms without, 19.2-20.1 with 1-3 chunks into L1 (floats in panels: 19.3-20.9 in the same
-// minutes) and 20.3-20.8 with 2-8 into L2 (a process per setting, interleaved, best of 25 calls after 24 tokens;
-// BENCHMARKS.md "The Xeon with AMX: tiles in the forward").
+// Chunks of k the weights are prefetched ahead (panels_amx), into L1: a short distance keeps a one-token step as fast
+// as floats in panels, where prefetching into L2 or further ahead did not.
 #define TILE_AHEAD 2
 typedef struct {
     uint8_t palette, start_row, reserved[14];

@@ -1,9 +1,8 @@
 // greedy.c: greedy decoding's token for rows of scores, without PyTorch's argmax (sampling.greedy).
 //
 // Why: a round of greedy speculative decoding takes the argmax of the target's (gamma + 1) x 49,152 logits and of
-// each draft step's scores; torch's argmax plus the finiteness check sampling.greedy needs took 125 us for a verify
-// of 3 tokens and 26 us for a draft step's 17,663 scores on the 2-core Zen 4 (27 Nov 2026); this, called from
-// Python, 19 and 10 us. Two plain passes over a row the forward has just written (it is in cache): the largest
+// each draft step's scores; torch's argmax plus the finiteness check sampling.greedy needs are several dispatched
+// operations, each a pass over the row, a visible share of a round. Two plain passes over a row the forward has just written (it is in cache): the largest
 // score, then the first place it occurs.
 //
 // The answer is sampling.greedy's: NaN never counts (PyTorch's argmax would pick it; greedy then reads NaN as

@@ -1,18 +1,16 @@
 // llama.c: the forward pass of a Llama model for a call of 1-16 tokens (decoder layers, final norm, output
 // layer), in one parallel region.
 //
-// Why: with few_rows.c the linear layers of the built-in target read their weights at the memory-bound limit
-// (a step's products 16.9 ms, a 4-token verify's 17.3 ms, on a 2-core Xeon), but a forward pass of transformers'
-// Llama took 32.9 ms: the rest is a few hundred small tensor operations per token, each dispatched, allocated and
+// Why: with few_rows.c the linear layers of the built-in target read their weights at the memory-bound limit (a
+// 4-token verify's products cost about a step's), but a forward pass of transformers' Llama costs far more than its
+// products: the rest is a few hundred small tensor operations per token, each dispatched, allocated and
 // synchronised on its own, and their number grows with the tokens fed. Here every layer is one pass through
 // plain loops: RMSNorm, the fused q/k/v product, RoPE, the KV cache write, attention, the output product, the
 // residual, RMSNorm, the fused gate/up product, SiLU, the down product, the residual; then the final RMSNorm and
 // the output layer. The threads split each product's output columns (few_rows_steal: a share each, and a thread
 // through its own takes what is left of the others') and each step's rows or heads, with a barrier between steps.
-// The output layer is in the same region, so a forward is one call with no Python between its parts: in the
-// decode loop on a 2-core EPYC Zen 3 the int8 draft's call went from 1.43-1.70 to 1.43-1.49 ms (two A/B runs of 12
-// prompts; alone, back to back, both take 1.0-1.2 ms: the rest of a call in the loop is its weights coming back
-// from memory after the target's verify).
+// The output layer is in the same region, so a forward is one call with no Python between its parts (and no
+// second start of the threads).
 //
 // Same numbers whatever the call's length: every row of every step is computed by the same sequence of operations
 // whether it is fed alone or with others (attention goes through the rows in order; a row a token may not see
@@ -47,9 +45,8 @@ float row_max(const float* x, long n);  // greedy.c
 
 // The forward's threads wait for each other 10 times a layer. libgomp's barriers spin a while, then sleep; and once
 // a process has more OpenMP threads than CPUs (a second Python thread ran a parallel region: the app's load and
-// compute threads) they hardly spin, so each wait was a sleep and a wake-up: the built-in target's calls of 2 and 4
-// tokens took 54-66 ms against 31-33 (a 2-core Zen 4, 3 Dec 2026; BENCHMARKS.md, "The Zen 4 without AVX-512"). So
-// the steps meet at a barrier of their own that spins, yields the CPU after SPINS rounds (to a thread the system
+// compute threads) they hardly spin, so each wait was a sleep and a wake-up, and a call took far longer. So the
+// steps meet at a barrier of their own that spins, yields the CPU after SPINS rounds (to a thread the system
 // has descheduled) and never sleeps. Acquire and release order memory across it as an OpenMP barrier does.
 #define SPINS 4096
 typedef struct {
@@ -182,9 +179,9 @@ A256 static void exp_n(float* v, long n) {
 // chain `dot` runs); the softmax's max, exp and division run 8 lanes at a time (its sum row by row); the output is
 // summed in registers over all rows, 64 of its floats at a time, skipping rows of weight 0. Each row's numbers
 // go through the same operations in the same order whatever the call and wherever masked rows sit, so a token's
-// logits are the same alone, in a verify, or as a tree's node against its line fed as a chain. On a 2-core EPYC
-// Zen 3, after 150 / 400 cached rows, a verify of 6 tokens went from 29.9 / 37.1-38.7 ms to 26.6-27.0 / 32.0-32.7
-// ms against one row at a time through memory (`axpy`) with scalar softmax loops (BENCHMARKS.md, "Zen 3 again").
+// logits are the same alone, in a verify, or as a tree's node against its line fed as a chain. Why registers: one
+// row at a time through memory (`axpy`) with scalar softmax loops rereads the output row per cached row, which
+// grows with the text.
 A256 static void attend(const float* q, const float* keys, const float* values, long d, long n, const float* mask,
                         float scale, float* s, float* out) {
     float mx = -INFINITY;
@@ -275,10 +272,8 @@ int llama_forward(const void* const* weights, const float* const* scales, const 
     float *act = gu + L * 2 * I, *scores = act + L * I;
     // Each product's shares of its blocks of 16 columns, one word a thread asked for, set before any thread runs:
     // few_rows_steal lets a thread through its own share take from the far end of another's, so a core the system
-    // or the memory slowed is not waited for (with fixed shares the waits after the four products took 22-79 us of
-    // a 330-620 us layer for 1-6 tokens, after it 6-8 us; the target's calls 0-6 % faster on the 2-core Zen 4
-    // without AVX-512, BENCHMARKS.md), and where OpenMP gives fewer threads than asked the ones that came compute
-    // every share.
+    // or the memory slowed is not waited for (with fixed shares every thread waits at the barrier for the slowest),
+    // and where OpenMP gives fewer threads than asked the ones that came compute every share.
     atomic_long* shares = malloc(sizeof(atomic_long) * (4 * layers + 1) * threads);
     if (!shares) {
         free(buf);

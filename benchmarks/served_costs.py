@@ -3,7 +3,7 @@ a plain one-token request (what the plain lane sends) against a verify of k gues
 token-id prompt with prompt logprobs, what a speculative round sends). Greedy, `max_tokens: 1`; the sizes are
 interleaved within each repetition and the first repetition only warms up. Prints a markdown table of medians.
 
-    python scripts/served_costs.py http://127.0.0.1:8000/v1 [--lengths 40,400,1000] [--guesses 1,4,8] [--reps 3]
+    python benchmarks/served_costs.py http://127.0.0.1:8000/v1 [--lengths 40,400,1000] [--guesses 1,4,8] [--reps 3]
 
 Only for a server you run yourself: the text is token ids --first-id, --first-id + 1, ... (1000 by default).
 """

@@ -1,8 +1,8 @@
 """Drafts with another tokenizer to measure, offline (no hub here): the folders `check` and `bench` then take.
 
-    python scripts/make_cross_pair.py tiny out/cross-tiny       # target/ and draft/: the tiny test pair
-    python scripts/make_cross_pair.py builtin out/cross-builtin # draft/: a ▁-style draft for the built-in target
-    python scripts/make_cross_pair.py builtin out/cross-phi3 --tokenizer phi3  # the same with Phi-3's tokenizer
+    python benchmarks/make_cross_pair.py tiny out/cross-tiny       # target/ and draft/: the tiny test pair
+    python benchmarks/make_cross_pair.py builtin out/cross-builtin # draft/: a ▁-style draft for the built-in target
+    python benchmarks/make_cross_pair.py builtin out/cross-phi3 --tokenizer phi3  # the same with Phi-3's tokenizer
 
 `tiny` is tests/cross_pair.py's pair (a byte-level Ġ target and a SentencePiece-style ▁ draft, 2-layer Llamas
 64 wide, trained seconds on generated sentences). `builtin` trains a ▁-style BPE tokenizer (byte fallback, its

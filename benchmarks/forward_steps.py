@@ -1,8 +1,8 @@
 """Where a llama.c forward's time goes, step by step: each thread's time computing a step and waiting at the barrier
 after it, for the built-in target's calls of a few tokens on this CPU.
 
-    python scripts/forward_steps.py                  # calls of 1, 2, 4 and 6 tokens, 40 each, twice
-    python scripts/forward_steps.py --sizes 1,4 --calls 60
+    python benchmarks/forward_steps.py                  # calls of 1, 2, 4 and 6 tokens, 40 each, twice
+    python benchmarks/forward_steps.py --sizes 1,4 --calls 60
 
 It compiles a copy of the C sources in a temporary folder with a cycle counter (rdtsc) around every wait at
 llama.c's barrier (`meet`), loads that copy instead of the kernel (same code otherwise), and prints for each call size

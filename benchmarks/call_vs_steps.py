@@ -2,7 +2,7 @@
 exactly where the target's argmax is the same both ways: a verify is one call of several tokens, the plain lane one
 token a step. This script measures it on real text for a model folder, dtype by dtype and k by k, on any device.
 
-    python scripts/call_vs_steps.py --model assets/draft --texts runs/texts.json --device cuda
+    python benchmarks/call_vs_steps.py --model assets/draft --texts runs/texts.json --device cuda
 
 --texts: a JSON list of token-id lists in the model's own ids (`--make-texts OUT` writes one from the teacher data,
 mapped to the built-in draft's rows). Prints, per dtype and k: positions compared, those whose argmax differs, the

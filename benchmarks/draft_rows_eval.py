@@ -4,7 +4,7 @@ other nine tenths ("freq", what specviz/training/draft_rows.py keeps), or to the
 most often there (every 8th reply; "argmax"). The figures behind draft_rows.KEEP (BENCHMARKS.md, "The draft's
 output layer cut to the rows it proposes"); about 7 minutes on 2 cores.
 
-    python scripts/draft_rows_eval.py        # writes runs/draft_rows_eval.json
+    python benchmarks/draft_rows_eval.py        # writes runs/draft_rows_eval.json
 """
 
 import gzip

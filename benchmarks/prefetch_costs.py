@@ -1,8 +1,8 @@
 """What a verify costs in one-token steps under each of the panels' prefetch settings, in one process, interleaved:
 the numbers behind lean_panels.PREFETCHES (the settings the load times) on this CPU.
 
-    python scripts/prefetch_costs.py                              # none, L1:16, L1:32, L2:64, L2:128, L2:256, L2:512
-    python scripts/prefetch_costs.py --settings L1:32,L2:128 --reps 30
+    python benchmarks/prefetch_costs.py                              # none, L1:16, L1:32, L2:64, L2:128, L2:256, L2:512
+    python benchmarks/prefetch_costs.py --settings L1:32,L2:128 --reps 30
 
 The built-in target loads as usual (its weights in panels where timing says so; force them with
 SPECVIZ_KERNEL_LAYOUT=panels), then every repetition runs calls of 1-6 tokens after the prompt under each setting in

@@ -3,10 +3,10 @@ products and the output layer, in a forward pass's order, so the weights come fr
 call of 1..8 tokens, in one-token products. Beside `cpu_costs.py` (the whole forward), it says how much of a
 verify's growth is the products' and how much the rest of the forward's.
 
-    python scripts/product_costs.py                    # medians of 9 passes per token count, interleaved
-    python scripts/product_costs.py --quantize 4bit    # the target loaded by bitsandbytes: NF4 (or 8bit: int8)
-    python scripts/product_costs.py --by-shape         # each layer kind apart (its 30 layers in a row), GB/s too
-    python scripts/product_costs.py --threads 1        # on one core (the default: torch's thread count)
+    python benchmarks/product_costs.py                    # medians of 9 passes per token count, interleaved
+    python benchmarks/product_costs.py --quantize 4bit    # the target loaded by bitsandbytes: NF4 (or 8bit: int8)
+    python benchmarks/product_costs.py --by-shape         # each layer kind apart (its 30 layers in a row), GB/s too
+    python benchmarks/product_costs.py --threads 1        # on one core (the default: torch's thread count)
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 measured on the thread that loaded it, then on a second thread while the first is still alive, then on the first
 again, then in a fresh process as the app runs it: loaded by a short-lived thread, run on the compute thread.
 
-    python scripts/thread_costs.py             # the built-in target
-    python scripts/thread_costs.py --target DIR --tokens 5
+    python benchmarks/thread_costs.py             # the built-in target
+    python benchmarks/thread_costs.py --target DIR --tokens 5
 
 Prints one line per measurement: milliseconds per call for 1, 2, ... tokens (median of 5, after a warm-up).
 """

@@ -1,8 +1,8 @@
 """The race as a visitor sees it against the benchmark: the app's /race speedup per prompt beside
 `python -m specviz bench` on the same prompts and settings (the page's defaults), on this machine.
 
-    python scripts/app_vs_bench.py                          # 4 everyday, 4 story and 4 code prompts
-    python scripts/app_vs_bench.py --sets everyday,stories --limit 10 --rounds 2
+    python benchmarks/app_vs_bench.py                          # 4 everyday, 4 story and 4 code prompts
+    python benchmarks/app_vs_bench.py --sets everyday,stories --limit 10 --rounds 2
 
 The app runs in a child process as `python app.py` would (its own compute thread, gradio's threads, the page's
 streaming); gradio_client receives every streamed update, as a browser would, with no browser on the machine.
@@ -14,7 +14,7 @@ The memory these machines get moves from minute to minute (plain decoding of the
 fresh processes of one hour on a 2-core Zen 4), which the unpaired rounds leave between the app's figures and the
 bench's.
 
-    python scripts/app_vs_bench.py --paired --rounds 2
+    python benchmarks/app_vs_bench.py --paired --rounds 2
 
 Prints each round's
 backends (the app's status line, the bench's forward line: each process times its own choices) and medians, then a

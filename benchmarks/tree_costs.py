@@ -2,7 +2,7 @@
 as a chain, as a tree (a 4-D mask, `CachedModel.feed_tree`) and as a chain through that masked path; and the
 draft's call over 1..6 sibling nodes right after a target step, as a tree's reads find its weights (cold).
 
-    python scripts/tree_costs.py [--reps 15]
+    python benchmarks/tree_costs.py [--reps 15]
 
 Prints medians in ms and in units of the target's one-token step (target) or of the draft's one-node call (draft).
 A call of several nodes is what a tree grown a level at a time would pay per level (EAGLE-2's expansion), where

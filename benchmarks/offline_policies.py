@@ -10,7 +10,7 @@
    curve (and told a draft call costs --believe-c, where given). Prints tokens per step, i.e. the speedup at
    those costs.
 
-    python scripts/offline_policies.py [--c 0.065] [--loop 1,1.022,...] [--believe "1,1.03,...;1,..."] [--believe-c 0.025]
+    python benchmarks/offline_policies.py [--c 0.065] [--loop 1,1.022,...] [--believe "1,1.03,...;1,..."] [--believe-c 0.025]
 """
 
 from __future__ import annotations

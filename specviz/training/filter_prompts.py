@@ -1,8 +1,8 @@
 """Filter a batch of prompts written by hand before their replies are made: keep those that are one of a kind, and say
 why each other one is dropped (the rules: specviz/training/prompt_filter.py).
 
-    python scripts/filter_prompts.py --candidates drafts.txt --append        # the kept ones onto data/prompts_written.txt
-    python scripts/filter_prompts.py --candidates drafts.txt --out kept.txt  # or into a file; without either, to stdout
+    python -m specviz.training.filter_prompts --candidates drafts.txt --append        # the kept ones onto data/prompts_written.txt
+    python -m specviz.training.filter_prompts --candidates drafts.txt --out kept.txt  # or into a file; without either, to stdout
 
 Candidates are one a line, blank lines ignored. Each dropped prompt goes to stderr with its reason, then the count per
 reason and of the kept.
@@ -15,10 +15,8 @@ import collections
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
-
-from specviz.training.common import read_heldout  # noqa: E402
-from specviz.training.prompt_filter import MAX_OVERLAP, REASONS, WRITTEN, Dropped, Pools, filter_prompts  # noqa: E402
+from specviz.training.common import read_heldout
+from specviz.training.prompt_filter import MAX_OVERLAP, REASONS, WRITTEN, Dropped, Pools, filter_prompts
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,8 +1,8 @@
 """Where a speculative round's time goes in the race, in plain steps of the same race: the draft, the verify by the
 number of tokens it fed, and the rest (acceptance, rollback, the drafter's and the policy's updates, the events).
 
-    python scripts/round_costs.py                                  # 6 everyday, 6 story and 6 code prompts
-    python scripts/round_costs.py --sets stories --limit 10 --max-new-tokens 128
+    python benchmarks/round_costs.py                                  # 6 everyday, 6 story and 6 code prompts
+    python benchmarks/round_costs.py --sets stories --limit 10 --max-new-tokens 128
 
 The pair loads as the app loads it, and each prompt is raced at the page's defaults (plain decoding against the
 default lane, interleaved event by event on the main thread, as engine.race runs the app's /race without the server),

@@ -2,7 +2,7 @@
 runs it), alone on the app's compute thread, raced against the page's default lane on the main thread, and raced
 on the compute thread (as the app's /race runs it, without the server).
 
-    python scripts/race_threads.py                  # 3 everyday and 3 story prompts, twice, 64 new tokens
+    python benchmarks/race_threads.py                  # 3 everyday and 3 story prompts, twice, 64 new tokens
 
 The pair loads as the app loads it (ui.common.default_context().pair(): in the background, the draft after the
 target). Alone, a run's tokens/s is over the wall clock around it; raced, over the plain lane's own clock (its

@@ -3,7 +3,7 @@ llama.c in calls of up to 16 tokens, or PyTorch's batched products (which dequan
 call). Says up to which length the calls are faster on this machine, the figure lean.CHUNKED_PREFILL holds per
 weight type.
 
-    python scripts/prefill_costs.py [--quantize 4bit|8bit] [--lengths 24,48,96,192,384] [--reps 5]
+    python benchmarks/prefill_costs.py [--quantize 4bit|8bit] [--lengths 24,48,96,192,384] [--reps 5]
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
 2. `run_bench` then decodes the same prompts plainly and speculatively at that gamma (model drafter, constant
    gamma, greedy, interleaved per prompt after a warm-up) and measures the speedup.
 
-    python scripts/predict_vs_bench.py                  # the built-in pair
-    python scripts/predict_vs_bench.py --target T --draft D --max-new-tokens 64
-    python scripts/predict_vs_bench.py --quantize 4bit  # the target loaded by bitsandbytes (NF4; 8bit: int8)
+    python benchmarks/predict_vs_bench.py                  # the built-in pair
+    python benchmarks/predict_vs_bench.py --target T --draft D --max-new-tokens 64
+    python benchmarks/predict_vs_bench.py --quantize 4bit  # the target loaded by bitsandbytes (NF4; 8bit: int8)
 
 Prints one JSON object: predicted and measured speedup and tokens per target call, and their ratios; and the
 check's own measured speedup at the gamma its acceptance runs used, beside its prediction there.

@@ -19,7 +19,7 @@ GLIBC = sys.platform == "linux" and platform.libc_ver()[0] == "glibc"
 
 FRAGMENT = """
 import json
-from specviz import memory
+from specviz.host import memory
 assert memory.limit_arenas(8)  # 8 x cores is glibc's own default on 64-bit, so harmless here
 # Fragment the heap: 64 KiB blocks (malloc, below the mmap threshold) each followed by a 1 KiB block that
 # stays, so free() alone cannot give the big ones back (the heap's top stays in use).

@@ -128,7 +128,9 @@ def write_result(folder: str, facts: dict, records: list[dict]) -> Path:
         "commit": _commit(),
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "source": "python -m specviz bench --results",
-        "machine": {k: facts.get(k) for k in ("cpu", "cpu_id", "cpu_vector", "usable_cpus", "gpu", "torch")},
+        "machine": {
+            k: facts.get(k) for k in ("cpu", "cpu_id", "cpu_vector", "usable_cpus", "gpu", "torch", "load_avg_1min")
+        },
         "pair": {k: facts.get(k) for k in ("target", "draft", "dtypes", "backend")},
         "set": {
             "prompts": facts["prompts"],

@@ -26,7 +26,8 @@ README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin (benchmarks/make_performance.py) -->", "<!-- results:end -->"
 SPEED_BEGIN, SPEED_END = "<!-- speed:begin (benchmarks/make_performance.py) -->", "<!-- speed:end -->"
 SETS = ("everyday", "stories")  # README's two columns
-DEFAULTS = ("lookup+model:auto:tree=auto", "lookup+model:auto")  # the page's default, then the default before trees
+README_RUNS = (6, 64)  # README's table counts runs of at least 6 prompts of 64 new tokens: a quick check stays here
+DEFAULTS = ("lookup+model, auto, tree auto", "lookup+model, auto")  # the page's default, then the default before trees
 NAMES = {  # CPU models met so far, by vendor, family and model (cpuinfo); others show their model name
     "AuthenticAMD family 23 model 1": "AMD EPYC Zen 1",
     "AuthenticAMD family 25 model 1": "AMD EPYC Zen 3",
@@ -99,7 +100,13 @@ def machine_table(pairs: list[tuple[dict, dict]]) -> str:
             f"{_n(r.get('tokens_per_call'))} | {_n(r.get('verify_cost'))} | {_n(r.get('alpha'))} | {_n(r.get('c'))} | "
             f"{same} | {res['commit']} |"
         )
-    notes = sorted({f"- {res['date']}: {r['note']}" for res, r in pairs if r.get("note")})
+    notes = {f"- {res['date']}: {r['note']}" for res, r in pairs if r.get("note")}
+    notes |= {
+        f"- {res['date']}: load average {res['machine']['load_avg_1min']} when the run started (the machine was shared)"
+        for res, _ in pairs
+        if res["machine"].get("load_avg_1min") and float(res["machine"]["load_avg_1min"]) >= 1.5
+    }
+    notes = sorted(notes)
     commands = sorted({f"- `{res['command']}`" for res, _ in pairs})
     sources = sorted({f"- {res['source']}" for res, _ in pairs})
     pair = sorted({f"{res['pair'].get('target')} + {res['pair'].get('draft')}" for res, _ in pairs})
@@ -122,6 +129,11 @@ def _span(values: list[float], unit: str = "x") -> str:
     return f"{lo:.2f}{unit}" if round(lo, 2) == round(hi, 2) else f"{lo:.2f}-{hi:.2f}{unit}"
 
 
+def _full(res: dict) -> bool:
+    s = res["set"]
+    return (s.get("n_prompts") or 0) >= README_RUNS[0] and s.get("max_new_tokens") == README_RUNS[1]
+
+
 def speed_table(results: list[dict]) -> str:
     """README's short table: per machine, the default's speedup on everyday prompts and stories (the range over the
     latest day's runs), against the faster transformers peer, and the app's race."""
@@ -134,7 +146,7 @@ def speed_table(results: list[dict]) -> str:
         config = next((c for c in DEFAULTS if any(r["config"] == c for _, r in greedy)), None)
         if config is None:
             continue
-        mine = [(res, r) for res, r in greedy if r["config"] == config]
+        mine = [(res, r) for res, r in greedy if r["config"] == config and _full(res)]
         bench = [(res, r) for res, r in mine if r.get("kind", "bench") == "bench"]
         on = {name: _span([r["speedup_vs_ar"] for res, r in bench if res["set"]["prompts"] == name]) for name in SETS}
         peer = _span([r["speedup_vs_best_peer"] for _, r in bench if r.get("speedup_vs_best_peer") is not None])

@@ -19,6 +19,25 @@ from specviz.models.head import DraftHead
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has two cores
 
+# The two tiers. Plain `pytest` runs the fast tier: tiny models built here, every exactness test, bad inputs, the API,
+# the CLI and the app through gradio_client. `pytest --full` adds the tests marked below: the real built-in pair,
+# chromium, vLLM's and llama.cpp's servers, the soak and the other long runs. Those are deselected, not skipped,
+# without --full, so a skip still means "this machine cannot run it".
+FULL_TIER = ("real", "browser", "vllm", "llamacpp", "full")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true", help="run the full suite: " + ", ".join(FULL_TIER) + " too")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--full"):
+        return
+    fast = [item for item in items if not any(item.get_closest_marker(m) for m in FULL_TIER)]
+    if len(fast) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in fast])
+        items[:] = fast
+
 CHARS = "abcdefghijklmnopqrstuvwxyz .,!?'\n0123456789:()=_"
 SHARPNESS = 10.0
 CHAT_TEMPLATE = (

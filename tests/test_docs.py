@@ -181,3 +181,12 @@ def test_the_api_and_cli_pages_are_what_the_code_makes():
     for path, text in api_docs.render().items():
         assert path.read_text() == text, f"{_name(path)} is stale: run python scripts/api_docs.py"
     assert "## `generate`" in text or "## `bench`" in text  # the pages hold what they are for
+
+
+def test_the_readme_fits_a_screen_with_its_picture_and_first_commands_near_the_top():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200
+    assert lines[0] == "---" and "sdk: gradio" in lines and "app_file: app.py" in lines  # the Space's front matter
+    assert any(line.startswith("![") for line in lines[:30])  # a picture on the first screen
+    first = {what: next(i for i, line in enumerate(lines) if what in line) for what in ("app.py  ", "specviz check")}
+    assert max(first.values()) < 60, first  # the visitor's and the engineer's first commands

@@ -190,3 +190,13 @@ def test_the_readme_fits_a_screen_with_its_picture_and_first_commands_near_the_t
     assert any(line.startswith("![") for line in lines[:30])  # a picture on the first screen
     first = {what: next(i for i, line in enumerate(lines) if what in line) for what in ("app.py  ", "specviz check")}
     assert max(first.values()) < 60, first  # the visitor's and the engineer's first commands
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_repository_path_named_in_code_exists(page):
+    """`specviz/engine/loop.py`, `scripts/soak.py` ...: a file moved or renamed is caught where the docs name it."""
+    text = page.read_text(encoding="utf-8")
+    named = re.findall(r"`((?:specviz|scripts|tests|assets|benchmarks|docs)/[\w./-]+?)`", text)
+    named += re.findall(r"(?:python|\.venv/bin/python) ((?:scripts|benchmarks)/\w+\.py)", text)
+    missing = sorted({p for p in named if not (ROOT / p.rstrip("/")).exists()})
+    assert not missing, f"{_name(page)} names files that do not exist: {missing}"

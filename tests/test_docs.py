@@ -200,3 +200,10 @@ def test_every_repository_path_named_in_code_exists(page):
     named += re.findall(r"(?:python|\.venv/bin/python) ((?:scripts|benchmarks)/\w+\.py)", text)
     missing = sorted({p for p in named if not (ROOT / p.rstrip("/")).exists()})
     assert not missing, f"{_name(page)} names files that do not exist: {missing}"
+
+
+def test_every_setting_the_code_reads_is_in_the_deploying_page():
+    code = "".join(p.read_text(encoding="utf-8") for p in [ROOT / "app.py", *(ROOT / "specviz").rglob("*.py")])
+    names = set(re.findall(r"SPECVIZ_[A-Z0-9_]*[A-Z0-9]", code))
+    page = (ROOT / "docs" / "deploying.md").read_text(encoding="utf-8")
+    assert len(names) > 20 and not sorted(n for n in names if f"`{n}`" not in page)

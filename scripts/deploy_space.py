@@ -7,8 +7,8 @@ What goes up (`ALLOW`): the app (app.py and every file of specviz/ but the train
 any source it builds at run time included), what it reads at run time (assets/: the draft's and the head's
 weights, prompts, recordings, style),
 requirements.txt, packages.txt (the Debian packages a Space installs: gcc, for specviz's few-token CPU kernel,
-compiled at first start), and the pages the Space shows (README.md with the Space's front matter, BENCHMARKS.md, the
-model cards and the images they embed). Never data/ (training data), runs/,
+compiled at first start), and the pages the Space shows (README.md with the Space's front matter, the docs/ pages it
+links to, CHANGELOG.md, BENCHMARKS.md, the model cards and the images they embed). Never data/ (training data), runs/,
 tests/, scripts/ (training and measuring only), .git (the history) or anything git does not track.
 
 Binary files and files of 10 MiB or more: a plain `git push` to a Space is refused for them. The upload API
@@ -43,9 +43,19 @@ from pathlib import Path
 from huggingface_hub.utils import filter_repo_objects
 
 ROOT = Path(__file__).resolve().parent.parent
-ALLOW = ("app.py", "requirements.txt", "packages.txt", "README.md", "BENCHMARKS.md", "specviz/*", "assets/*")
+ALLOW = (
+    "app.py",
+    "requirements.txt",
+    "packages.txt",
+    "README.md",
+    "BENCHMARKS.md",
+    "CHANGELOG.md",
+    "docs/*",
+    "specviz/*",
+    "assets/*",
+)
 IGNORE = ("*__pycache__*", "*.pyc", "specviz/training/*")  # training: the draft's tools, never the app's
-DELETE = ("specviz/*", "assets/*")  # on the Space: files there that this upload no longer has are removed
+DELETE = ("specviz/*", "assets/*", "docs/*")  # on the Space: files there that this upload no longer has are removed
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's own index of its CPU builds
 LFS_MIN_BYTES = 10 * 2**20  # the Hub refuses files this large outside large-file storage
 SAMPLE_BYTES = 512  # what the upload API shows the Hub of each file

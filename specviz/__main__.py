@@ -112,6 +112,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-hf", action="store_true", help="skip transformers' peers (assisted generation, prompt lookup)")
     b.add_argument("--csv")
     b.add_argument("--json-out", help="write the table and machine facts as JSON")
+    b.add_argument(
+        "--results", metavar="DIR", help="also write a result file (command, commit, date, CPU, rows) into DIR"
+    )
     b.add_argument("--plots", help="folder for plotly charts (HTML, and PNG where kaleido works)")
     b.add_argument("--seed", type=int, help=f"the first prompt's seed (default {RunRequest.default('seed')})")
     b.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")

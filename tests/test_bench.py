@@ -157,6 +157,7 @@ def test_cli_writes_csv_json_and_html_plots(tiny_pair, tmp_path, monkeypatch, ca
     csv, js, plots = tmp_path / "t.csv", tmp_path / "t.json", tmp_path / "plots"
     args = ["bench", "--target", tiny_pair[0], "--draft", tiny_pair[1], "--device", "cpu", "--prompts", str(prompts)]
     args += ["--gammas", "2", "--max-new-tokens", "6", "--csv", str(csv), "--json-out", str(js), "--plots", str(plots)]
+    args += ["--results", str(tmp_path / "results")]
     assert main(args + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["machine"]["torch"] == torch.__version__ and out["machine"]["cpu"]
@@ -167,6 +168,12 @@ def test_cli_writes_csv_json_and_html_plots(tiny_pair, tmp_path, monkeypatch, ca
     assert len(saved["runs"]) == 2 * len(bench.METHODS)
     assert csv.read_text().startswith("temperature,config,drafter,gamma")
     assert (plots / "speedup.html").is_file() and (plots / "acceptance.html").is_file()
+    (result,) = (tmp_path / "results").iterdir()  # the file benchmarks/make_performance.py reads
+    r = json.loads(result.read_text())
+    assert r["command"].startswith("python -m specviz ") and r["machine"]["cpu"] == out["machine"]["cpu"]
+    assert r["commit"] and r["date"].endswith("UTC") and r["set"]["max_new_tokens"] == 6
+    assert [row["config"] for row in r["rows"]] == [row["config"] for row in out["table"]]
+    assert r["rows"][0]["speedup_vs_ar"] == out["table"][0]["speedup_vs_ar"] and r["rows"][0]["identical"] is True
 
 
 def test_bench_rows_per_drafter_and_policy_with_both_transformers_peers(loaded_pair):

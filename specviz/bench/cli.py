@@ -7,8 +7,10 @@ prints, and writes the CSV, JSON and plots a user asked for.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -96,6 +98,55 @@ def _why(facts: dict) -> str:
     return "" if why == "torch's default" else f": {why}"
 
 
+RESULT_ROWS = (  # the table's columns a result file keeps (bench.summary's names: one definition of each)
+    "temperature", "config", "prompts", "ar_tok_s", "spec_tok_s", "speedup_vs_ar", "speedup_vs_best_peer",
+    "hf_assist_vs_ar", "hf_lookup_vs_ar", "acceptance", "alpha", "tokens_per_call", "verify_cost", "c",
+    "speedup_lowest", "speedup_q1", "speedup_q3", "speedup_highest", "identical",
+)  # fmt: skip
+
+
+def _commit() -> str:
+    """The checkout's commit (short), with "+changes" where its tracked files differ from it; "unknown" outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(here), "diff", "--quiet", "HEAD"], capture_output=True)
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty.returncode == 1 else "")
+
+
+def write_result(folder: str, facts: dict, records: list[dict]) -> Path:
+    """One result file in `folder` (benchmarks/results/ in the repository): the command, commit, date, machine and
+    the table's rows, which benchmarks/make_performance.py turns into docs/performance.md's tables."""
+    now = datetime.now(timezone.utc)
+    result = {
+        "schema": 1,
+        "command": facts["command"],
+        "commit": _commit(),
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "source": "python -m specviz bench --results",
+        "machine": {
+            k: facts.get(k) for k in ("cpu", "cpu_id", "cpu_vector", "usable_cpus", "gpu", "torch", "load_avg_1min")
+        },
+        "pair": {k: facts.get(k) for k in ("target", "draft", "dtypes", "backend")},
+        "set": {
+            "prompts": facts["prompts"],
+            "n_prompts": facts["n_prompts"],
+            "max_new_tokens": facts["max_new_tokens"],
+        },
+        "memory_gb_s": facts.get("memory_gb_s"),
+        "rows": [{k: r.get(k) for k in RESULT_ROWS} for r in records],
+    }
+    slug = "-".join(str(facts.get("cpu_id", "cpu")).lower().split())
+    path = Path(folder) / f"{now:%Y%m%d-%H%M%S}-{slug}-{facts['prompts'].replace('/', '_')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return path
+
+
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
     from specviz.api import load_for
@@ -154,6 +205,8 @@ def main(args) -> dict:
         if plot_note:
             warnings.append(plot_note)
     records = json.loads(table.to_json(orient="records"))
+    if getattr(args, "results", None):
+        files.append(str(write_result(args.results, facts, records)))
     out = {"machine": facts, "table": records, "warnings": warnings, "files": files, "ranks": ranks}
     if args.json_out:
         run_rows = json.loads(runs.drop(columns=["tokens"]).to_json(orient="records"))

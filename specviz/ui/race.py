@@ -21,6 +21,7 @@ from specviz.models.head import head_backend
 from specviz.request import RunRequest
 from specviz.theory import position_alphas
 from specviz.ui.common import HTML_EVERY_S, UIContext, error_html, gpu
+from specviz.ui.history import add_race, build_history, empty, table
 from specviz.ui.inputs import (
     NO_LANE,
     PAGE,
@@ -37,6 +38,7 @@ from specviz.ui.inputs import (
 from specviz.ui.keep import download_buttons, downloads, race_recording, sweep_recording, with_result
 from specviz.ui.sweep import EMPTY_SWEEP, sweep_page
 from specviz.view import metrics, plots, render
+from specviz.view.history import history_figure
 
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
@@ -241,6 +243,12 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
     return view  # the finished view, for the downloads (ui/keep.py)
 
 
+def race_gate(on) -> None:
+    """Let a setting's change race only while "Race when a setting changes" is ticked (a quiet error stops it)."""
+    if on is not True:
+        raise gr.Error("Racing on a setting's change is off.", visible=False, print_exception=False)
+
+
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
     lim = ctx.limits
@@ -256,6 +264,7 @@ def build_race_tab(ctx: UIContext) -> None:
             run = gr.Button("Run race", variant="primary")
             stop = gr.Button("Stop", variant="stop")
             sweep = gr.Button("Sweep gamma", variant="secondary")
+            auto = gr.Checkbox(True, label="Race when a setting changes", elem_id="sv-auto")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
         drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)
@@ -313,6 +322,8 @@ def build_race_tab(ctx: UIContext) -> None:
     with gr.Row():
         fig_position = gr.Plot(figs[4], show_label=False, elem_id="sv-plot-position")
         fig_timeline = gr.Plot(figs[5], show_label=False, elem_id="sv-plot-timeline")
+    history, fig_history, clear = build_history(lim.max_gamma)
+    history_json = gr.JSON(visible=False)
     gr.Markdown(
         "### Which gamma is best?\n**Sweep gamma** races plain decoding once, then speculative decoding for each "
         "gamma on the current prompt, drafter and settings. Dots are measured; the dashed line is the paper's "
@@ -383,7 +394,62 @@ def build_race_tab(ctx: UIContext) -> None:
     private = {"api_visibility": "private", "queue": False}
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
-    race_ev.then(lambda view: downloads(race_recording(ctx, view), "race"), [race_done], list(race_dl), **private)
     sweep_ev.then(lambda res: downloads(sweep_recording(ctx, res), "sweep"), [sweep_done], list(sweep_dl), **private)
-    stop.click(None, cancels=[race_ev, sweep_ev])
+    # Letting go of gamma or temperature, or choosing another drafter, policy or tree, races again through the same
+    # handler and queue as Run race (same limits, same concurrency). The gate (instant, off the queue) fails quietly
+    # while the checkbox is off, and .success then neither races nor cancels anything. A race still running is
+    # cancelled; always_last: moves made meanwhile collapse into one race with the last settings.
+    gate = gr.on(
+        [gamma.release, temperature.release, drafter.change, policy.change, tree.change],
+        race_gate,
+        [auto],
+        None,
+        queue=False,
+        show_progress="hidden",
+        api_visibility="private",
+    )
+    auto_ev = gate.success(
+        on_race,
+        inputs,
+        [*outputs, race_done],
+        preprocess=False,
+        concurrency_id="models",
+        cancels=[race_ev, sweep_ev],
+        trigger_mode="always_last",
+        api_visibility="private",
+    )
+    gate.success(None, cancels=[auto_ev], api_visibility="private")
+    run.click(None, cancels=[auto_ev], api_visibility="private")
+    auto_ev.then(lambda: downloads(None, ""), None, list(race_dl), **private)
+
+    # the history: each finished race (button or slider) adds its points; /history does the same for API clients
+    # (a race already in is not added twice) and returns the points
+    def on_history(view, hist):
+        hist = add_race(hist, view)
+        return hist, history_figure(table(hist), lim.max_gamma), table(hist)
+
+    hist_outputs = [history, fig_history, history_json]
+    for i, ev in enumerate((race_ev, auto_ev)):
+        done = ev.then(
+            on_history,
+            [race_done, history],
+            hist_outputs,
+            api_name="history" if i == 0 else None,
+            api_visibility="public" if i == 0 else "private",
+            queue=False,
+        )
+        done.then(
+            lambda view, hist: downloads(race_recording(ctx, view, table(hist)), "race"),
+            [race_done, history],
+            list(race_dl),
+            **private,
+        )
+    clear.click(
+        lambda: (empty(), history_figure([], lim.max_gamma), []),
+        None,
+        hist_outputs,
+        api_name="clear_history",
+        queue=False,
+    )
+    stop.click(None, cancels=[race_ev, sweep_ev, auto_ev])
     drafter2.change(lambda d: gr.Column(visible=d != NO_LANE), drafter2, lane3, queue=False, api_visibility="private")

@@ -233,3 +233,19 @@ def test_history_endpoint_adds_each_finished_race_once_per_session(app_url):
     assert all(0 <= p["acceptance"] <= 1 and p["speedup"] > 0 for p in points)
     assert Client(app_url, verbose=False).predict(api_name="/history")[1] == []
     assert c.predict(api_name="/clear_history")[1] == []
+
+
+def test_temperature_sweep_returns_a_point_per_temperature_for_both_lanes(client):
+    """/temperature_sweep: plain and speculative at each temperature; the table has one row per temperature and its
+    note says why acceptance falls. (prompt, gamma, top_k, top_p, max_new_tokens, seed, drafter, policy, tree)"""
+    from specviz.ui.temperature import SWEEP_TEMPERATURES
+
+    job = client.submit("hello world", 3, 0, 1.0, 12, 1, "model", "constant", "off", api_name="/temperature_sweep")
+    fig, note, rows = job.result(timeout=180)
+    assert "sv-error" not in note and "min(1, p(x)/q(x))" in note and "done" in note
+    assert [r["temperature"] for r in rows] == list(SWEEP_TEMPERATURES)
+    assert all(0 <= r["acceptance"] <= 1 and r["speedup"] > 0 and r["tokens"] > 0 for r in rows)
+    traces = fig["plot"] if isinstance(fig, dict) and "plot" in fig else str(fig)
+    assert "Speedup over plain decoding" in str(traces)
+    bad = client.submit("hello world", 3, 0, 1.0, 12, 1, "nonsense", api_name="/temperature_sweep").result(timeout=60)
+    assert "sv-error" in bad[1] and "drafter must be one of" in bad[1]

@@ -28,6 +28,7 @@ from specviz.ui.inputs import (
     RACE_INPUTS,
     SWEEP_INPUTS,
     TEMPERATURE_LABEL,
+    TEMPERATURE_SWEEP_INPUTS,
     TREES,
     check_caps,
     named,
@@ -37,8 +38,10 @@ from specviz.ui.inputs import (
 )
 from specviz.ui.keep import download_buttons, downloads, race_recording, sweep_recording, with_result
 from specviz.ui.sweep import EMPTY_SWEEP, sweep_page
+from specviz.ui.temperature import WHY, temperature_page
 from specviz.view import metrics, plots, render
 from specviz.view.history import history_figure
+from specviz.view.temperature import temperature_figure
 
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
@@ -264,6 +267,7 @@ def build_race_tab(ctx: UIContext) -> None:
             run = gr.Button("Run race", variant="primary")
             stop = gr.Button("Stop", variant="stop")
             sweep = gr.Button("Sweep gamma", variant="secondary")
+            tsweep = gr.Button("Sweep temperature", variant="secondary")
             auto = gr.Checkbox(True, label="Race when a setting changes", elem_id="sv-auto")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
@@ -332,12 +336,23 @@ def build_race_tab(ctx: UIContext) -> None:
     sweep_note = gr.HTML(js_on_load=None)
     sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
     sweep_dl = download_buttons()
+    gr.Markdown(
+        "### Why does acceptance fall above temperature 0?\n**Sweep temperature** runs the current prompt, drafter "
+        "and gamma plain and speculative at temperatures 0, 0.3, 0.7, 1.0 and 1.3 (seeded). " + WHY
+    )
+    tsweep_note = gr.HTML(js_on_load=None)
+    tsweep_plot = gr.Plot(temperature_figure([]), show_label=False, elem_id="sv-plot-temperature")
+    tsweep_json = gr.JSON(visible=False)
     race_done, sweep_done = gr.State(None), gr.State(None)  # the last finished race's view / sweep's result
 
     # the edge: the inputs arrive in the order of inputs.RACE_INPUTS / SWEEP_INPUTS and are named there, once
     @gpu
     def on_race(*values):
         yield from with_result(race_page(ctx, named(RACE_INPUTS, values)))
+
+    @gpu
+    def on_temperature_sweep(*values):
+        yield from temperature_page(ctx, named(TEMPERATURE_SWEEP_INPUTS, values))
 
     @gpu
     def on_sweep(*values):
@@ -391,6 +406,14 @@ def build_race_tab(ctx: UIContext) -> None:
         preprocess=False,
         concurrency_id="models",
     )
+    tsweep_ev = tsweep.click(
+        on_temperature_sweep,
+        [by_name[k] for k in TEMPERATURE_SWEEP_INPUTS],
+        [tsweep_plot, tsweep_note, tsweep_json],
+        api_name="temperature_sweep",
+        preprocess=False,
+        concurrency_id="models",
+    )
     private = {"api_visibility": "private", "queue": False}
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
@@ -414,7 +437,7 @@ def build_race_tab(ctx: UIContext) -> None:
         [*outputs, race_done],
         preprocess=False,
         concurrency_id="models",
-        cancels=[race_ev, sweep_ev],
+        cancels=[race_ev, sweep_ev, tsweep_ev],
         trigger_mode="always_last",
         api_visibility="private",
     )
@@ -451,5 +474,5 @@ def build_race_tab(ctx: UIContext) -> None:
         api_name="clear_history",
         queue=False,
     )
-    stop.click(None, cancels=[race_ev, sweep_ev, auto_ev])
+    stop.click(None, cancels=[race_ev, sweep_ev, tsweep_ev, auto_ev])
     drafter2.change(lambda d: gr.Column(visible=d != NO_LANE), drafter2, lane3, queue=False, api_visibility="private")

@@ -37,7 +37,7 @@ from specviz.ui.inputs import (
     race_requests,
 )
 from specviz.ui.keep import download_buttons, downloads, race_recording, sweep_recording, with_result
-from specviz.ui.sweep import EMPTY_SWEEP, sweep_page
+from specviz.ui.sweep import SWEEP_EMPTY, sweep_page
 from specviz.ui.temperature import WHY, temperature_page
 from specviz.view import metrics, plots, render
 from specviz.view.history import history_figure
@@ -133,6 +133,8 @@ class RaceView:
 
     def figures(self) -> tuple:
         ev, labels = self.events, {"ar": "plain", **self.labels}
+        if not any(ev[k] for k in self.lanes):  # before the first event: a sentence per chart, not empty axes
+            return tuple(plots.empty_figure(s, plots.HEIGHT) for s in plots.RACE_EMPTY)
         spec2 = ev["spec2"] if "spec2" in self.lanes else None
         frames = {self.labels[k]: plots.rounds_frame(ev[k]) for k in self.lanes if k != "ar"}
         first = next(iter(frames.values()))
@@ -334,7 +336,7 @@ def build_race_tab(ctx: UIContext) -> None:
         "expected speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the measured acceptance α and cost ratio c."
     )
     sweep_note = gr.HTML(js_on_load=None)
-    sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
+    sweep_plot = gr.Plot(plots.empty_figure(SWEEP_EMPTY), show_label=False, elem_id="sv-plot-sweep")
     sweep_dl = download_buttons()
     gr.Markdown(
         "### Why does acceptance fall above temperature 0?\n**Sweep temperature** runs the current prompt, drafter "

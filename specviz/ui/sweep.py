@@ -27,6 +27,7 @@ DEFAULT_SWEEP = 6  # 1, 2, 3, 4, 6, 8 unless the deployment asks for fewer
 
 
 EMPTY_SWEEP = pd.DataFrame(columns=["gamma", "acceptance", "speedup"])
+SWEEP_EMPTY = "Press “Sweep gamma” to race the current prompt at several gamma values: acceptance and speedup per gamma, with the paper's curve, will appear here."
 
 
 def run_to_done(events, *page):

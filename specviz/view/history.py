@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.view.plots import BLUE, GREEN, GREY, ORANGE, PURPLE, SKY, VERMILLION, theory_frame
+from specviz.view.plots import BLUE, GREEN, ORANGE, PURPLE, SKY, VERMILLION, empty_figure, theory_frame
 
 DRAFTER_COLORS = (BLUE, ORANGE, GREEN, PURPLE, SKY, VERMILLION)
 EMPTY_HISTORY = (
@@ -23,18 +23,6 @@ EMPTY_HISTORY = (
     "against gamma and against temperature."
 )
 PANELS = (("gamma", "acceptance"), ("gamma", "speedup"), ("temperature", "acceptance"), ("temperature", "speedup"))
-
-
-def empty_figure(sentence: str, height: int = 140) -> go.Figure:
-    """A chart with nothing measured yet: one sentence of what will appear there, no axes."""
-    fig = go.Figure()
-    fig.add_annotation(
-        text=sentence, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 13, "color": GREY}
-    )
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
-    fig.update_layout(template="plotly_white", height=height, margin={"l": 10, "r": 10, "t": 10, "b": 10})
-    return fig
 
 
 def _finite(*xs) -> bool:

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.view.history import empty_figure
-from specviz.view.plots import BLUE, GREY, VERMILLION
+from specviz.view.plots import BLUE, GREY, VERMILLION, empty_figure
 
 EMPTY_TEMPERATURE = (
     "Press “Sweep temperature” to race the current prompt at temperatures from 0 to 1.3: "

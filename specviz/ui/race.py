@@ -248,10 +248,15 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
     return view  # the finished view, for the downloads (ui/keep.py)
 
 
-def race_gate(on) -> None:
-    """Let a setting's change race only while "Race when a setting changes" is ticked (a quiet error stops it)."""
-    if on is not True:
-        raise gr.Error("Racing on a setting's change is off.", visible=False, print_exception=False)
+# The gate of a setting's move (build_race_tab): while "Race when a setting changes" is ticked, the move count + 1 once
+# no other move came for MOVE_QUIET_MS, else the count unchanged (no change event, no race). Quick moves so collapse
+# into the last, and two races are never submitted so close together that the cancel of the first misses it.
+MOVE_QUIET_MS = 250
+GATE_JS = f"""async (on, n) => {{
+  const mine = (window.svMoveSeq = (window.svMoveSeq || 0) + 1);
+  await new Promise((done) => setTimeout(done, {MOVE_QUIET_MS}));
+  return on === true && mine === window.svMoveSeq ? (n || 0) + 1 : n;
+}}"""
 
 
 def build_race_tab(ctx: UIContext) -> None:
@@ -271,6 +276,7 @@ def build_race_tab(ctx: UIContext) -> None:
             sweep = gr.Button("Sweep gamma", variant="secondary")
             tsweep = gr.Button("Sweep temperature", variant="secondary")
             auto = gr.Checkbox(True, label="Race when a setting changes", elem_id="sv-auto")
+            moved = gr.Number(0, elem_id="sv-moved", elem_classes=["sv-hidden"], container=False, min_width=0)
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
         drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)
@@ -421,29 +427,26 @@ def build_race_tab(ctx: UIContext) -> None:
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
     sweep_ev.then(lambda res: downloads(sweep_recording(ctx, res), "sweep"), [sweep_done], list(sweep_dl), **private)
     # Letting go of gamma or temperature, or choosing another drafter, policy or tree, races again through the same
-    # handler and queue as Run race (same limits, same concurrency). The gate (instant, off the queue) fails quietly
-    # while the checkbox is off, and .success then neither races nor cancels anything. A race still running is
-    # cancelled; always_last: moves made meanwhile collapse into one race with the last settings.
-    gate = gr.on(
-        [gamma.release, temperature.release, drafter.change, policy.change, tree.change],
-        race_gate,
-        [auto],
-        None,
-        queue=False,
-        show_progress="hidden",
-        api_visibility="private",
-    )
-    auto_ev = gate.success(
+    # handler and queue as Run race (same limits, same concurrency). A move first cancels a race a move started
+    # (still running or waiting), then the gate (GATE_JS, in the browser) counts the move in `moved` while the checkbox
+    # is ticked, and that change races; unticked, `moved` keeps its value: no race, and a button's race runs on.
+    # Not gradio's always_last: a run it defers behind one that gets cancelled never starts (gradio 6.31); and cancels
+    # hang on a component's event (on .success they never fire), hence the count.
+    moves = [gamma.release, temperature.release, drafter.change, policy.change, tree.change]
+    auto_ev = moved.change(
         on_race,
         inputs,
         [*outputs, race_done],
         preprocess=False,
         concurrency_id="models",
         cancels=[race_ev, sweep_ev, tsweep_ev],
-        trigger_mode="always_last",
+        trigger_mode="multiple",
         api_visibility="private",
     )
-    gate.success(None, cancels=[auto_ev], api_visibility="private")
+    gr.on(moves, None, cancels=[auto_ev], api_visibility="private")  # registered first: it runs before the gate
+    gr.on(
+        moves, None, [auto, moved], [moved], js=GATE_JS, queue=False, show_progress="hidden", api_visibility="private"
+    )
     run.click(None, cancels=[auto_ev], api_visibility="private")
     auto_ev.then(lambda: downloads(None, ""), None, list(race_dl), **private)
 

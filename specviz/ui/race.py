@@ -275,8 +275,6 @@ def build_race_tab(ctx: UIContext) -> None:
             stop = gr.Button("Stop", variant="stop")
             sweep = gr.Button("Sweep gamma", variant="secondary")
             tsweep = gr.Button("Sweep temperature", variant="secondary")
-            auto = gr.Checkbox(True, label="Race when a setting changes", elem_id="sv-auto")
-            moved = gr.Number(0, elem_id="sv-moved", elem_classes=["sv-hidden"], container=False, min_width=0)
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
         drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)
@@ -291,6 +289,9 @@ def build_race_tab(ctx: UIContext) -> None:
         )
         temperature = gr.Slider(0, TEMPERATURE_MAX, value=PAGE.temperature, step=0.05, scale=2, label=TEMPERATURE_LABEL)
         tree = gr.Dropdown(list(TREES), value=str(PAGE.tree), label="token tree (model drafters)", scale=1)
+        with gr.Column(scale=1, min_width=140):
+            auto = gr.Checkbox(True, label="Race when a setting changes", elem_id="sv-auto")
+            moved = gr.Number(0, elem_id="sv-moved", elem_classes=["sv-hidden"], container=False, min_width=0)
     with gr.Accordion("Race a third lane (another drafter, policy or tree on the same clock)", open=False):
         with gr.Row():
             drafter2 = gr.Dropdown([NO_LANE, *DRAFTERS], value=NO_LANE, label="third lane: guesses from")

@@ -51,6 +51,17 @@ def temperature_rows(lanes: dict[str, list]) -> list[dict]:
     return rows
 
 
+def trend(rows: list[dict]) -> str:
+    """One sentence on what the sweep measured so far: alpha and the speedup from its first temperature to its last."""
+    if len(rows) < 2:
+        return ""
+    a, b = rows[0], rows[-1]
+    return (
+        f"From temperature {a['temperature']:g} to {b['temperature']:g}, α (kept of the guesses checked) went from "
+        f"{a['alpha']:.0%} to {b['alpha']:.0%} and the speedup from {a['speedup']:.2f}× to {b['speedup']:.2f}×."
+    )
+
+
 def temperature_page(ctx: UIContext, values: dict):
     """The /temperature_sweep handler's body: the page's values, by name (inputs.TEMPERATURE_SWEEP_INPUTS), become
     the sweep's request (temperature set per run); a bad value is one sentence in the page."""
@@ -88,7 +99,7 @@ def temperature_stream(ctx: UIContext, prompt, request: RunRequest):
             rows = temperature_rows(lanes)
             fig = temperature_figure(rows)
             state = "Temperature sweep done." if i == len(temps) else f"Sweeping: {i} of {len(temps)} temperatures."
-            note = _note(f"{state} {WHY}")
+            note = _note(f"{state} {trend(rows)}")
             yield fig, note, rows
         return {"lanes": lanes, "rows": rows, "request": request, "prompt": prompt}
     except Exception as err:  # keep what was measured, add the sentence

@@ -273,8 +273,8 @@ def build_race_tab(ctx: UIContext) -> None:
         with gr.Column(scale=1, min_width=160):
             run = gr.Button("Run race", variant="primary")
             stop = gr.Button("Stop", variant="stop")
-            sweep = gr.Button("Sweep gamma", variant="secondary")
-            tsweep = gr.Button("Sweep temperature", variant="secondary")
+            sweep = gr.Button("Sweep gamma", variant="secondary", size="sm")
+            tsweep = gr.Button("Sweep temperature", variant="secondary", size="sm")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
         drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)

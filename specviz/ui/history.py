@@ -79,7 +79,8 @@ def build_history(max_gamma: int):
     """The chart, its Clear button and the per-visitor State (called inside the Race tab); returns
     (state, plot, clear button)."""
     gr.Markdown(
-        "### Every setting you tried\nEach finished race adds a dot per lane, coloured by drafter. Dashed: the "
+        "### Every setting you tried\nEach finished race adds a dot per lane, coloured by drafter (acceptance: the "
+        "share of all guesses kept). Dashed: the "
         "paper's expected acceptance and speedup over gamma for the drafter's latest measured α and c; open circles: "
         "the theory at each dot's own α, c and gamma."
     )

@@ -47,7 +47,7 @@ def history_figure(points: Sequence[dict], max_gamma: int = 8) -> go.Figure:
         cols=2,
         vertical_spacing=0.2,
         horizontal_spacing=0.12,
-        subplot_titles=("Acceptance (accepted / drafted)", "Speedup over plain", "", ""),
+        subplot_titles=("Acceptance", "Speedup over plain", "", ""),
     )
     drafters = list(dict.fromkeys(p["drafter"] for p in points))
     for i, drafter in enumerate(drafters):

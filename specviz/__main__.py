@@ -105,7 +105,12 @@ def parser() -> argparse.ArgumentParser:
         help="instead of the grid: drafter:gamma[:policy][:tree=N] items, e.g. model:1,model:auto,lookup:auto,"
         "model:auto:tree=auto",
     )
-    b.add_argument("--temperatures", default="0")
+    b.add_argument(
+        "--temperatures",
+        default="0",
+        help="comma-separated, e.g. 0,0.3,0.7,1,1.3: a row per temperature and configuration (the Race tab's "
+        "temperature sweep on a prompt set)",
+    )
     b.add_argument("--max-new-tokens", type=int, help=f"(default {RunRequest.default('max_new_tokens')})")
     b.add_argument("--repeats", type=int, default=1)
     b.add_argument("--limit", type=int, default=0, help="use only the first N prompts")

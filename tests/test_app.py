@@ -215,3 +215,37 @@ def test_the_queue_polls_every_50_ms_not_every_millisecond(tiny_pair):
     other._queue.sleep_when_free, other._queue.progress_update_sleep_when_free = 0.001, 0.5
     calm_queue(other)
     assert (other._queue.sleep_when_free, other._queue.progress_update_sleep_when_free) == (QUEUE_POLL_S, 0.5)
+
+
+def test_history_endpoint_adds_each_finished_race_once_per_session(app_url):
+    """/race, then /history: the race's point per lane at its gamma and temperature; asking again adds nothing;
+    /clear_history empties it; another client (another visitor) has its own."""
+    c = Client(app_url, verbose=False)
+    c.predict(api_name="/clear_history")
+    for t in (0.0, 1.0):
+        _race(c, "the cat", 3, t, 0, 1.0, 8, 0, "model", "constant")
+        _, points = c.predict(api_name="/history")
+    _, again = c.predict(api_name="/history")
+    assert again == points and [(p["lane"], p["gamma"], p["temperature"]) for p in points] == [
+        ("spec", 3, 0.0),
+        ("spec", 3, 1.0),
+    ]
+    assert all(0 <= p["acceptance"] <= 1 and p["speedup"] > 0 for p in points)
+    assert Client(app_url, verbose=False).predict(api_name="/history")[1] == []
+    assert c.predict(api_name="/clear_history")[1] == []
+
+
+def test_temperature_sweep_returns_a_point_per_temperature_for_both_lanes(client):
+    """/temperature_sweep: plain and speculative at each temperature; the table has one row per temperature and its
+    note says why acceptance falls. (prompt, gamma, top_k, top_p, max_new_tokens, seed, drafter, policy, tree)"""
+    from specviz.ui.temperature import SWEEP_TEMPERATURES
+
+    job = client.submit("hello world", 3, 0, 1.0, 12, 1, "model", "constant", "off", api_name="/temperature_sweep")
+    fig, note, rows = job.result(timeout=180)
+    assert "sv-error" not in note and "done" in note and f"to {SWEEP_TEMPERATURES[-1]:g}, α" in note
+    assert [r["temperature"] for r in rows] == list(SWEEP_TEMPERATURES)
+    assert all(0 <= r["acceptance"] <= 1 and r["speedup"] > 0 and r["tokens"] > 0 for r in rows)
+    traces = fig["plot"] if isinstance(fig, dict) and "plot" in fig else str(fig)
+    assert "Speedup over plain decoding" in str(traces)
+    bad = client.submit("hello world", 3, 0, 1.0, 12, 1, "nonsense", api_name="/temperature_sweep").result(timeout=60)
+    assert "sv-error" in bad[1] and "drafter must be one of" in bad[1]

@@ -209,3 +209,17 @@ def test_bench_puts_token_trees_beside_the_best_chain(loaded_pair):
     assert (chains["tree_share"] == 0).all()
     assert chains["vs_best_chain"].isna().all()
     assert "nodes/call" in format_table(t)
+
+
+def test_cli_bench_sweeps_temperature_a_row_per_temperature(tiny_pair, tmp_path, monkeypatch, capsys):
+    """`specviz bench --temperatures 0,0.7,1.3`: the table has each configuration at each temperature."""
+    from specviz.__main__ import main
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS))
+    args = ["bench", "--target", tiny_pair[0], "--draft", tiny_pair[1], "--device", "cpu", "--prompts", str(prompts)]
+    args += ["--gammas", "2", "--max-new-tokens", "6", "--no-hf", "--temperatures", "0,0.7,1.3", "--json"]
+    assert main(args) == 0
+    table = json.loads(capsys.readouterr().out)["table"]
+    assert sorted(r["temperature"] for r in table) == [0.0, 0.7, 1.3]
+    assert all(0 <= r["acceptance"] <= 1 and r["speedup_vs_ar"] > 0 for r in table)

@@ -610,3 +610,39 @@ def test_fuzz_race_endpoint_answers_every_value_in_one_sentence(
     else:
         assert_ok(out)
     assert "<script" not in out[ECHO]
+
+
+def test_a_storm_of_releases_leaves_one_race_and_no_run_behind(app, client, pair, probe):
+    """Thirty quick slider releases as the page sends them: each starts a race and cancels the one before (the
+    page's `cancels=`). At the end the last race finishes with its own settings, nothing else computes, at most
+    one run was ever on the models, and no run's KV caches (CachedModel) outlive it."""
+    assert_ok(race(client, "warm", 2, 0.0, 0, 1.0, 4, 0))
+    gc.collect()
+    runners = sum(1 for o in gc.get_objects() if isinstance(o, CachedModel))
+    probe.reset(delay=0.005)
+    try:
+        jobs = []
+        for i in range(30):
+            temperature = round(0.05 * i, 2)
+            lanes = ("model", "constant", "none", "auto", "off", "off")
+            jobs.append(client.submit("hello world", 3, temperature, 0, 1.0, 32, 1, *lanes, api_name="/race"))
+            if len(jobs) > 1:
+                jobs[-2].cancel()
+            time.sleep(0.02)
+        last = jobs[-1].result(timeout=120)
+        assert_ok(last)
+        t0 = time.monotonic()
+        while not all(j.done() for j in jobs) and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        assert all(j.done() for j in jobs)
+        settled = probe.calls
+        time.sleep(1.0)
+        assert probe.calls == settled, "a cancelled race kept computing after the last one finished"
+        assert probe.inflight == 0 and probe.max_inflight == 1
+    finally:
+        probe.reset()
+    gc.collect()
+    assert sum(1 for o in gc.get_objects() if isinstance(o, CachedModel)) == runners
+    ar, sp = expected(pair, "hello world", 3, 1.45, 0, 1.0, 32, 1)  # the last release's settings, run alone
+    assert tokens(last[AR], ("tok-ar",)) == ar
+    assert tokens(last[SPEC], ("tok-accepted", "tok-resampled", "tok-bonus")) == sp

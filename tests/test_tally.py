@@ -28,6 +28,7 @@ from specviz.teach import lessons
 from specviz.ui.race import RaceView
 from specviz.ui.sweep import sweep_numbers
 from specviz.view import metrics, render
+from specviz.view.render import ACCEPTANCE_LABELS
 
 seconds = st.floats(1e-4, 0.05, allow_nan=False)
 ids = st.integers(5, 60)
@@ -193,12 +194,13 @@ def shown(html: str) -> dict[str, str]:
 
 def page_numbers(ref: dict, plain: dict | None = None) -> dict[str, str]:
     """What the page must show for a speculative lane with these numbers, written out from the reference."""
+    accepted, alpha = ACCEPTANCE_LABELS["tree" if ref["tree_rounds"] else "chain"]
     out = {
         "tokens": str(ref["new_tokens"]),
         "tokens/s": f"{ref['tokens_per_s']:.1f}",
         "target calls": str(ref["target_calls"]),
-        "guesses accepted": f"{ref['acceptance_rate']:.0%}" if ref["drafted"] else "—",
-        "α: kept of those checked": f"{ref['alpha']:.0%}" if ref["drafted"] else "—",
+        accepted: f"{ref['acceptance_rate']:.0%}" if ref["drafted"] else "—",
+        alpha: f"{ref['alpha']:.0%}" if ref["drafted"] else "—",
         "tokens per target call": f"{ref['tokens_per_call']:.2f}",
     }
     if plain is not None:

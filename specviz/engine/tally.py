@@ -200,6 +200,11 @@ class Tally:
         """c: one draft call of this run against one step of the plain run `plain`."""
         return cost_ratio(self.draft_s, self.draft_calls, plain.step_s)
 
+    def speedup(self, plain: Tally) -> float:
+        """This run's tokens per second over the plain run `plain`'s, each on its own compute clock (0 when the plain
+        run made no token)."""
+        return self.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
+
     def stats(self) -> dict:
         """The numbers of `Done.stats` (flat: a recording keeps them), every one from this Tally."""
         return {

@@ -20,6 +20,7 @@ from specviz.engine.tally import Tally
 from specviz.events import Done, Event, Round, Start, Step
 from specviz.recording.record import RecordedTokenizer, Recording
 from specviz.view import metrics, plots, render
+from specviz.view.history import history_figure
 
 FIG_CONFIG = {"displaylogo": False, "responsive": True}
 LANE_TITLES = {"ar": "Plain decoding (target only)", "spec": "Speculative (draft + target)"}
@@ -127,7 +128,26 @@ def figures(rec: Recording, views: dict[str, LaneView]) -> list:
     figs += [plots.tokens_per_round_figure(rounds, max(gamma, 1))]
     if ar:
         figs.append(plots.time_share_figure(ar, spec))
+    points = history_points(rec)
+    if points:
+        figs.append(history_figure(points))
     return figs
+
+
+HISTORY_NUMBERS = ("gamma", "temperature", "acceptance", "alpha", "c", "speedup")
+
+
+def history_points(rec: Recording) -> list[dict]:
+    """The visitor's history a race recording carries (extra["history"], optional: older recordings have none);
+    rows missing a number the chart needs are left out (the file may come from a stranger)."""
+    rows = rec.extra.get("history") if isinstance(rec.extra, dict) else None
+    out = []
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict) or not isinstance(row.get("gamma"), int) or isinstance(row.get("gamma"), bool):
+            continue
+        if all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool) for k in HISTORY_NUMBERS[1:]):
+            out.append({**row, "drafter": str(row.get("drafter", "?")), "label": str(row.get("label", ""))})
+    return out
 
 
 def sweep_figure(rec: Recording):

@@ -64,6 +64,17 @@ RACE_INPUTS = (
     "tree2",
 )
 SWEEP_INPUTS = ("prompt", "temperature", "top_k", "top_p", "max_new_tokens", "seed", "drafter")
+TEMPERATURE_SWEEP_INPUTS = (
+    "prompt",
+    "gamma",
+    "top_k",
+    "top_p",
+    "max_new_tokens",
+    "seed",
+    "drafter",
+    "gamma_policy",
+    "tree",
+)
 
 
 def named(names: tuple[str, ...], values) -> dict:

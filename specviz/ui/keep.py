@@ -66,9 +66,10 @@ def with_result(stream):
         yield (*last, gr.skip())
 
 
-def race_recording(ctx: UIContext, view) -> record.Recording | None:
+def race_recording(ctx: UIContext, view, history: list[dict] | None = None) -> record.Recording | None:
     """A finished race (every lane done) as a Recording, or None. Its settings are the ones the race ran with
-    (the view keeps the lanes' RunRequests), not the page's inputs now or any defaults of this function's."""
+    (the view keeps the lanes' RunRequests), not the page's inputs now or any defaults of this function's.
+    history: the visitor's points so far (ui/history.py), kept as the table extra["history"]."""
     if view is None or view.pieces is None or not all(view.done[k] for k in view.lanes):
         return None
     settings = view.requests["spec"].settings(view.prompt)
@@ -76,7 +77,8 @@ def race_recording(ctx: UIContext, view) -> record.Recording | None:
         settings |= {"lane3": view.labels["spec2"]}
     lanes = {k: view.events[k] for k in view.lanes}
     p, q = ctx.pair()
-    return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q, settings))
+    extra = {"history": list(history)} if history else None
+    return record.make("race", settings, lanes, view.pieces.tok, record.environment(p, q, settings), extra)
 
 
 def sweep_recording(ctx: UIContext, result: dict | None) -> record.Recording | None:

@@ -21,12 +21,14 @@ from specviz.models.head import head_backend
 from specviz.request import RunRequest
 from specviz.theory import position_alphas
 from specviz.ui.common import HTML_EVERY_S, UIContext, error_html, gpu
+from specviz.ui.history import add_race, build_history, empty, table
 from specviz.ui.inputs import (
     NO_LANE,
     PAGE,
     RACE_INPUTS,
     SWEEP_INPUTS,
     TEMPERATURE_LABEL,
+    TEMPERATURE_SWEEP_INPUTS,
     TREES,
     check_caps,
     named,
@@ -35,8 +37,11 @@ from specviz.ui.inputs import (
     race_requests,
 )
 from specviz.ui.keep import download_buttons, downloads, race_recording, sweep_recording, with_result
-from specviz.ui.sweep import EMPTY_SWEEP, sweep_page
+from specviz.ui.sweep import SWEEP_EMPTY, sweep_page
+from specviz.ui.temperature import WHY, temperature_page
 from specviz.view import metrics, plots, render
+from specviz.view.history import history_figure
+from specviz.view.temperature import temperature_figure
 
 PLOTS_EVERY_S = 0.5  # plots are heavier: about two a second
 SPEC_LANES = ("spec", "spec2")
@@ -128,6 +133,8 @@ class RaceView:
 
     def figures(self) -> tuple:
         ev, labels = self.events, {"ar": "plain", **self.labels}
+        if not any(ev[k] for k in self.lanes):  # before the first event: a sentence per chart, not empty axes
+            return tuple(plots.empty_figure(s, plots.HEIGHT) for s in plots.RACE_EMPTY)
         spec2 = ev["spec2"] if "spec2" in self.lanes else None
         frames = {self.labels[k]: plots.rounds_frame(ev[k]) for k in self.lanes if k != "ar"}
         first = next(iter(frames.values()))
@@ -241,6 +248,17 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
     return view  # the finished view, for the downloads (ui/keep.py)
 
 
+# The gate of a setting's move (build_race_tab): while "Race when a setting changes" is ticked, the move count + 1 once
+# no other move came for MOVE_QUIET_MS, else the count unchanged (no change event, no race). Quick moves so collapse
+# into the last, and two races are never submitted so close together that the cancel of the first misses it.
+MOVE_QUIET_MS = 250
+GATE_JS = f"""async (on, n) => {{
+  const mine = (window.svMoveSeq = (window.svMoveSeq || 0) + 1);
+  await new Promise((done) => setTimeout(done, {MOVE_QUIET_MS}));
+  return on === true && mine === window.svMoveSeq ? (n || 0) + 1 : n;
+}}"""
+
+
 def build_race_tab(ctx: UIContext) -> None:
     """The components and handlers of the Race tab (called inside `with gr.Tab("Race")`)."""
     lim = ctx.limits
@@ -255,7 +273,8 @@ def build_race_tab(ctx: UIContext) -> None:
         with gr.Column(scale=1, min_width=160):
             run = gr.Button("Run race", variant="primary")
             stop = gr.Button("Stop", variant="stop")
-            sweep = gr.Button("Sweep gamma", variant="secondary")
+            sweep = gr.Button("Sweep gamma", variant="secondary", size="sm")
+            tsweep = gr.Button("Sweep temperature", variant="secondary", size="sm")
     gr.Examples([[e] for e in examples()], inputs=[prompt], label="Examples")
     with gr.Row():  # every control starts at the one set of defaults (inputs.PAGE, a RunRequest)
         drafter = gr.Dropdown(list(DRAFTERS), value=PAGE.drafter, label="guesses from (drafter)", scale=1)
@@ -270,6 +289,9 @@ def build_race_tab(ctx: UIContext) -> None:
         )
         temperature = gr.Slider(0, TEMPERATURE_MAX, value=PAGE.temperature, step=0.05, scale=2, label=TEMPERATURE_LABEL)
         tree = gr.Dropdown(list(TREES), value=str(PAGE.tree), label="token tree (model drafters)", scale=1)
+        with gr.Column(scale=1, min_width=140):
+            auto = gr.Checkbox(True, label="Race when a setting changes", elem_id="sv-auto")
+            moved = gr.Number(0, elem_id="sv-moved", elem_classes=["sv-hidden"], container=False, min_width=0)
     with gr.Accordion("Race a third lane (another drafter, policy or tree on the same clock)", open=False):
         with gr.Row():
             drafter2 = gr.Dropdown([NO_LANE, *DRAFTERS], value=NO_LANE, label="third lane: guesses from")
@@ -313,20 +335,33 @@ def build_race_tab(ctx: UIContext) -> None:
     with gr.Row():
         fig_position = gr.Plot(figs[4], show_label=False, elem_id="sv-plot-position")
         fig_timeline = gr.Plot(figs[5], show_label=False, elem_id="sv-plot-timeline")
+    history, fig_history, clear = build_history(lim.max_gamma)
+    history_json = gr.JSON(visible=False)
     gr.Markdown(
         "### Which gamma is best?\n**Sweep gamma** races plain decoding once, then speculative decoding for each "
         "gamma on the current prompt, drafter and settings. Dots are measured; the dashed line is the paper's "
         "expected speedup (1 − α^(γ+1)) / ((1 − α)(γc + 1)) from the measured acceptance α and cost ratio c."
     )
     sweep_note = gr.HTML(js_on_load=None)
-    sweep_plot = gr.Plot(plots.sweep_figure(EMPTY_SWEEP), show_label=False, elem_id="sv-plot-sweep")
+    sweep_plot = gr.Plot(plots.empty_figure(SWEEP_EMPTY), show_label=False, elem_id="sv-plot-sweep")
     sweep_dl = download_buttons()
+    gr.Markdown(
+        "### Why does acceptance fall above temperature 0?\n**Sweep temperature** runs the current prompt, drafter "
+        "and gamma plain and speculative at temperatures 0, 0.3, 0.7, 1.0 and 1.3 (seeded). " + WHY
+    )
+    tsweep_note = gr.HTML(js_on_load=None)
+    tsweep_plot = gr.Plot(temperature_figure([]), show_label=False, elem_id="sv-plot-temperature")
+    tsweep_json = gr.JSON(visible=False)
     race_done, sweep_done = gr.State(None), gr.State(None)  # the last finished race's view / sweep's result
 
     # the edge: the inputs arrive in the order of inputs.RACE_INPUTS / SWEEP_INPUTS and are named there, once
     @gpu
     def on_race(*values):
         yield from with_result(race_page(ctx, named(RACE_INPUTS, values)))
+
+    @gpu
+    def on_temperature_sweep(*values):
+        yield from temperature_page(ctx, named(TEMPERATURE_SWEEP_INPUTS, values))
 
     @gpu
     def on_sweep(*values):
@@ -380,10 +415,70 @@ def build_race_tab(ctx: UIContext) -> None:
         preprocess=False,
         concurrency_id="models",
     )
+    tsweep_ev = tsweep.click(
+        on_temperature_sweep,
+        [by_name[k] for k in TEMPERATURE_SWEEP_INPUTS],
+        [tsweep_plot, tsweep_note, tsweep_json],
+        api_name="temperature_sweep",
+        preprocess=False,
+        concurrency_id="models",
+    )
     private = {"api_visibility": "private", "queue": False}
     run.click(lambda: downloads(None, ""), None, list(race_dl), **private)
     sweep.click(lambda: downloads(None, ""), None, list(sweep_dl), **private)
-    race_ev.then(lambda view: downloads(race_recording(ctx, view), "race"), [race_done], list(race_dl), **private)
     sweep_ev.then(lambda res: downloads(sweep_recording(ctx, res), "sweep"), [sweep_done], list(sweep_dl), **private)
-    stop.click(None, cancels=[race_ev, sweep_ev])
+    # Letting go of gamma or temperature, or choosing another drafter, policy or tree, races again through the same
+    # handler and queue as Run race (same limits, same concurrency). A move first cancels a race a move started
+    # (still running or waiting), then the gate (GATE_JS, in the browser) counts the move in `moved` while the checkbox
+    # is ticked, and that change races; unticked, `moved` keeps its value: no race, and a button's race runs on.
+    # Not gradio's always_last: a run it defers behind one that gets cancelled never starts (gradio 6.31); and cancels
+    # hang on a component's event (on .success they never fire), hence the count.
+    moves = [gamma.release, temperature.release, drafter.change, policy.change, tree.change]
+    auto_ev = moved.change(
+        on_race,
+        inputs,
+        [*outputs, race_done],
+        preprocess=False,
+        concurrency_id="models",
+        cancels=[race_ev, sweep_ev, tsweep_ev],
+        trigger_mode="multiple",
+        api_visibility="private",
+    )
+    gr.on(moves, None, cancels=[auto_ev], api_visibility="private")  # registered first: it runs before the gate
+    gr.on(
+        moves, None, [auto, moved], [moved], js=GATE_JS, queue=False, show_progress="hidden", api_visibility="private"
+    )
+    run.click(None, cancels=[auto_ev], api_visibility="private")
+    auto_ev.then(lambda: downloads(None, ""), None, list(race_dl), **private)
+
+    # the history: each finished race (button or slider) adds its points; /history does the same for API clients
+    # (a race already in is not added twice) and returns the points
+    def on_history(view, hist):
+        hist = add_race(hist, view)
+        return hist, history_figure(table(hist), lim.max_gamma), table(hist)
+
+    hist_outputs = [history, fig_history, history_json]
+    for i, ev in enumerate((race_ev, auto_ev)):
+        done = ev.then(
+            on_history,
+            [race_done, history],
+            hist_outputs,
+            api_name="history" if i == 0 else None,
+            api_visibility="public" if i == 0 else "private",
+            queue=False,
+        )
+        done.then(
+            lambda view, hist: downloads(race_recording(ctx, view, table(hist)), "race"),
+            [race_done, history],
+            list(race_dl),
+            **private,
+        )
+    clear.click(
+        lambda: (empty(), history_figure([], lim.max_gamma), []),
+        None,
+        hist_outputs,
+        api_name="clear_history",
+        queue=False,
+    )
+    stop.click(None, cancels=[race_ev, sweep_ev, tsweep_ev, auto_ev])
     drafter2.change(lambda d: gr.Column(visible=d != NO_LANE), drafter2, lane3, queue=False, api_visibility="private")

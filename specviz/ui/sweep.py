@@ -27,9 +27,10 @@ DEFAULT_SWEEP = 6  # 1, 2, 3, 4, 6, 8 unless the deployment asks for fewer
 
 
 EMPTY_SWEEP = pd.DataFrame(columns=["gamma", "acceptance", "speedup"])
+SWEEP_EMPTY = "Press “Sweep gamma” to race the current prompt at several gamma values: acceptance and speedup per gamma, with the paper's curve, will appear here."
 
 
-def _run(events, *page):
+def run_to_done(events, *page):
     """Run `events` to the end and return its Done; meanwhile yield `page` again every HTML_EVERY_S.
 
     Gradio can stop a generator only where it yields, so these yields let Stop end a sweep within one round.
@@ -84,13 +85,13 @@ def sweep_stream(ctx: UIContext, prompt, request: RunRequest):
         yield empty, note
         lanes: dict[str, list] = {"ar": []}  # every event, for the recording (ui/keep.py)
         plain = keep(compute.iterate(autoregressive_decode(p, ids, req.spec)), lanes["ar"])  # on the compute thread
-        yield from _run(ctx.limits.within_time(plain, start), empty, note)
+        yield from run_to_done(ctx.limits.within_time(plain, start), empty, note)
         for i, g in enumerate(gammas, 1):
             spec = keep(
                 compute.iterate(speculative_decode(p, q, ids, req.replace(gamma=g).spec)),
                 lanes.setdefault(f"gamma = {g}", []),
             )
-            yield from _run(ctx.limits.within_time(spec, start), fig, note)  # past the cap: one SpecvizError
+            yield from run_to_done(ctx.limits.within_time(spec, start), fig, note)  # past the cap: one SpecvizError
             rows, alpha, c = sweep_numbers(lanes)
             theory = plots.theory_frame(alpha, c, range(1, max(gammas) + 1))
             fig = plots.sweep_figure(pd.DataFrame(rows), theory)

@@ -311,3 +311,26 @@ def sweep_figure(measured: pd.DataFrame, theory: pd.DataFrame | None = None) -> 
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.08, "xanchor": "right", "x": 1},
     )
     return fig
+
+
+# What each of the race's charts (RaceView.figures' order) will show, said before the first race instead of empty axes
+RACE_EMPTY = (
+    "Tokens written over time, plain against speculative, will appear here once a race runs.",
+    "How many guesses the target kept, round by round, will appear here.",
+    "How many tokens each target call wrote will appear here.",
+    "Where each lane's time went (drafting, checking, the rest) will appear here.",
+    "How often a guess is kept at each position of a round will appear here.",
+    "How many guesses each round made, and why it stopped, will appear here.",
+)
+
+
+def empty_figure(sentence: str, height: int = 140) -> go.Figure:
+    """A chart with nothing measured yet: one sentence of what will appear there, no axes."""
+    fig = go.Figure()
+    fig.add_annotation(
+        text=sentence, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper", font={"size": 13, "color": GREY}
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    fig.update_layout(template="plotly_white", height=height, margin={"l": 10, "r": 10, "t": 10, "b": 10})
+    return fig

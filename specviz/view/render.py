@@ -210,14 +210,23 @@ def plain_stat_items(t: Tally) -> list[tuple[str, str]]:
     return [(str(t.new_tokens), "tokens"), (f"{t.tokens_per_s:.1f}", "tokens/s"), (str(t.target_calls), "target calls")]
 
 
+ACCEPTANCE_LABELS = {  # (accepted / drafted, alpha) under a lane of chains and of token trees
+    "chain": ("guesses accepted", "α: kept of those checked"),
+    "tree": ("of all tree guesses kept (branches not taken count)", "α: kept of those the target checked"),
+}
+
+
 def spec_stat_items(t: Tally) -> list[tuple[str, str]]:
-    """The numbers under a speculative pane (the race, a replay, an exported page), from the lane's Tally."""
+    """The numbers under a speculative pane (the race, a replay, an exported page), from the lane's Tally. A lane
+    that ran token trees names its two acceptance figures apart: a tree guesses several tokens per position, so
+    the share of all its guesses kept is far below alpha, the share kept of those the target ruled on."""
+    accepted, alpha_label = ACCEPTANCE_LABELS["tree" if t.tree_rounds else "chain"]
     return [
         (str(t.new_tokens), "tokens"),
         (f"{t.tokens_per_s:.1f}", "tokens/s"),
         (str(t.target_calls), "target calls"),
-        (f"{t.acceptance_rate:.0%}" if t.drafted else "—", "guesses accepted"),
-        (f"{t.alpha:.0%}" if t.judged else "—", "α: kept of those checked"),
+        (f"{t.acceptance_rate:.0%}" if t.drafted else "—", accepted),
+        (f"{t.alpha:.0%}" if t.judged else "—", alpha_label),
         (f"{t.tokens_per_call:.2f}" if t.target_calls else "—", "tokens per target call"),
     ]
 

@@ -86,8 +86,18 @@ class PairReport:
     def a(self) -> float | None:
         return self.acceptance.a if self.acceptance else None
 
+    @property
+    def card(self):
+        """The deploy card (pairs.deploy.DeployCard): the settings that reproduce this check in four engines; None
+        for an incompatible pair."""
+        from specviz.pairs.deploy import deploy_card
+
+        return deploy_card(self)
+
     def to_dict(self) -> dict:
         d = asdict(self)
+        card = self.card
+        d["deploy"] = card.to_dict() if card is not None else None
         if d["acceptance"] is not None:
             d["acceptance"].pop("tally")  # its numbers are the acceptance's own fields
         d["param_ratio"] = self.param_ratio
@@ -184,6 +194,9 @@ class PairReport:
         if self.warnings:
             lines.append("warnings")
             lines += [f"  - {w}" for w in self.warnings]
+        card = self.card
+        if card is not None:
+            lines.append(card.text())
         return "\n".join(lines)
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cross_pair import cross_pair
 
 from specviz import check_pair
 from specviz.pairs.deploy import EXPORTED_DRAFT, deploy_card
@@ -106,20 +105,44 @@ def plain_greedy(ns: dict, n: int = 64) -> torch.Tensor:
     return ns["target"].generate(**ns["inputs"], do_sample=False, max_new_tokens=n)
 
 
+def permuted_draft(tiny_pair, folder: Path) -> str:
+    """The tiny draft with another tokenizer: the same tokens under other ids (specviz and transformers both
+    translate it through text)."""
+    from conftest import make_tokenizer, word_tokenizer
+    from transformers import LlamaForCausalLM
+
+    base = make_tokenizer(64, chat=True)
+    vocab = base.get_vocab()
+    chars = [t for t, i in sorted(vocab.items(), key=lambda kv: kv[1]) if i >= 5]
+    new = {t: i for t, i in vocab.items() if i < 5} | {t: 5 + k for k, t in enumerate(reversed(chars))}
+    tok = word_tokenizer(new)
+    tok.chat_template = base.chat_template
+    model = LlamaForCausalLM.from_pretrained(tiny_pair[1])
+    model.resize_token_embeddings(72, mean_resizing=False)  # another size too: transformers tells tokenizers apart so
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def reports(tiny_pair, tmp_path_factory):
+    """Real checks of the tiny pair (model and lookup drafters, and a draft with another tokenizer); lookup+model
+    is the model check's report with that drafter (the card reads the method from it)."""
+    import dataclasses
+
     kw = dict(device="cpu", max_new_tokens=8, prompts=["hello world, hello world"])
-    cross = cross_pair(tmp_path_factory.mktemp("cross"))
+    other = permuted_draft(tiny_pair, tmp_path_factory.mktemp("other") / "draft")
+    model = check_pair(*tiny_pair, **kw)
     return {
-        "model": check_pair(*tiny_pair, **kw),
+        "model": model,
         "lookup": check_pair(*tiny_pair, drafter="lookup", **kw),
-        "lookup+model": check_pair(*tiny_pair, drafter="lookup+model", **kw),
-        "translated": check_pair(*cross, **kw),
+        "lookup+model": dataclasses.replace(model, drafter="lookup+model"),
+        "translated": check_pair(tiny_pair[0], other, **kw),
     }
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup", "lookup+model", "translated"])
-def test_every_engine_line_parses(reports, kind, tiny_pair):
+def test_every_engine_line_parses(reports, kind):
     rep = reports[kind]
     card = rep.card
     assert card is not None and card.gamma == rep.best_gamma
@@ -150,6 +173,18 @@ def test_every_engine_line_parses(reports, kind, tiny_pair):
     assert json.loads(js)["deploy"]["engines"][0]["engine"] == "vLLM"
     for e in card.engines:
         assert e.checked and all(n.endswith(".") and "\n" not in n for n in e.notes), e
+
+
+def test_transformers_is_told_apart_where_it_would_take_another_tokenizer_for_the_same(reports, tiny_pair):
+    import dataclasses
+
+    from specviz.pairs.deploy import deploy_card
+
+    rep = dataclasses.replace(reports["translated"], draft_vocab_rows=reports["translated"].target_vocab_rows)
+    hf = deploy_card(rep).engines[3]
+    assert not hf.runs and any("refuses assistant_tokenizer" in n for n in hf.notes)
+    with pytest.raises(ValueError, match="assistant_tokenizer"):  # what transformers says, as the note says
+        run_transformers(hf.text.replace(repr(rep.draft), repr(tiny_pair[1]), 2), "hello")
 
 
 @pytest.mark.parametrize("kind", ["model", "lookup", "translated"])

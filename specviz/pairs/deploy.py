@@ -272,12 +272,20 @@ def _transformers(c: _Pair) -> EngineCard:
     ]
     if not c.lookup:
         lines.append(f"draft = AutoModelForCausalLM.from_pretrained({c.draft!r})")
+    runs = True
     if c.other_tokenizer:
         lines.append(f"assistant_tokenizer = AutoTokenizer.from_pretrained({c.draft!r})")
         notes.append(
             "The draft has another tokenizer: transformers re-tokenises its guesses through text "
             "(assistant_tokenizer with tokenizer), as specviz does."
         )
+        if c.report.target_vocab_rows == c.report.draft_vocab_rows:
+            runs = False
+            notes.append(
+                "transformers takes equal vocabulary sizes for the same tokenizer: it refuses assistant_tokenizer "
+                f"here (both have {c.report.target_vocab_rows:,} rows), and without it would pass the draft's ids "
+                "through untranslated."
+            )
     args = ", ".join(f"{k}={v}" if isinstance(v, str) and k in _OBJECTS else f"{k}={v!r}" for k, v in kw.items())
     lines += [
         'inputs = tokenizer("...", return_tensors="pt")',
@@ -290,7 +298,7 @@ def _transformers(c: _Pair) -> EngineCard:
         )
     if c.method == "lookup+model":
         notes.append("transformers has no lookup-then-model drafter: this runs the draft model alone.")
-    return EngineCard("transformers", ENGINE_SOURCES["transformers"], "python", "\n".join(lines), tuple(notes))
+    return EngineCard("transformers", ENGINE_SOURCES["transformers"], "python", "\n".join(lines), tuple(notes), runs)
 
 
 _OBJECTS = ("assistant_model", "tokenizer", "assistant_tokenizer")  # keywords whose values are the objects above

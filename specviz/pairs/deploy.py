@@ -77,7 +77,9 @@ def _paths(report: PairReport) -> tuple[str, str, str]:
     """(target, draft, a command to run first): the built-in target as its converted folder, a trimmed draft as
     the folder `specviz export-draft` writes."""
     target = report.target
-    if target == BUILTIN_TARGET:
+    if report.served:  # the check reached it by address: the engine needs the model itself
+        target = "TARGET"
+    elif target == BUILTIN_TARGET:
         from specviz.models.builtin import target_dir
 
         target = str(target_dir())
@@ -86,6 +88,8 @@ def _paths(report: PairReport) -> tuple[str, str, str]:
         draft = EXPORTED_DRAFT
         named = "" if report.draft == BUILTIN_DRAFT else f" --draft {shlex.quote(report.draft)}"
         prepare = f"specviz export-draft {EXPORTED_DRAFT}{named}   (the draft with the target's full vocabulary)"
+    if report.served:
+        prepare = "; ".join(x for x in (prepare, f"TARGET: the model the server at {report.served} runs") if x)
     return target, draft, prepare
 
 

@@ -64,3 +64,46 @@ def test_the_real_server_s_counts_add_up_to_its_reply(vllm_target):
     laid = 1 + sum(len(r.tokens) for r in run.rounds) + run.gaps
     assert laid == len(ids) == reply["usage"]["completion_tokens"]
     assert sum(r.drafted for r in run.rounds) == counts["num_draft_tokens"]
+
+
+def test_the_lane_draws_the_server_s_rounds_in_the_race_s_colours():
+    from conftest import make_tokenizer
+
+    from specviz.ui.vllm_lane import NOTE, lane_html
+
+    tok = make_tokenizer(64, chat=False)
+    ids = [10, 11, 12, 13, 14, 15, 16]  # prefill 10; round 1 keeps 2 of 3 and the target adds 13; round 2 all 2 + 16
+    run = server_rounds(ids, spec([2, 2], [3, 2]))
+    out = lane_html(run, tok)
+    assert out.count('class="sv-round ') == 2 and out.count("tok-plain") == 1
+    assert out.count("tok-accepted") == 4 and out.count("tok-resampled") == 1 and out.count("tok-bonus") == 1
+    assert "turned down guess 3 of 3 (not returned)" in out and html_escape(NOTE) in out
+    gappy = lane_html(server_rounds(ids, spec([1], [2])), tok)
+    assert "4 tokens came from steps that drafted nothing" in gappy
+
+
+def html_escape(s: str) -> str:
+    import html
+
+    return html.escape(s)
+
+
+@pytest.mark.vllm
+def test_the_lane_of_the_real_server_adds_up_and_says_what_specviz_says_greedily(vllm_target):
+    """The server's rounds add up to its reply, count its own histogram, and its greedy text is specviz's (lookup
+    drafter, 3 tokens: the session server's n-gram method)."""
+    import specviz
+    from specviz.api import encode_prompt
+    from specviz.models.loaded import load_model
+    from specviz.ui.vllm_lane import server_run
+
+    url, folder = vllm_target
+    prompt = "Write a short poem about the sea. Write a short poem about the sea."
+    p = load_model(folder, device="cpu")
+    run = server_run(url, folder, encode_prompt(p, prompt), 32)
+    ids = [run.first] + [t for r in run.rounds for t in r.tokens]
+    assert run.counted_histogram() == run.histogram
+    ours = specviz.generate(prompt, target=folder, drafter="lookup", gamma=3, temperature=0, max_new_tokens=32)
+    assert len(ids) + run.gaps == len(run.token_ids) and run.token_ids == ours.token_ids  # greedy: the same text
+    if run.exact:  # every step drafted: the rounds are the server's own, in order
+        assert tuple(ids) == run.token_ids

@@ -40,6 +40,7 @@ class ServerRun:
     rounds: tuple[ServerRound, ...]
     gaps: int  # tokens from steps that drafted nothing, whose places the counts do not give (0: exact)
     histogram: tuple[int, ...]  # the server's: steps that kept j guesses, j = 0 .. k
+    token_ids: tuple[int, ...] = ()  # the reply's, as the server sent them
 
     @property
     def exact(self) -> bool:
@@ -69,7 +70,7 @@ def server_rounds(token_ids: list[int], spec: dict) -> ServerRun:
         raise ValueError("per_step_accepted and per_step_drafted differ in length")
     histogram = tuple(int(x) for x in spec.get("acceptance_histogram") or ())
     if not token_ids:
-        return ServerRun(None, (), 0, histogram)
+        return ServerRun(None, (), 0, histogram, ())
     first, at, rounds = token_ids[0], 1, []
     for n, d in zip(accepted, drafted):
         kept = tuple(token_ids[at : at + n])
@@ -77,4 +78,4 @@ def server_rounds(token_ids: list[int], spec: dict) -> ServerRun:
         added = token_ids[at] if at < len(token_ids) else None
         at += added is not None
         rounds.append(ServerRound(kept, added, d))
-    return ServerRun(first, tuple(rounds), max(len(token_ids) - at, 0), histogram)
+    return ServerRun(first, tuple(rounds), max(len(token_ids) - at, 0), histogram, tuple(token_ids))

@@ -34,7 +34,8 @@ def test_rounds_add_up_to_the_reply_and_count_the_histogram():
 
 def test_a_last_round_cut_by_the_limit_and_plain_steps_the_counts_do_not_place():
     cut = server_rounds([1, 2, 3], spec([3], [3]))  # the limit fell inside the last round's kept guesses
-    assert cut.rounds == (ServerRound((2, 3), None, 3),) and cut.exact
+    assert cut.rounds == (ServerRound((2, 3), None, 3, 3),) and cut.exact
+    assert cut.counted_histogram() == cut.histogram == (0, 0, 0, 1)  # counted as the server counted it
     gaps = server_rounds(list(range(8)), spec([1], [2]))  # one verify step; 5 tokens from steps that drafted nothing
     assert gaps.gaps == 5 and not gaps.exact
 

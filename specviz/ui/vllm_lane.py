@@ -36,17 +36,17 @@ def lane_html(run: ServerRun, tokenizer) -> str:
     for i, r in enumerate(run.rounds):
         body = [_tok("tok-accepted", pieces, t, f"round {i + 1}: a guess the target kept") for t in r.kept]
         if r.added is not None:
-            if len(r.kept) == r.drafted:
+            if r.accepted == r.drafted:
                 cls, why = "tok-bonus", f"bonus: all {r.drafted} guesses kept"
             else:
                 cls, why = (
                     "tok-resampled",
-                    (f"the target's token: it turned down guess {len(r.kept) + 1} of {r.drafted} (not returned)"),
+                    (f"the target's token: it turned down guess {r.accepted + 1} of {r.drafted} (not returned)"),
                 )
             body.append(_tok(cls, pieces, r.added, f"round {i + 1}: {why}"))
         parts.append(
             f'<span class="sv-round sv-round-{i % 2}" data-round="{i + 1}" data-gamma="{r.drafted}" '
-            f'data-kept="{len(r.kept)}">{"".join(body)}</span>'
+            f'data-kept="{r.accepted}">{"".join(body)}</span>'
         )
     note = NOTE
     if not run.exact:

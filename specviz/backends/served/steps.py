@@ -21,13 +21,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ServerRound:
-    """One verify step of the server: `kept` the guesses the target kept (token ids), `added` the token the target
-    chose itself (None where the reply ended first), `drafted` how many it guessed (the rest were turned down and
-    are not returned)."""
+    """One verify step of the server: `kept` the guesses the target kept (token ids; fewer than `accepted` where the
+    reply ended inside them), `added` the token the target chose itself (None where the reply ended first),
+    `drafted` how many it guessed (the rest were turned down and are not returned), `accepted` how many it kept,
+    as the server counted them."""
 
     kept: tuple[int, ...]
     added: int | None
     drafted: int
+    accepted: int = -1  # -1: len(kept)
+
+    def __post_init__(self) -> None:
+        if self.accepted < 0:
+            object.__setattr__(self, "accepted", len(self.kept))
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -50,7 +56,7 @@ class ServerRun:
         """The histogram as these rounds count it (each round's kept count), to set beside the server's."""
         out = [0] * len(self.histogram)
         for r in self.rounds:
-            out[len(r.kept)] += 1
+            out[r.accepted] += 1
         return tuple(out)
 
 
@@ -77,5 +83,5 @@ def server_rounds(token_ids: list[int], spec: dict) -> ServerRun:
         at += len(kept)
         added = token_ids[at] if at < len(token_ids) else None
         at += added is not None
-        rounds.append(ServerRound(kept, added, d))
+        rounds.append(ServerRound(kept, added, d, n))
     return ServerRun(first, tuple(rounds), max(len(token_ids) - at, 0), histogram, tuple(token_ids))

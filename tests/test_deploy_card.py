@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from specviz import check_pair
-from specviz.pairs.deploy import EXPORTED_DRAFT, deploy_card
+from specviz.pairs.deploy import EXPORTED_DRAFT, deploy_card, with_card
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,7 +136,7 @@ def reports(tiny_pair, tmp_path_factory):
     return {
         "model": model,
         "lookup": check_pair(*tiny_pair, drafter="lookup", **kw),
-        "lookup+model": dataclasses.replace(model, drafter="lookup+model"),
+        "lookup+model": with_card(dataclasses.replace(model, drafter="lookup+model")),
         "translated": check_pair(tiny_pair[0], other, **kw),
     }
 

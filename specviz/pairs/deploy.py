@@ -15,15 +15,13 @@ card names that folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
 
 from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, MAX_MATCHING_NGRAM_SIZE
-
-if TYPE_CHECKING:  # the report builds its card (PairReport.card), so the import runs one way only
-    from specviz.pairs.report import PairReport
+from specviz.pairs.report import PairReport
 
 # Where each engine's option names were read (one version each; a later release may rename them)
 ENGINE_SOURCES = {
@@ -91,6 +89,11 @@ def _paths(report: PairReport) -> tuple[str, str, str]:
     if report.served:
         prepare = "; ".join(x for x in (prepare, f"TARGET: the model the server at {report.served} runs") if x)
     return target, draft, prepare
+
+
+def with_card(report: PairReport) -> PairReport:
+    """The report with its deploy card (PairReport.deploy)."""
+    return dataclasses.replace(report, deploy=deploy_card(report))
 
 
 def deploy_card(report: PairReport) -> DeployCard | None:

@@ -106,7 +106,8 @@ def deploy_card(report: PairReport) -> DeployCard | None:
     vocab_differs = report.target_vocab_rows != report.draft_vocab_rows and not report.draft_trimmed
     advice = "the check advises it" if report.verdict == "compatible" else "the check advises plain decoding here"
     headline = (
-        f"{method} drafter, {k} speculative tokens a round, chains, greedy as measured ({report.best_speedup:.2f}x "
+        f"{method} drafter, {k} speculative token{'s' if k != 1 else ''} a round, chains, greedy as measured "
+        f"({report.best_speedup:.2f}x "
         f"expected here; {advice})"
     )
     ctx = _Pair(target, draft, method, k, other_tokenizer, vocab_differs, report)
@@ -247,8 +248,9 @@ def _llamacpp(c: _Pair) -> EngineCard:
         notes.append(
             _temperature_note(
                 "llama.cpp",
-                "still drafts the draft's most likely tokens and keeps a guess only where the target's sampled token "
-                "equals it, which accepts less than specviz's min(1, p/q) rule",
+                "still drafts the draft's most likely token and keeps it where the target's sampled token equals it "
+                "(with probability p of that token, not specviz's min(1, p/q) of a sampled guess), so its acceptance "
+                "can differ from the check's",
             )
         )
     return EngineCard("llama.cpp", ENGINE_SOURCES["llama.cpp"], "shell", text, tuple(notes), runs)

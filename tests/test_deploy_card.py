@@ -256,3 +256,17 @@ def test_vllm_loads_the_card_s_json_into_its_own_config(reports, kind, tiny_pair
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"method": spec["method"], "k": rep.best_gamma}
+
+
+def test_the_built_in_pair_s_card_says_where_it_was_proven(reports):
+    import dataclasses
+
+    from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET
+    from specviz.ui.pair import card_head_html
+
+    rep = dataclasses.replace(reports["model"], target=BUILTIN_TARGET, draft=BUILTIN_DRAFT, draft_trimmed=True)
+    card = deploy_card(rep)
+    assert "vLLM 0.32.0's CPU server ran this card" in card.proven and "proven:" in card.text()
+    assert "Proven: vLLM" in card_head_html(card.to_dict())
+    assert card.prepare.startswith(f"specviz export-draft {EXPORTED_DRAFT}")  # the built-in draft needs no --draft
+    assert not deploy_card(reports["model"]).proven  # another pair: nothing proven

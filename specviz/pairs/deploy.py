@@ -30,6 +30,11 @@ ENGINE_SOURCES = {
     "llama.cpp": "llama.cpp master at 145b628, common/arg.cpp (llama-server's options)",
     "transformers": "transformers 5.25.0, GenerationConfig and GenerationMixin.generate",
 }
+# The built-in pair's cards that were run on a real engine beside the check (benchmarks/check_vs_vllm.py)
+PROVEN = {
+    "model": "vLLM 0.32.0's CPU server ran this card with the exported draft beside the check "
+    "(benchmarks/check_vs_vllm.py; the numbers in docs/deploy.md)"
+}
 EXPORTED_DRAFT = "./specviz-draft"  # the folder the card tells `specviz export-draft` to write
 
 
@@ -53,6 +58,7 @@ class DeployCard:
     headline: str  # one sentence: what the card reproduces, and whether the check advises it
     engines: tuple[EngineCard, ...]
     prepare: str = ""  # a command to run first (the trimmed draft exported), or ""
+    proven: str = ""  # where this card was run on a real engine and compared with the check, or ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,6 +68,8 @@ class DeployCard:
         lines = [f"deploy      {self.headline}"]
         if self.prepare:
             lines.append(f"  first:    {self.prepare}")
+        if self.proven:
+            lines.append(f"  proven:   {self.proven}")
         for e in self.engines:
             lines.append(
                 f"  {e.engine} (checked against {e.checked}){'' if e.runs else ': cannot run this as checked'}"
@@ -112,7 +120,10 @@ def deploy_card(report: PairReport) -> DeployCard | None:
     )
     ctx = _Pair(target, draft, method, k, other_tokenizer, vocab_differs, report)
     engines = (_vllm(ctx), _sglang(ctx), _llamacpp(ctx), _transformers(ctx))
-    return DeployCard(method=method, gamma=k, headline=headline, engines=engines, prepare=prepare)
+    proven = ""
+    if report.target == BUILTIN_TARGET and report.draft == BUILTIN_DRAFT and method in PROVEN:
+        proven = PROVEN[method]
+    return DeployCard(method=method, gamma=k, headline=headline, engines=engines, prepare=prepare, proven=proven)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The command line: python -m specviz setup | generate | check | bench  (each with --json)."""
+"""The command line: python -m specviz setup | generate | check | bench | export-draft  (each with --json)."""
 
 from __future__ import annotations
 
@@ -81,6 +81,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-new-tokens", type=int, default=32, help="tokens per sample prompt when measuring")
     c.add_argument("--drafter", choices=CHECK_DRAFTERS, default="model", help="where guesses come from")
     c.add_argument("--tokenizer", help="a served --target's tokenizer: hub id or folder (default: the server's model)")
+
+    x = sub.add_parser(
+        "export-draft", help="write a trimmed draft with the target's full vocabulary, as engines load it"
+    )
+    x.add_argument("folder", help="a new or empty folder (a standard transformers model folder is written there)")
+    x.add_argument("--draft", help="a trimmed draft's folder (default: the built-in specviz draft)")
+    x.add_argument(
+        "--target", help="whose vocabulary size to take (default: the built-in target for the built-in draft)"
+    )
+    x.add_argument("--json", action="store_true", help="print one JSON object for machines")
 
     r = sub.add_parser("replay", help="read a recording (no model needed): summarise it, export it as HTML")
     r.add_argument("recording", help="a JSON recording (from --record or the app's download button)")
@@ -302,6 +312,17 @@ def main(argv: list[str] | None = None) -> int:
             out = rep.to_dict()
             if not a.json:
                 print(rep.report())
+        elif a.command == "export-draft":
+            from specviz.config import BUILTIN_DRAFT
+            from specviz.models.export import EXPORT_NOTE, export_draft
+
+            path = export_draft(a.folder, a.draft or BUILTIN_DRAFT, a.target)
+            out = {"folder": str(path), **json.loads((path / EXPORT_NOTE).read_text())}
+            if not a.json:
+                print(
+                    f"wrote {path}: {out['draft']} with {out['target_vocab_size']:,} output rows "
+                    f"({out['kept_rows']:,} its own, {out['filled_rows']:,} filled so that argmax never picks them)"
+                )
         else:
             from specviz.bench.cli import main as bench_main
 

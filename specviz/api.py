@@ -13,6 +13,7 @@ from specviz.backends.served.connect import ServedTarget, is_url, load_served_pa
 from specviz.config import BUILTIN_TARGET, MODEL_DRAFTERS, SpecvizError
 from specviz.engine.loop import autoregressive_decode, speculative_decode
 from specviz.events import Done, Event
+from specviz.models.head import locate_head
 from specviz.models.loaded import LoadedModel, chat_ids, load_model, load_pair
 from specviz.request import RunRequest
 
@@ -54,6 +55,8 @@ def load_for(req: RunRequest):
     """The models `req` names: (p, q), q None where no draft model is needed (plain decoding, lookup alone)."""
     target, draft = req.target, req.draft
     no_draft = (req.mode == "ar" or req.drafter not in MODEL_DRAFTERS) and draft is None
+    if req.mode == "spec" and req.drafter.endswith("head"):
+        locate_head(req.head)  # every input is found before any model loads (load_pair locates the two models)
     load = dict(device=req.device, dtype=req.dtype, quantize=req.quantize)
     if is_url(target) or isinstance(target, ServedTarget):  # p scores on its server, q drafts here (served.py)
         return load_served_pair(target, draft, tokenizer=req.tokenizer, need_draft=not no_draft, **load)

@@ -185,7 +185,14 @@ def vllm_target(tmp_path_factory):
 
     folder = str(ensure_target())
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
-    server = VLLMServer(folder, tmp_path_factory.mktemp("vllm") / "server.log", "--speculative-config", spec)
+    server = VLLMServer(
+        folder,
+        tmp_path_factory.mktemp("vllm") / "server.log",
+        "--speculative-config",
+        spec,
+        "--per-request-spec-decode-metrics",
+        "detailed",  # each reply carries its verify steps (backends/served/steps.py)
+    )
     try:
         server.wait()
         yield server.url, folder

@@ -57,10 +57,20 @@ def test_check_text_and_json(tiny_pair, capsys):
     code, out, _ = run(capsys, "check", *models(tiny_pair), "--max-new-tokens", "8")
     assert code == 0
     assert "tokenizers  identical over 64 ids" in out and "verdict" in out and "gamma  8" in out
+    # the deploy card closes the report: the four engines, each with the version its option names were read from
+    assert "deploy      model drafter" in out and "--speculative-config" in out and "llama-server" in out
+    assert "vLLM (checked against vLLM 0.32.0" in out and "transformers (checked against transformers" in out
     code, out, _ = run(capsys, "check", *models(tiny_pair), "--max-new-tokens", "8", "--json")
     d = json.loads(out)
     assert code == 0 and d["verdict"] in ("compatible", "not worth it")
     assert d["tokenizer"]["mismatches"] == 0 and len(d["speedups"]) == 16 and 0 < d["acceptance"]["a"] <= 1
+    card = d["deploy"]
+    assert card["gamma"] == d["best_gamma"] and [e["engine"] for e in card["engines"]] == [
+        "vLLM",
+        "SGLang",
+        "llama.cpp",
+        "transformers",
+    ]
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path, capsys):

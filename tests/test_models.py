@@ -481,3 +481,83 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair
     done = events[-1]
     assert len(done.token_ids) == 12 or done.finish_reason == "eos"
     assert done.stats["drafted"] > 0  # the draft's cache was used too
+
+
+# --- every input of a pair found before any model loads -----------------------------------------------------
+
+
+@pytest.fixture
+def no_loads(monkeypatch, fresh_cache):
+    """Records every model read; a test that expects none asserts the list stays empty."""
+    reads = []
+
+    def read(name, *a, **k):
+        reads.append(name)
+        raise AssertionError(f"{name} was read")
+
+    monkeypatch.setattr(hub, "read_model", read)
+    return reads
+
+
+def test_a_missing_draft_is_told_before_the_target_loads(tiny_pair, tmp_path, monkeypatch, no_loads):
+    """specviz.generate with a misspelt draft used to load (and time) the whole target first."""
+    import specviz
+    from specviz.config import BUILTIN_TARGET
+
+    monkeypatch.setattr(hub, "_offline", lambda: True)
+    target = tiny_pair[0]
+    for draft, match in (
+        ("no-such-org/no-such-model", "could not be found \\(the hub is offline here and it is not in the local cache"),
+        (str(tmp_path / "nope"), "does not exist"),
+        (str(tmp_path), "no config.json"),
+        ("not an id", "neither a folder nor a Hugging Face model id"),
+    ):
+        for t in (target, BUILTIN_TARGET, None):
+            with pytest.raises(SpecvizError, match=match):
+                specviz.generate("Hi", target=t, draft=draft, device="cpu")
+        with pytest.raises(SpecvizError, match=match):
+            load_pair(draft, target, device="cpu")  # a missing target, the draft found: nothing loads either
+    assert no_loads == []
+
+
+def test_a_hub_id_is_asked_once_of_a_reachable_hub(tiny_pair, monkeypatch, no_loads):
+    monkeypatch.setattr(hub, "hub_reachable", lambda: True)
+    asked = []
+    monkeypatch.setattr(hub, "_on_hub", lambda repo: asked.append(repo) or False)
+    with pytest.raises(SpecvizError, match="could not be found on the Hugging Face hub; check its spelling"):
+        load_pair(tiny_pair[0], "nobody/no-such-model", device="cpu")
+    assert asked == ["nobody/no-such-model"] and no_loads == []
+    # a hub that does not answer in time, or will not say (gated), leaves the verdict to the load
+    monkeypatch.setattr(hub, "_on_hub", lambda repo: None)
+    with pytest.raises(AssertionError, match="was read"):
+        load_pair(tiny_pair[0], "nobody/some-model", device="cpu")
+
+
+def test_a_cached_hub_id_needs_no_hub(tmp_path, monkeypatch, no_loads):
+    """Offline, an id in the local cache is found there: the load goes ahead (and reads it from the cache)."""
+    import huggingface_hub
+
+    monkeypatch.setattr(hub, "_offline", lambda: True)
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: str(config))
+    with pytest.raises(AssertionError, match="some-org/cached-model was read"):
+        load_model("some-org/cached-model", device="cpu")
+
+
+def test_a_missing_head_folder_is_told_before_the_models_load(tmp_path, no_loads):
+    import specviz
+
+    with pytest.raises(SpecvizError, match="is not a draft head folder"):
+        specviz.generate("Hi", drafter="lookup+head", head=str(tmp_path), device="cpu")
+    assert no_loads == []
+
+
+def test_a_served_target_with_a_missing_draft_asks_the_server_nothing(monkeypatch, no_loads):
+    import specviz.backends.served.connect as connect
+
+    monkeypatch.setattr(hub, "_offline", lambda: True)
+    monkeypatch.setattr(connect, "connect", lambda *a, **k: pytest.fail("the server was asked"))
+    with pytest.raises(SpecvizError, match="not in the local cache"):
+        connect.load_served_pair("http://127.0.0.1:9/v1", "no-such-org/no-such-model")
+    assert no_loads == []

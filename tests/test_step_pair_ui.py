@@ -164,3 +164,27 @@ def test_model_and_visitor_text_is_escaped(tiny_pair):
     rd = Round(0, (5,), (0.5,), (0.2,), (0.4,), (0.9,), 0, 6, "resampled", (6,), 0.0, 0.0, 0.0)
     html = draws_html(rd, lambda t: "<svg onload=1>", greedy=False)
     assert "<svg" not in html and "&lt;svg␣onload=1&gt;" in html
+
+
+def test_pair_check_shows_the_deploy_card_one_copyable_code_block_per_engine(client, tiny_pair):
+    """The check's JSON carries the card; the page fills its headline, four code blocks (each with a copy button)
+    and each engine's notes from it (a private step after /check, so the API keeps its three outputs)."""
+    from specviz.ui.pair import ENGINES, card_updates
+
+    ctx = UIContext(limits=Limits(model_dirs=(str(Path(tiny_pair[0]).parent),)), device="cpu")
+    with gr.Blocks() as demo:
+        build_pair_tab(ctx)
+    codes = [c for c in demo.config["components"] if c["type"] == "code"]
+    assert len(codes) == len(ENGINES) == 4 and all("copy" in c["props"]["buttons"] for c in codes)
+
+    _, _, numbers = client.predict(tiny_pair[0], tiny_pair[1], 8, api_name="/check")
+    card = numbers["deploy"]
+    head, *parts = card_updates(numbers)
+    assert "Deploy it:" in head.value and numbers["deploy"]["headline"].split(" (")[0] in head.value
+    blocks, notes = parts[0::2], parts[1::2]
+    assert [b.value for b in blocks] == [e["text"] for e in card["engines"]]
+    assert [b.label.split(" (")[0] for b in blocks] == list(ENGINES)
+    assert "vllm serve" in blocks[0].value and "--speculative-config" in blocks[0].value
+    assert all(n.visible for n in notes) and "argmax" in notes[0].value
+    hidden = card_updates(None)  # a failed check hides the card
+    assert not any(getattr(x, "visible", True) for x in hidden)

@@ -81,6 +81,11 @@ class ModelCache:
                 self._items.popitem(last=False)
         future.set_result(value)
 
+    def keys(self) -> list[tuple]:
+        """The keys loaded or loading."""
+        with self._lock:
+            return [*self._items, *self._loading]
+
     def loading(self) -> int:
         """Loads in flight."""
         with self._lock:

@@ -204,6 +204,12 @@ def is_head(folder: str | Path) -> bool:
     return (Path(folder) / HEAD_CONFIG).is_file()
 
 
+def locate_head(folder: str | Path) -> None:
+    """A head folder that is not one, as load_head's sentence, before any model loads ("" is the built-in head)."""
+    if folder and not is_head(folder):
+        raise SpecvizError(f"{folder} is not a draft head folder (it has no {HEAD_CONFIG}).")
+
+
 def load_head(folder: str | Path, target) -> DraftHead:
     """The head in `folder` for `target` (a LoadedModel), on the target's device and dtype."""
     from safetensors.torch import load_file

@@ -52,6 +52,58 @@ def resolve_source(name: str) -> str:
     return name
 
 
+def locate(name: str) -> None:
+    """Every failure a model's name can cause, as one SpecvizError sentence, before anything slow starts.
+
+    Called for each model of a pair before either loads, so a misspelt id or folder is told at once instead of
+    after the other model's load: a folder must hold a config.json; a hub id must be in the local cache when the
+    hub is offline (HF_HUB_OFFLINE) or unreachable (one short probe, remembered a minute), and on a reachable hub
+    must have a config.json there (one request, bounded by HUB_PROBE_TIMEOUT_S; a slower answer leaves it to the
+    load). The built-in target is not converted here: that is its load's work.
+    """
+    if name == BUILTIN_TARGET:
+        return
+    source = resolve_source(name)
+    if Path(source).is_dir():
+        if not (Path(source) / "config.json").is_file():
+            raise SpecvizError(f"The folder {name} has no config.json, so it does not hold a Hugging Face model.")
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(source, "config.json")
+    except ValueError:  # not a valid repo id ("a b", "x--y" ...)
+        raise SpecvizError(f"{name} is neither a folder nor a Hugging Face model id (owner/name).") from None
+    if isinstance(cached, str):
+        return
+    if not hub_reachable():
+        why = "the hub is offline here" if _offline() else "the hub cannot be reached from here"
+        raise SpecvizError(f"The model {name} could not be found ({why} and it is not in the local cache).")
+    if _on_hub(source) is False:
+        raise SpecvizError(f"The model {name} could not be found on the Hugging Face hub; check its spelling.")
+
+
+def _on_hub(repo_id: str) -> bool | None:
+    """Whether the hub has `repo_id`'s config.json; None when it does not answer in time or will not say
+    (a gated or private repository: its load gives the hub's own sentence)."""
+    from huggingface_hub import file_exists
+
+    answer: dict[str, bool | None] = {}
+    done = threading.Event()
+
+    def ask() -> None:
+        try:
+            answer["ok"] = file_exists(repo_id, "config.json")
+        except Exception:
+            answer["ok"] = None
+        finally:
+            done.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    done.wait(HUB_PROBE_TIMEOUT_S)
+    return answer.get("ok")
+
+
 def _offline() -> bool:
     from huggingface_hub import constants
 

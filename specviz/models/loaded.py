@@ -204,6 +204,15 @@ def _request(name, device, dtype, quantize, trust_remote_code) -> tuple[tuple, o
     return (name, str(dev), str(dt), quantize, trust_remote_code), make, f"The model {name}"
 
 
+def locate(*names: str | LoadedModel | None) -> None:
+    """Each named model found, or one SpecvizError sentence, before any of them loads (hub.locate); models given
+    as objects, and names the cache holds or is loading, are not looked up again."""
+    held = {k[0] for k in CACHE.keys()}
+    for name in names:
+        if isinstance(name, str) and name.strip() and name.strip() not in held:
+            hub.locate(name.strip())
+
+
 def load_model(
     name: str | LoadedModel,
     *,
@@ -222,6 +231,7 @@ def load_model(
         return name
     cpus.fit_threads()  # before the first load times anything: threads no more than the CPUs the quota allows
     key, make, what = _request(name, device, dtype, quantize, trust_remote_code)
+    locate(name)
     return CACHE.get(key, make, timeout_s, what)
 
 
@@ -305,6 +315,7 @@ def load_pair(
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     draft = draft or BUILTIN_DRAFT
+    locate(target, draft)  # a misspelt draft is told now, not after the target's load
     q_device = device or (target.device if isinstance(target, LoadedModel) else None)  # None: as p's, the default
     q_dtype = dtype
     if dtype in (None, "", "auto"):  # float16 where this CPU runs it faster (kernels.draft_dtype); p keeps its own

@@ -26,6 +26,7 @@ from specviz.engine.costs import forward_times
 from specviz.engine.tally import with_prefill
 from specviz.models.loaded import LoadedModel, load_pair, pair_dtypes, vocab_gap
 from specviz.models.translate import compare_tokenizers, needs_translation
+from specviz.pairs.deploy import with_card
 from specviz.pairs.measure import CHECK_GAMMA, RoundCosts, acceptance_by_kind, measure_trees
 from specviz.pairs.report import PairReport
 from specviz.pairs.verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
@@ -161,28 +162,30 @@ def check_pair(
             engine_speedup=e_speedups[e_best],
             engine_best_gamma=MEASURED_GAMMAS[e_best],
         )
-    return PairReport(
-        **served,
-        verdict=verdict,
-        reasons=tuple(reasons),
-        drafter=drafter,
-        target_step_s=p_s,
-        draft_step_s=q_s,
-        c=c,
-        acceptance=acc,
-        prompts=len(texts),
-        max_new_tokens=cfg.max_new_tokens,
-        speedups=speedups,
-        verify_costs=verify,
-        draft_cost=draft_cost,
-        round_overhead=overhead,
-        plain_cost=plain,
-        speedups_measured=measured,
-        measured_speedup=checked,
-        best_gamma=best_gamma,
-        best_speedup=best,
-        prefill_speedup=whole_run,
-        trees=trees,
-        tree_advice=advice,
-        **base,
+    return with_card(
+        PairReport(
+            **served,
+            verdict=verdict,
+            reasons=tuple(reasons),
+            drafter=drafter,
+            target_step_s=p_s,
+            draft_step_s=q_s,
+            c=c,
+            acceptance=acc,
+            prompts=len(texts),
+            max_new_tokens=cfg.max_new_tokens,
+            speedups=speedups,
+            verify_costs=verify,
+            draft_cost=draft_cost,
+            round_overhead=overhead,
+            plain_cost=plain,
+            speedups_measured=measured,
+            measured_speedup=checked,
+            best_gamma=best_gamma,
+            best_speedup=best,
+            prefill_speedup=whole_run,
+            trees=trees,
+            tree_advice=advice,
+            **base,
+        )
     )

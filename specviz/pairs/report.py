@@ -77,6 +77,9 @@ class PairReport:
     engine_step_s: float | None = None
     engine_speedup: float | None = None
     engine_best_gamma: int | None = None
+    # The deploy card (pairs.deploy.DeployCard, which reads this report: so not named here): the settings that
+    # reproduce the check's advice in vLLM, SGLang, llama.cpp and transformers; set by check_pair, None if incompatible
+    deploy: object = None
 
     @property
     def param_ratio(self) -> float:
@@ -86,8 +89,13 @@ class PairReport:
     def a(self) -> float | None:
         return self.acceptance.a if self.acceptance else None
 
+    @property
+    def card(self):
+        """The deploy card (pairs.deploy.DeployCard) check_pair made of this report; None for an incompatible pair."""
+        return self.deploy
+
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(self)  # the card too, as a dict under "deploy"
         if d["acceptance"] is not None:
             d["acceptance"].pop("tally")  # its numbers are the acceptance's own fields
         d["param_ratio"] = self.param_ratio
@@ -184,6 +192,8 @@ class PairReport:
         if self.warnings:
             lines.append("warnings")
             lines += [f"  - {w}" for w in self.warnings]
+        if self.deploy is not None:
+            lines.append(self.deploy.text())
         return "\n".join(lines)
 
 

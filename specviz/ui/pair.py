@@ -1,7 +1,9 @@
 """The "Pair check" tab: can this draft q serve this target p, and is it worth it? (specviz.pairs.check.check_pair)
 
 The visitor picks a preset or types a hub id or folder (checked by the deployment's limits); the page shows
-the verdict with its reasons, the measured acceptance a and cost ratio c, and the expected speedup per gamma.
+the verdict with its reasons, the measured acceptance a and cost ratio c, the expected speedup per gamma, and the
+deploy card (pairs.deploy): the settings that reproduce the check's advice in vLLM, SGLang, llama.cpp and
+transformers, one code block with a copy button per engine, each engine's constraints beside it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import gradio as gr
 from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, CHECK_DRAFTERS, PRESETS, SpecvizError
 from specviz.host import compute
 from specviz.pairs.check import check_pair
+from specviz.pairs.deploy import ENGINE_SOURCES
 from specviz.pairs.measure import CHECK_GAMMA
 from specviz.pairs.report import PairReport, memory_words
 from specviz.teach.plots import speedup_figure
@@ -34,7 +37,10 @@ CSS = """
 .sv-num b { display: block; font-size: 26px; font-variant-numeric: tabular-nums; }
 .sv-num span { font-size: 15px; }
 .sv-warn { font-size: 16px; opacity: 0.9; }
+.sv-card { font-size: 16px; }
+.sv-card .sv-no { color: #D55E00; font-weight: 700; }
 """
+ENGINES = tuple(ENGINE_SOURCES)  # the card's engines, in its order: one code block each
 HELP = (
     "The check loads both models, compares their tokenizers id by id, times one step of each (the cost ratio "
     "c), and runs greedy speculative decoding on a few sample prompts to measure how often the target keeps "
@@ -155,6 +161,43 @@ def report_html(r: PairReport) -> str:
     return f'<div class="sv-verdict">{head}<ul>{reasons}</ul>{nums}{warn}</div>'
 
 
+def card_head_html(card: dict | None) -> str:
+    """The card's headline and the command to run first (DeployCard.to_dict()); what to say where there is none."""
+    if not card:
+        return '<div class="sv-card">No deploy card: the check measured nothing to deploy.</div>'
+    first = f"<br>First: <code>{html.escape(card['prepare'])}</code>" if card.get("prepare") else ""
+    proven = f"<br>Proven: {html.escape(card['proven'])}." if card.get("proven") else ""
+    return f'<div class="sv-card"><b>Deploy it:</b> {html.escape(card["headline"])}.{first}{proven}</div>'
+
+
+def engine_notes_html(engine: dict) -> str:
+    """One engine's constraints, one sentence each, and whether it can run the pair as checked."""
+    no = '<p class="sv-no">✗ cannot run this as checked</p>' if not engine["runs"] else ""
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in engine["notes"])
+    return f'<div class="sv-card">{no}<ul>{notes}</ul></div>' if notes or no else ""
+
+
+def card_updates(numbers: dict | None) -> list:
+    """The card's components from the check's JSON (its "deploy" entry): the headline, then per engine its code
+    block (a copy button on each) and its notes; all hidden where the check failed."""
+    if not numbers:
+        return [gr.HTML(visible=False)] + [gr.Code(visible=False), gr.HTML(visible=False)] * len(ENGINES)
+    card = numbers.get("deploy")
+    out: list = [gr.HTML(card_head_html(card), visible=True)]
+    engines = {e["engine"]: e for e in (card or {}).get("engines", ())}
+    for name in ENGINES:
+        e = engines.get(name)
+        if e is None:
+            out += [gr.Code(visible=False), gr.HTML(visible=False)]
+            continue
+        label = f"{name} (option names as in {e['checked']})"
+        out += [
+            gr.Code(e["text"], language=e["language"], label=label, visible=True),
+            gr.HTML(engine_notes_html(e), visible=True),
+        ]
+    return out
+
+
 def build_pair_tab(ctx: UIContext) -> None:
     gr.Markdown("## Can these two models be paired?")
     gr.Markdown(HELP)
@@ -180,6 +223,11 @@ def build_pair_tab(ctx: UIContext) -> None:
     run = gr.Button("Check pair", variant="primary", size="lg")
     verdict = gr.HTML(css_template=CSS, js_on_load=None)
     plot = gr.Plot(show_label=False, visible=False)
+    card_head = gr.HTML(visible=False)
+    card_parts = []
+    for name in ENGINES:
+        card_parts.append(gr.Code(label=name, interactive=False, buttons=["copy"], visible=False))
+        card_parts.append(gr.HTML(visible=False))
     with gr.Accordion("All numbers", open=False):
         numbers = gr.JSON(show_label=False)
 
@@ -212,4 +260,4 @@ def build_pair_tab(ctx: UIContext) -> None:
         [verdict, plot, numbers],
         api_name="check",
         concurrency_id="models",
-    )
+    ).then(card_updates, numbers, [card_head, *card_parts], api_visibility="private", queue=False)

@@ -145,11 +145,13 @@ def load_served_pair(
     whose vocabulary cannot serve p is refused with load_pair's sentence.
     """
     from specviz.config import BUILTIN_DRAFT
-    from specviz.models.loaded import _resolve_device, load_model, vocab_gap
+    from specviz.models.loaded import _resolve_device, load_model, locate, vocab_gap
     from specviz.native.linear import draft_dtype
 
     if quantize:
         raise SpecvizError("Quantisation applies to a target loaded here; a served target is quantised by its server.")
+    if need_draft or draft is not None:
+        locate(draft or BUILTIN_DRAFT)  # before the server is asked anything
     p = url if isinstance(url, ServedTarget) else connect(url, tokenizer, device=device)
     if not need_draft and draft is None:
         return p, None

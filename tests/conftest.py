@@ -38,6 +38,7 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=[item for item in items if item not in fast])
         items[:] = fast
 
+
 CHARS = "abcdefghijklmnopqrstuvwxyz .,!?'\n0123456789:()=_"
 SHARPNESS = 10.0
 CHAT_TEMPLATE = (

@@ -51,11 +51,7 @@ def base_library(rev: str, folder: Path, new: ctypes.CDLL) -> ctypes.CDLL:
         (folder / src.name).write_text(text.stdout)
         sources.append(folder / src.name)
     out = folder / "base.so"
-    kept, native.SOURCES = native.SOURCES, tuple(sources)
-    try:
-        native._build(native._compiler(), out)
-    finally:
-        native.SOURCES = kept
+    native._build(native._compiler(), out, tuple(sources))
     old = ctypes.CDLL(str(out))
     for fn in FUNCTIONS:
         getattr(old, fn).argtypes, getattr(old, fn).restype = getattr(new, fn).argtypes, getattr(new, fn).restype

@@ -19,9 +19,7 @@ from collections.abc import Iterator
 
 import torch
 
-from specviz.backends.local import CachedModel, keep_opening
-from specviz.backends.served.connect import ServedRun, ServedTarget, open_run
-from specviz.backends.served.target import eos_ids
+from specviz.backends import TargetRun, eos_ids, keep_opening, open_run
 from specviz.config import SamplingConfig, SpecConfig, SpecvizError
 from specviz.drafters.model import DraftContext, Drafter, Proposal, translation_of
 from specviz.drafters.policies import GammaPolicy, TreePolicy, chain_outcome
@@ -32,7 +30,6 @@ from specviz.events import Done, Event, Round, Start, Step, TreeRound
 from specviz.models.loaded import LoadedModel
 from specviz.native import library as native
 from specviz.sampling import (
-    greedy,
     relaxed,
     sample,
     to_probs,
@@ -103,18 +100,18 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         temperature=s.temperature,
         prefill_s=clock.lap(),
         calibration_s=setup_s,
-        verify=_served_note(target, s, plain=True),
+        verify=p_run.verify_note(s, plain=True),
     )
     tally = Tally().add(start)
     yield start
     clock.resume()
     pending, out = prompt[-1:], []
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
-        if isinstance(p_run, ServedRun):  # the engine's own greedy token or sample, one request
+        if p_run.decides:  # a served target: its engine's own greedy token or sample, one request
             token, p_x = p_run.next_token(pending.tolist(), s, gen)
         elif s.greedy:
             logits = p_run.feed(pending)[-1]  # (V,)
-            token, p_x = int(greedy(logits)), 1.0
+            token, p_x = int(p_run.argmax(logits)), 1.0
         else:
             probs = to_probs(p_run.feed(pending)[-1], s)  # (V,)
             token = sample(probs, gen)
@@ -126,7 +123,7 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         yield step
         clock.resume()
         pending = torch.tensor([token], device=dev)
-    stats = {"mode": "ar", **tally.stats(), **_served_stats(p_run, s, plain=True)}
+    stats = {"mode": "ar", **tally.stats(), **p_run.run_stats(s, plain=True)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -138,7 +135,7 @@ class _SpecRun:
     eos: frozenset[int]
     V: int  # the target's vocabulary: every p and q row is this wide
     device: torch.device
-    p_run: CachedModel | ServedRun  # the target's cache, or its server
+    p_run: TargetRun  # the target's cache, or its server (backends.base)
     drafter: Drafter
     policy: GammaPolicy
     tree: TreePolicy | None
@@ -175,7 +172,7 @@ def speculative_decode(
         run.clock.resume()
         index += 1
 
-    stats = {"mode": "spec", **tally.stats(), **_served_stats(run.p_run, cfg.sampling)}
+    stats = {"mode": "spec", **tally.stats(), **run.p_run.run_stats(cfg.sampling)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -199,7 +196,7 @@ def _open_spec(
     start = Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
                   prefill_s=clock.lap(), drafter=drafter.name, gamma_policy=policy.name,
                   calibration_s=calibration_s, translation=translation_of(drafter, s),
-                  tree=tree.name if tree is not None else "", verify=_served_note(target, s))  # fmt: skip
+                  tree=tree.name if tree is not None else "", verify=p_run.verify_note(s))  # fmt: skip
     run = _SpecRun(
         cfg=cfg, eos=eos, V=V, device=dev, p_run=p_run, drafter=drafter, policy=policy, tree=tree, gen=gen, clock=clock
     )
@@ -212,7 +209,9 @@ def _round(run: _SpecRun, seq: list[int], index: int, budget: int) -> Round:
     s, cfg, draft_calls = run.cfg.sampling, run.cfg, run.drafter.calls
     # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
     need_q = not s.greedy or bool(cfg.detail)
-    ctx = DraftContext(s, run.gen, run.V, run.device, run.policy, budget, need_q=need_q, tree=run.tree)
+    ctx = DraftContext(
+        s, run.gen, run.V, run.device, run.policy, budget, need_q=need_q, tree=run.tree, argmax=run.p_run.argmax
+    )
     prop = run.drafter.propose(seq, ctx)
     draft_s = run.clock.lap()
     if prop.is_tree:
@@ -239,7 +238,7 @@ def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draf
     # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
     fed = torch.tensor(seq[-1:], device=run.device)
     v, hidden = None, None
-    if isinstance(p_run, ServedRun):  # 2-3 in one request: the engine scores, its numbers decide (served.py)
+    if p_run.decides:  # 2-3 in one request: a served target's engine scores, its numbers decide (backends/served)
         v, p_logits = p_run.verify(seq[-1:], x.tolist(), prop.q if k and not s.greedy else None, s, gen)
     elif drafter.wants_hidden:
         p_logits, hidden = p_run.feed(torch.cat([fed, x]), hidden=True)
@@ -248,7 +247,7 @@ def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draf
 
     # 3. accept / resample (k = 0: a plain target step)
     if v is None and s.greedy:
-        v = verify_greedy(x, p_logits)
+        v = verify_greedy(x, p_logits, p_run.argmax)
     elif v is None:
         q = prop.q if k else p_logits.new_zeros(0, run.V)  # (k, V): exactly what the drafter drew from
         p_probs = to_probs(p_logits, s)  # (k+1, V)
@@ -289,7 +288,7 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
         p_logits, hidden = p_run.feed_tree(fed, rows), None  # (N + 1, V): row 0 the root, row i + 1 node i
     # 3. the walk: descend into a kept child at each node; stop at a leaf (bonus) or where every child is turned down
     if s.greedy:
-        v = verify_tree_greedy(x, prop.parents, p_logits)
+        v = verify_tree_greedy(x, prop.parents, p_logits, p_run.argmax)
         p_probs = None
     else:
         p_probs = to_probs(p_logits, s)  # (N + 1, V)
@@ -337,22 +336,6 @@ def _p_at_parents(p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: 
     view = to_probs(p_logits[rows], SamplingConfig(1.0))  # (distinct parents, V): the same rows' same numbers
     at = {r: i for i, r in enumerate(rows)}
     return view[[at[par + 1] for par in parents], x].tolist()
-
-
-def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:
-    """How a served target decides under s: "greedy", "exact", "approximate: top-20" (served.verify_mode), or for
-    the plain lane at T > 0 "engine sample" (the engine samples from its own p: exact at any temperature)."""
-    return "engine sample" if plain and not s.greedy else target.verify_mode(s)
-
-
-def _served_note(target, s: SamplingConfig, plain: bool = False) -> str:
-    """Start.verify: "served " + _served_mode for a served target; "" for a local one."""
-    return f"served {_served_mode(target, s, plain)}" if isinstance(target, ServedTarget) else ""
-
-
-def _served_stats(p_run, s: SamplingConfig, plain: bool = False) -> dict:
-    """A served run's requests and their seconds, and how it decided; nothing for a local run."""
-    return {**p_run.stats, "verify": _served_mode(p_run.t, s, plain)} if isinstance(p_run, ServedRun) else {}
 
 
 def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:

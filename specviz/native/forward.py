@@ -322,15 +322,18 @@ class LeanLlama:
         mask: torch.Tensor | None = None,
         last_only: bool = False,
         kept_only: bool = False,
+        chunked_up_to: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (L,) fed after the cache's rows -> (logits (L, or 1 with last_only, Vm), last hidden states (L, H)).
 
         positions (L,): RoPE positions (default: the cache's row numbers); mask (L, rows + L) additive: which rows
         each token sees (default: causal); kept_only: a draft's logits over its `kept` rows only, where it has
-        them (a greedy step's argmax needs no -inf rows around them). The cache grows by L rows.
+        them (a greedy step's argmax needs no -inf rows around them); chunked_up_to: the longest call of more than
+        native.MAX_ROWS tokens that runs in llama.c calls rather than PyTorch's ops (default: CHUNKED_PREFILL by
+        weight type; scripts/prefill_costs.py times both ways with it). The cache grows by L rows.
         """
         x = F.embedding(ids.view(-1), self.embed).float()
-        return self.forward_embedded(cache, x, positions, mask, last_only, kept_only)
+        return self.forward_embedded(cache, x, positions, mask, last_only, kept_only, chunked_up_to)
 
     @torch.no_grad()
     def forward_embedded(
@@ -341,6 +344,7 @@ class LeanLlama:
         mask: torch.Tensor | None = None,
         last_only: bool = False,
         kept_only: bool = False,
+        chunked_up_to: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` from the tokens' input vectors x (L, H) float32 (a draft head's, head_native.py, are not an
         embedding table's rows); x is overwritten."""
@@ -350,7 +354,7 @@ class LeanLlama:
         self._rope(int(pos.max()) + 1)
         if self.lib is not None and L <= native.MAX_ROWS:
             logits, h = self._native(cache, x, base, pos, mask, 1 if last_only else L)
-        elif self.lib is not None and L <= CHUNKED_PREFILL[self.wtype]:
+        elif self.lib is not None and L <= (CHUNKED_PREFILL[self.wtype] if chunked_up_to is None else chunked_up_to):
             logits, h = self._chunks(cache, x, base, pos, mask, last_only)
         else:
             x = decoder_layers(self, cache, x, base, pos, mask)

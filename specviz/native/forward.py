@@ -49,11 +49,8 @@ from specviz.sampling import scatter_rows
 log = logging.getLogger(__name__)
 
 # The longest prefill llama.c runs in calls of up to 16 tokens, by weight type (float32, float16, int8, NF4); a longer
-# one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call (0.1 and 0.5 s of
-# the built-in target's). `python scripts/prefill_costs.py [--quantize 8bit|4bit]` on the 2-core Zen 3 of 26 Nov
-# 2026: the calls were faster up to about 96 tokens in float32 (24 tokens: 84 against 136 ms), 128 in int8 (58
-# against 108 ms) and past 384 in NF4 (76 against 683 ms); set at or below those, as another CPU's crossover may sit
-# lower (faster batched products).
+# one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call. Set at or below
+# the crossover scripts/prefill_costs.py measures (docs: performance), as another CPU's may sit lower.
 CHUNKED_PREFILL = {0: 48, 1: 48, 2: 128, 3: 256}
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose cos/sin depend on the position only
 _DTYPES = (torch.float32, torch.float16)
@@ -328,10 +325,8 @@ class LeanLlama:
 
         positions (L,): RoPE positions (default: the cache's row numbers); mask (L, rows + L) additive: which rows
         each token sees (default: causal); kept_only: a draft's logits over its `kept` rows only, where it has
-        them (a greedy step's argmax needs no -inf rows around them); chunked_up_to: the longest call of more than
-        native.MAX_ROWS tokens that runs in llama.c calls rather than PyTorch's ops (default: CHUNKED_PREFILL by
-        weight type; scripts/prefill_costs.py times both ways with it). The cache grows by L rows.
-        """
+        them (a greedy step's argmax needs no -inf rows around them); chunked_up_to: the longest call run in llama.c
+        calls of up to 16 tokens, not PyTorch's ops (default CHUNKED_PREFILL's). The cache grows by L rows."""
         x = F.embedding(ids.view(-1), self.embed).float()
         return self.forward_embedded(cache, x, positions, mask, last_only, kept_only, chunked_up_to)
 

@@ -16,10 +16,11 @@ from server_process import free_port
 import specviz
 from specviz.backends.served import connect as served
 from specviz.backends.served import run as served_run
-from specviz.config import SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import SpecvizError
 from specviz.engine.loop import autoregressive_decode, eos_ids, speculative_decode
 from specviz.events import Round, Start
 from specviz.limits import Limits
+from specviz.request import RunRequest
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_sampled_at_t1_through_the_server_follows_the_target(small_vocab_pair, m
         counts = torch.zeros(V * V + V)
         resampled = 0
         for seed in range(N):
-            cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+            cfg = RunRequest(drafter="model", gamma=1, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec
             events = list(speculative_decode(p, q, ids, cfg))
             assert events[0].verify == "served exact" and events[-1].stats["verify"] == "exact"
             resampled += sum(ev.kind == "resampled" for ev in events if isinstance(ev, Round))
@@ -126,7 +127,7 @@ def test_plain_lane_at_t1_is_the_engine_s_own_sample(small_vocab_pair):
         N = 800
         counts = torch.zeros(V * V + V)
         for seed in range(N):
-            cfg = SpecConfig(max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+            cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec
             t = list(autoregressive_decode(p, ids, cfg))[-1].token_ids
             counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
         keep = law * N >= 5

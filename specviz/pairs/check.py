@@ -21,7 +21,7 @@ import time
 import torch
 
 from specviz.backends.served.connect import ServedTarget, engine_step_s, is_url, load_served_pair
-from specviz.config import CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SpecConfig, SpecvizError
+from specviz.config import CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SpecvizError
 from specviz.engine.costs import forward_times
 from specviz.engine.tally import with_prefill
 from specviz.models.loaded import LoadedModel, load_pair, pair_dtypes, vocab_gap
@@ -29,6 +29,7 @@ from specviz.models.translate import compare_tokenizers, needs_translation
 from specviz.pairs.measure import CHECK_GAMMA, RoundCosts, acceptance_by_kind, measure_trees
 from specviz.pairs.report import PairReport
 from specviz.pairs.verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
+from specviz.request import RunRequest
 from specviz.theory import expected_speedup, expected_speedup_measured, expected_tokens, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
@@ -72,7 +73,9 @@ def check_pair(
 
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
-    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, drafter=drafter)  # validates them up front
+    cfg = RunRequest(
+        drafter=drafter, gamma=CHECK_GAMMA, tree="off", max_new_tokens=max_new_tokens
+    ).spec  # validates them up front
     if drafter not in CHECK_DRAFTERS:
         raise SpecvizError(f"The pair check measures the {', '.join(CHECK_DRAFTERS)} drafters, not {drafter!r}.")
     if prompts is None:

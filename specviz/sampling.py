@@ -52,6 +52,14 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return clean_logits(logits).argmax(dim=-1)
 
 
+def probs_at(logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+    """[to_probs(logits[rows[i]]) at T = 1, entry cols[i], for each i]: the softmax of the distinct rows only."""
+    distinct = sorted(set(rows))
+    view = to_probs(logits[distinct], SamplingConfig(1.0))  # (distinct rows, V): the same rows' same numbers
+    at = {r: i for i, r in enumerate(distinct)}
+    return view[[at[r] for r in rows], cols].tolist()
+
+
 def to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """(..., V) logits -> (..., V) float32 probabilities after temperature, top-k and top-p.
 

@@ -373,3 +373,30 @@ def test_the_bench_has_a_served_target_row(server, tiny_pair):
     assert (table["speedup_vs_ar"] > 0).all()
     text = format_table(table)
     assert "served verify" in text and "spec in requests" in text
+
+
+def test_both_kinds_of_run_offer_what_the_engine_calls_and_say_what_they_cannot(server, tiny_pair):
+    """backends.TargetRun is the engine's one seam: a run here and a served run each have every call it names; the
+    served one decides with its own numbers, has no tree-masked verify and says so in one sentence, and the two
+    kinds' Limits are what the run setup refuses by."""
+    from specviz.backends import TargetRun, limits_of, open_run
+    from specviz.models.loaded import load_model
+
+    p = load_model(tiny_pair[0], device="cpu")
+    t = served.connect(server.url, tiny_pair[0])
+    members = [n for n in vars(TargetRun) if not n.startswith("_")] + list(TargetRun.__annotations__)
+    here, there = open_run(p, p.vocab_size), open_run(t, t.vocab_size)
+    for run in (here, there):
+        missing = [n for n in members if not hasattr(run, n)]
+        assert missing == [] and isinstance(run, TargetRun)
+    assert (here.decides, here.supports_trees) == (False, True)
+    assert (there.decides, there.supports_trees) == (True, False)
+    with pytest.raises(SpecvizError, match="tree-masked verify"):
+        there.feed_tree(torch.tensor([1, 2]), [-1, 0])
+    assert limits_of(p).tree_verify and limits_of(p).runs_here and limits_of(p).hidden_states
+    assert not (limits_of(t).tree_verify or limits_of(t).runs_here or limits_of(t).hidden_states)
+    with pytest.raises(SpecvizError, match="a served target does not send"):
+        specviz.generate("hi", target=server.url, draft=tiny_pair[1], drafter="head", device="cpu")
+    logits = torch.randn(3, p.vocab_size)
+    assert here.argmax(logits).tolist() == there.argmax(logits).tolist() == logits.argmax(-1).tolist()
+    assert here.probs_at(logits, [0, 2], [5, 7]) == pytest.approx(there.probs_at(logits, [0, 2], [5, 7]), rel=2e-5)

@@ -66,6 +66,9 @@ class TargetRun(Protocol):
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """greedy(logits) over the last axis, by this run's fastest exact way (the same ids as sampling.greedy)."""
 
+    def probs_at(self, logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+        """sampling.probs_at's numbers (p at T = 1 of chosen entries), by this run's fastest way."""
+
     def verify(self, fed: list[int], x: list[int], q: torch.Tensor | None, s: SamplingConfig, gen: torch.Generator):
         """(decides only) One chain's verify and verdict: (sampling.Verdict, (k + 1, V) logits of what p sent)."""
 

@@ -92,6 +92,10 @@ class CachedModel:
             return self._forward(ids, last_only=True, kept_only=True)[0][-1].float(), rows  # (kept,)
         return self.feed(ids, last_only=True)[-1], None
 
+    def kept_ids(self) -> torch.Tensor | None:
+        """The target ids of the output rows this model's forward computes, ascending; None where it computes all."""
+        return lean_chain.kept_ids(self.lm)
+
     def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ids (L,) and return the argmax next token as a (1,) target id.
 
@@ -230,6 +234,12 @@ class CachedModel:
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         """sampling.greedy's ids, the fast way (`fast_greedy`)."""
         return fast_greedy(logits)
+
+    def probs_at(self, logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+        """sampling.probs_at's numbers, in one native call where it can (native.probs_at: each row's maximum and sum
+        of exponentials, then only the chosen entries')."""
+        known = native.probs_at(logits, rows, cols)
+        return known if known is not None else sampling.probs_at(logits, rows, cols)
 
     def verify_note(self, s: SamplingConfig, plain: bool = False) -> str:
         """Nothing to say: p is computed here and the engine's rule decides, exactly, at any temperature."""

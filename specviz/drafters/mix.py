@@ -21,7 +21,6 @@ import torch
 
 from specviz.config import HEAD_WEIGHT
 from specviz.drafters.base import STOP_CONFIDENCE, DraftContext, Drafter, Proposal, empty_proposal, widen
-from specviz.native.chain import kept_ids
 from specviz.sampling import sample, scatter_rows, to_probs
 
 
@@ -65,7 +64,7 @@ class MixDrafter(Drafter):
         """The draft's cut output layer (its number of rows), which of the head's rows it also has and where they sit
         in it; None without a cut output layer. Worked out once."""
         if self._rows is None:
-            rows = kept_ids(self.model.lm)
+            rows = self.model.run.kept_ids()
             if rows is None:
                 return None
             h_ids = self.head.head.target_ids.to(rows.device)

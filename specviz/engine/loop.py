@@ -8,7 +8,9 @@ proposals of a round, n accepted count, r draw. A round whose proposal is a toke
 every node in one tree-masked call, walks the tree from the root (sampling.verify_tree_*) and keeps only the
 accepted path in the target's cache; a chain's round is `_chain_round`. The step-through's candidates of each
 round are detail.py's; what a run needs before its first round (drafter, policies, their calibration) is
-run_setup.py's.
+setup.py's. The target runs through backends.TargetRun (`open_run`), whatever runs it: where the run says it
+`decides` (a served target, which sends only some of p), steps 2-3 are its own; elsewhere p comes back and the rule
+here decides.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from specviz.backends import TargetRun, eos_ids, keep_opening, open_run
-from specviz.config import SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import SpecConfig, SpecvizError
 from specviz.drafters.model import DraftContext, Drafter, Proposal, translation_of
 from specviz.drafters.policies import GammaPolicy, TreePolicy, chain_outcome
 from specviz.engine.detail import chain_candidates, tree_candidates
@@ -28,7 +30,6 @@ from specviz.engine.setup import make_run
 from specviz.engine.tally import Tally
 from specviz.events import Done, Event, Round, Start, Step, TreeRound
 from specviz.models.loaded import LoadedModel
-from specviz.native import library as native
 from specviz.sampling import (
     relaxed,
     sample,
@@ -224,7 +225,7 @@ def _round(run: _SpecRun, seq: list[int], index: int, budget: int) -> Round:
     calls = run.drafter.calls - draft_calls
     rd = dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=run.clock.total, draft_calls=calls)
     if shown is not None:  # a greedy tree's p(x) at each node's parent: only the page reads it, so off the clock
-        p_node = tuple(_p_at_parents(None, shown, prop.parents, prop.tokens))
+        p_node = tuple(_p_at_parents(run.p_run, None, shown, prop.parents, prop.tokens))
         rd = dataclasses.replace(rd, tree=dataclasses.replace(rd.tree, p=p_node))
     return rd
 
@@ -304,7 +305,9 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     policy.update(prop.key or drafter.name, *chain_outcome(prop.parents, prop.ranks, path), draft_s, verify_s)
     tree.update(prop.said, prop.ranks, prop.parents, path, [st == "kept" for st in v.status])
     ids = x.tolist()
-    p_node = _p_at_parents(p_probs, p_logits, prop.parents, x) if p_probs is not None else ()  # greedy: `_round`'s
+    p_node = (
+        _p_at_parents(p_run, p_probs, p_logits, prop.parents, x) if p_probs is not None else ()
+    )  # greedy: `_round`'s
     q_node = prop.q[torch.arange(N), x].tolist() if prop.q is not None else list(prop.said) or [1.0] * N
     tr = TreeRound(tokens=tuple(ids), parents=prop.parents, ranks=prop.ranks, sources=prop.sources,
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
@@ -322,20 +325,13 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     return rd, (p_logits if p_probs is None else None)
 
 
-def _p_at_parents(p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor) -> list[float]:
+def _p_at_parents(p_run: TargetRun, p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor):
     """Each tree node's p(x) at its parent: from the verify's probabilities where it sampled, else (greedy) p at T = 1
-    on the parents' rows only (a softmax of every row of the verify, every round, was most of that work): in one native
-    call where it can (native.probs_at: each row's maximum and sum of exponentials, then only the chosen entries';
-    0.44-0.47 -> 0.15-0.25 ms a tree round in the decoding loop on a 2-core Zen 3, 7 Dec 2026), else in PyTorch."""
+    on the parents' rows only (a softmax of every row of the verify, every round, was most of that work), by the
+    run's fastest way (TargetRun.probs_at)."""
     if p_probs is not None:
         return p_probs[[par + 1 for par in parents], x].tolist()
-    known = native.probs_at(p_logits, [par + 1 for par in parents], x.tolist())
-    if known is not None:
-        return known
-    rows = sorted({par + 1 for par in parents})
-    view = to_probs(p_logits[rows], SamplingConfig(1.0))  # (distinct parents, V): the same rows' same numbers
-    at = {r: i for i, r in enumerate(rows)}
-    return view[[at[par + 1] for par in parents], x].tolist()
+    return p_run.probs_at(p_logits, [par + 1 for par in parents], x.tolist())
 
 
 def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:

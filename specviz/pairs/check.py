@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from specviz.backends import limits_of
 from specviz.backends.served.connect import ServedTarget, engine_step_s, is_url, load_served_pair
 from specviz.config import CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SpecvizError
 from specviz.engine.costs import forward_times
@@ -147,14 +148,14 @@ def check_pair(
     trees, advice = (), ""
     # a served target takes chains only, and a draft with another tokenizer proposes chains only (its guesses are
     # re-tokenised text, one line of it)
-    if drafter in TREE_DRAFTERS and not isinstance(p, ServedTarget) and not translated:
+    if drafter in TREE_DRAFTERS and limits_of(p).tree_verify and not translated:
         few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
         trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
         advice = tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))
         if verdict == "compatible":
             reasons.append(advice)
     served = {}
-    if isinstance(p, ServedTarget):
+    if not limits_of(p).runs_here:  # a served target: its engine's own step, without a round trip
         e_step = engine_step_s(p, first)
         e_speedups = speedup_table(acc.a, q_s / e_step, MEASURED_GAMMAS)
         e_best = max(range(len(e_speedups)), key=e_speedups.__getitem__)

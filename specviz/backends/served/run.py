@@ -38,7 +38,7 @@ import torch
 
 from specviz.backends.served.target import APPROX_TOP, ServedTarget, missing
 from specviz.config import SamplingConfig, SpecvizError
-from specviz.sampling import Verdict, greedy, residual, sample, to_probs, verify_greedy, verify_sampled
+from specviz.sampling import Verdict, greedy, probs_at, residual, sample, to_probs, verify_greedy, verify_sampled
 
 RESIDUAL_SAMPLES = 8  # engine samples per request when drawing a rejected position's residual
 RESIDUAL_REQUESTS = 4  # requests of them before asking for the whole distribution at that position
@@ -113,6 +113,9 @@ class ServedRun:
 
     def argmax(self, logits: torch.Tensor) -> torch.Tensor:
         return greedy(logits)
+
+    def probs_at(self, logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+        return probs_at(logits, rows, cols)
 
     def mode(self, s: SamplingConfig, plain: bool = False) -> str:
         """How this run decides under s: "greedy", "exact", "approximate: top-20" (ServedTarget.verify_mode), or for

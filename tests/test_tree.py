@@ -504,7 +504,7 @@ def test_a_greedy_tree_round_shows_the_same_p_and_q_whether_or_not_q_rows_were_b
     p, q = loaded_pair
     rounds, parents_only = {}, engine._p_at_parents
 
-    def every_row(p_probs, p_logits, parents, x):  # the reference: p at T = 1 on every row, then read
+    def every_row(p_run, p_probs, p_logits, parents, x):  # the reference: p at T = 1 on every row, then read
         return to_probs(p_logits, SamplingConfig(1.0))[[par + 1 for par in parents], x].tolist()
 
     for detail in (0, 4):

@@ -379,7 +379,7 @@ def test_both_kinds_of_run_offer_what_the_engine_calls_and_say_what_they_cannot(
     """backends.TargetRun is the engine's one seam: a run here and a served run each have every call it names; the
     served one decides with its own numbers, has no tree-masked verify and says so in one sentence, and the two
     kinds' Limits are what the run setup refuses by."""
-    from specviz.backends import TargetRun, limits_of, open_run
+    from specviz.backends import DecidingRun, TargetRun, limits_of, open_run
     from specviz.models.loaded import load_model
 
     p = load_model(tiny_pair[0], device="cpu")
@@ -389,6 +389,7 @@ def test_both_kinds_of_run_offer_what_the_engine_calls_and_say_what_they_cannot(
     for run in (here, there):
         missing = [n for n in members if not hasattr(run, n)]
         assert missing == [] and isinstance(run, TargetRun)
+    assert isinstance(there, DecidingRun) and not isinstance(here, DecidingRun)  # verify / next_token: the server's
     assert (here.decides, here.supports_trees) == (False, True)
     assert (there.decides, there.supports_trees) == (True, False)
     with pytest.raises(SpecvizError, match="tree-masked verify"):

@@ -7,12 +7,12 @@ engine.
 
 from __future__ import annotations
 
-from specviz.backends.base import LOCAL, SERVED, Limits, TargetRun
+from specviz.backends.base import LOCAL, SERVED, DecidingRun, Limits, TargetRun
 from specviz.backends.local import CachedModel, keep_opening
 from specviz.backends.served.connect import open_served_run
 from specviz.backends.served.target import ServedTarget, eos_ids
 
-__all__ = ["Limits", "TargetRun", "eos_ids", "keep_opening", "limits_of", "open_run"]
+__all__ = ["DecidingRun", "Limits", "TargetRun", "eos_ids", "keep_opening", "limits_of", "open_run"]
 
 
 def open_run(lm, V: int) -> TargetRun:

@@ -39,8 +39,8 @@ class TargetRun(Protocol):
 
     `length` counts the tokens held (every token of the text but the last, which the next call feeds); `calls` the
     forward calls or requests so far. A run whose `decides` is False returns p's scores and the engine applies the
-    rule (sampling.verify_*); one whose `decides` is True applies it with its own numbers (`verify`, `next_token`),
-    because it does not send all of p.
+    rule (sampling.verify_*); one whose `decides` is True applies it with its own numbers (a DecidingRun's `verify`
+    and `next_token`), because it does not send all of p.
     """
 
     length: int
@@ -69,14 +69,19 @@ class TargetRun(Protocol):
     def probs_at(self, logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
         """sampling.probs_at's numbers (p at T = 1 of chosen entries), by this run's fastest way."""
 
-    def verify(self, fed: list[int], x: list[int], q: torch.Tensor | None, s: SamplingConfig, gen: torch.Generator):
-        """(decides only) One chain's verify and verdict: (sampling.Verdict, (k + 1, V) logits of what p sent)."""
-
-    def next_token(self, pending: list[int], s: SamplingConfig, gen: torch.Generator) -> tuple[int, float]:
-        """(decides only) One plain step: (token, p of it)."""
-
     def verify_note(self, s: SamplingConfig, plain: bool = False) -> str:
         """How this run decides under s, for the page header and recordings (Start.verify); "" for p computed here."""
 
     def run_stats(self, s: SamplingConfig, plain: bool = False) -> dict:
         """What a Done event's stats add for this run (a served run's requests and their seconds); {} for none."""
+
+
+@runtime_checkable
+class DecidingRun(TargetRun, Protocol):
+    """A run whose `decides` is True: it verifies and steps with its own numbers (a served target)."""
+
+    def verify(self, fed: list[int], x: list[int], q: torch.Tensor | None, s: SamplingConfig, gen: torch.Generator):
+        """One chain's verify and verdict: (sampling.Verdict, (k + 1, V) logits of what p sent)."""
+
+    def next_token(self, pending: list[int], s: SamplingConfig, gen: torch.Generator) -> tuple[int, float]:
+        """One plain step: (token, p of it)."""

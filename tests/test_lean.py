@@ -213,7 +213,8 @@ import ctypes, sys
 import torch
 sys.path[:0] = [{tests!r}, {root!r}]
 from conftest import make_model
-from specviz import cpus, lean, lean_panels
+from specviz.host import cpus
+from specviz.native import forward as lean, panels as lean_panels
 assert ctypes.CDLL("libgomp.so.1").omp_get_thread_limit() == 1  # every parallel region gets a team of one
 cpus._most = None  # the count as set
 fwd = lean.LeanLlama(make_model(40, seed=72, layers=2, hidden=288), "kernel")

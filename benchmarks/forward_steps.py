@@ -98,11 +98,11 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="specviz-steps-"))
     try:
-        native.SOURCES = instrumented_sources(folder)
+        sources = instrumented_sources(folder)
         (folder / "tsc.c").write_text(
             "#include <x86intrin.h>\nunsigned long long steps_rdtsc(void) { return __rdtsc(); }\n"
         )
-        native.SOURCES = (*native.SOURCES, folder / "tsc.c")
+        native.build_from((*sources, folder / "tsc.c"))
         lib = native.library()
         if lib is None:
             raise SystemExit(f"the kernel could not be built: {native.why_not()}")

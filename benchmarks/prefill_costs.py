@@ -1,6 +1,6 @@
 """A prompt's prefill on the built-in target, each way the lean forward can run one longer than a call of 16 tokens:
 llama.c in calls of up to 16 tokens, or PyTorch's batched products (which dequantise int8 and NF4 weights for the
-call). Says up to which length the calls are faster on this machine, the figure lean.CHUNKED_PREFILL holds per
+call). Says up to which length the calls are faster on this machine, the figure native.forward.CHUNKED_PREFILL holds per
 weight type.
 
     python benchmarks/prefill_costs.py [--quantize 4bit|8bit] [--lengths 24,48,96,192,384] [--reps 5]
@@ -21,10 +21,9 @@ import torch  # noqa: E402
 from specviz.config import BUILTIN_TARGET  # noqa: E402
 from specviz.host.machine import machine_info  # noqa: E402
 from specviz.models.loaded import load_model  # noqa: E402
-from specviz.native import forward as lean  # noqa: E402
 from specviz.native import library as native
 
-WAYS = {"llama.c calls": 10**6, "PyTorch ops": 0}  # lean.CHUNKED_PREFILL for every weight type, each way
+WAYS = {"llama.c calls": 10**6, "PyTorch ops": 0}  # the forward's chunked_up_to, each way
 
 
 def main() -> None:
@@ -43,9 +42,8 @@ def main() -> None:
         for n in lengths:
             ids = torch.randint(100, 20000, (n,), generator=g)
             for way, limit in WAYS.items():
-                lean.CHUNKED_PREFILL = dict.fromkeys(lean.CHUNKED_PREFILL, limit)
                 t0 = time.perf_counter()
-                m.forward(m.new_cache(), ids, last_only=True)
+                m.forward(m.new_cache(), ids, last_only=True, chunked_up_to=limit)
                 if rep:
                     times[(n, way)] = times.get((n, way), []) + [time.perf_counter() - t0]
     info = machine_info()

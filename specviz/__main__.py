@@ -68,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="decode one prompt, speculatively or plainly")
     g.add_argument("prompt")
-    g.add_argument("--mode", choices=["spec", "ar"], default="spec")
+    g.add_argument("--mode", choices=["spec", "ar"], help=f"(default {RunRequest.default('mode')})")
     g.add_argument("--compare", action="store_true", help="run plain and speculative decoding and print the speedup")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--record", metavar="RUN.json", help="also save the run (every event, timed) as a recording")
@@ -152,17 +152,17 @@ def _generate(a) -> dict:
     if a.record or is_url(a.target):  # one recorded run (both modes raced for --compare), read back below
         from specviz.recording.record import run_request
 
-        rec = run_request(a.prompt, ("ar", "spec") if a.compare else (a.mode,), req)
+        rec = run_request(a.prompt, ("ar", "spec") if a.compare else (req.mode,), req)
         if a.record:
             rec.save(a.record)
         recorded, lanes = {m: rec.result(m) for m in rec.lanes}, rec.lanes
     if not a.compare:
-        r = recorded.get(a.mode) or result(a.prompt, req)
+        r = recorded.get(req.mode) or result(a.prompt, req)
         if not a.json:
             print(r.text)
             s = r.stats
             line = f"\n[{s['new_tokens']} tokens, {s['tokens_per_s']:.1f} tok/s, {s['target_calls']} target calls"
-            if a.mode == "spec":
+            if req.mode == "spec":
                 line += f", acceptance {s['acceptance_rate']:.2f}, {s['tokens_per_target_call']:.2f} tokens/call"
             print(line + "]", file=sys.stderr)
             _print_served(a, [r], lanes)

@@ -71,8 +71,8 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-DEFAULT_GAMMA = 3  # a constant gamma's default (the step-through, SpecConfig); the built-in pair is best at 1-3
-# What a user gets without choosing, in the API, the CLI and the page (request.RunRequest holds them): the
+DEFAULT_GAMMA = 3  # the step-through's gamma slider starts here (a constant gamma); the built-in pair is best at 1-3
+# What a user gets without choosing, in the API, the CLI, the page and the bench (request.RunRequest holds them): the
 # configuration that the benchmark found best overall for the built-in pair on a 2-core CPU (docs/performance.md):
 # free lookup guesses where the text has them, the draft model otherwise, as many per round as the auto
 # policy expects to pay
@@ -96,33 +96,33 @@ TREE_DRAFTERS = ("model", "lookup", "lookup+model")  # the drafters that grow to
 DETAIL_MAX = 20  # candidates per position in the step-through view; more would not fit on a screen
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecConfig:
     """One decoding run as the engine takes it: where guesses come from, how many per round, the budget, and the seed
-    of its generator. What a user gets without choosing is request.RunRequest's (its `spec` is one of these); the
-    defaults here are the paper's plain algorithm (one draft model, a constant gamma), for code that names what it
-    measures.
+    of its generator, every value checked and resolved (gamma "auto" as the auto policy with its most, tree "auto" as
+    "off" where trees cannot grow). It has no defaults of its own: the one options object, request.RunRequest, holds
+    them and builds this (`RunRequest(...).spec`), so every run's configuration comes from one set of defaults.
 
     gamma: the proposals per round for the constant policy, the start for heuristic, the most for confidence
     and auto; gamma="auto" means gamma_policy="auto" with at most AUTO_GAMMA_MAX.
     """
 
-    gamma: int | str = DEFAULT_GAMMA
-    max_new_tokens: int = 64
-    seed: int = 0
-    sampling: SamplingConfig = SamplingConfig()
-    detail: int = 0  # >0: each round also carries the top-`detail` candidates of p and q (step-through view)
-    drafter: str = "model"  # one of DRAFTERS (drafters.py)
-    head: str = ""  # the head drafters' head folder; "" = the built-in head (built-in target only)
-    gamma_policy: str = "constant"  # constant | heuristic | confidence | auto (policies.py)
-    confidence: float = CONFIDENCE_THRESHOLD  # the confidence policy's threshold on the draft's top probability
-    prompt_lookup_num_tokens: int = PROMPT_LOOKUP_NUM_TOKENS  # lookup: the most tokens one match proposes
-    max_matching_ngram_size: int = MAX_MATCHING_NGRAM_SIZE  # lookup: the longest suffix looked up first
-    relaxed_w: float = 1.0  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
+    gamma: int | str
+    max_new_tokens: int
+    seed: int
+    sampling: SamplingConfig
+    detail: int  # >0: each round also carries the top-`detail` candidates of p and q (step-through view)
+    drafter: str  # one of DRAFTERS (drafters.py)
+    head: str  # the head drafters' head folder; "" = the built-in head (built-in target only)
+    gamma_policy: str  # constant | heuristic | confidence | auto (policies.py)
+    confidence: float  # the confidence policy's threshold on the draft's top probability
+    prompt_lookup_num_tokens: int  # lookup: the most tokens one match proposes
+    max_matching_ngram_size: int  # lookup: the longest suffix looked up first
+    relaxed_w: float  # <1: verify against w·p + (1-w)·q (sampling.relaxed): LOSSY, for teaching only
     # token trees: "off" (chains), a node budget 1..TREE_MAX, or "auto" (the budget that pays, per round, up to
     # TREE_AUTO_MAX, and chains where trees cannot grow: other drafters, relaxed verification, a served target); a
     # tree's depth is at most gamma (drafters.ModelDrafter._propose_tree, policies.TreePolicy)
-    tree: int | str = "off"
+    tree: int | str
 
     def __post_init__(self) -> None:
         gamma, policy = self.gamma, self.gamma_policy
@@ -158,7 +158,7 @@ class SpecConfig:
         w = _finite("relaxed_w", self.relaxed_w)
         if not 0.0 <= w <= 1.0:
             raise SpecvizError(f"relaxed_w must be between 0 and 1 (1 is exact verification), not {w:g}.")
-        tree = _tree(self.tree)
+        tree = tree_setting(self.tree)
         if tree == "auto" and (w < 1.0 or self.drafter not in TREE_DRAFTERS):
             tree = "off"  # auto: trees where they can grow, which is not here
         if tree != "off" and w < 1.0:
@@ -192,7 +192,7 @@ class SpecConfig:
         return f"{self.drafter}, {how}{tree}"
 
 
-def _tree(value) -> int | str:
+def tree_setting(value) -> int | str:
     """The tree setting as "off", "auto" or a node budget 1..TREE_MAX (0, None, False and "off" mean off)."""
     if value is None or value is False or (isinstance(value, str) and value.strip().lower() in ("off", "", "0")):
         return "off"

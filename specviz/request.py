@@ -9,8 +9,8 @@ the built-in pair (config.DEFAULT_DRAFTER, gamma "auto", tree "auto": token tree
 machine's costs say they pay, chains in the others and wherever trees cannot grow). gamma "auto" is resolved here, once, as SpecConfig
 resolves it: the auto policy with at most AUTO_GAMMA_MAX guesses a round, so `RunRequest().gamma` is that number
 and `.gamma_policy` "auto" (what the page's controls start at), while a caller who names only a gamma gets it
-constant. SpecConfig (config.py) is the engine's own configuration, built from a request by `spec`; its defaults
-are the paper's plain algorithm (one draft model, a constant gamma) for code that names what it measures.
+constant. SpecConfig (config.py) is the engine's own configuration, built from a request only (`spec`), with no
+defaults of its own: code that measures the paper's plain algorithm names it (drafter "model", a gamma, tree "off").
 """
 
 from __future__ import annotations

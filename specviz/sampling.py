@@ -13,10 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from specviz.config import SamplingConfig, SpecvizError
-from specviz.native import library as native
 
-FAST_GREEDY = True  # greedy's argmax by native.first_max where it can, and a lean draft's greedy step over the rows it
-# computes only (runtime.CachedModel.next_greedy): the same tokens, fewer passes over a V-wide row
 BROKEN = "The model returned NaN or infinite scores for every token; it may be broken or overflowing in this dtype."
 
 
@@ -46,20 +43,21 @@ def clean_logits(logits: torch.Tensor) -> torch.Tensor:
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last axis, NaN-safe; no softmax needed: the first index of each row's largest score, NaN read
-    as -inf, +inf as the largest. float32 scores on the CPU go through native.first_max (csrc/greedy.c: two passes
-    over each row where PyTorch's argmax and the checks below take several); elsewhere, where
-    every row's maximum is finite (PyTorch's argmax picks a NaN or a +inf first where there is one), the plain
-    argmax is the answer, with no cleaned copy."""
-    if FAST_GREEDY:
-        best = native.first_max(logits)
-        if best is not None:
-            if best.numel() and int(best.min()) < 0:
-                raise SpecvizError(BROKEN)
-            return best
+    as -inf, +inf as the largest. Where every row's maximum is finite (PyTorch's argmax picks a NaN or a +inf first
+    where there is one), the plain argmax is the answer, with no cleaned copy. A run on this machine takes the same
+    ids faster in C where it can (backends.local.fast_greedy, a TargetRun's `argmax`); this is the definition."""
     idx = logits.argmax(dim=-1)
     if torch.isfinite(logits.gather(-1, idx.unsqueeze(-1))).all():
         return idx
     return clean_logits(logits).argmax(dim=-1)
+
+
+def probs_at(logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+    """[to_probs(logits[rows[i]]) at T = 1, entry cols[i], for each i]: the softmax of the distinct rows only."""
+    distinct = sorted(set(rows))
+    view = to_probs(logits[distinct], SamplingConfig(1.0))  # (distinct rows, V): the same rows' same numbers
+    at = {r: i for i, r in enumerate(distinct)}
+    return view[[at[r] for r in rows], cols].tolist()
 
 
 def to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -129,10 +127,11 @@ class Verdict:
     r: tuple[float, ...]  # the draws; NaN when greedy
 
 
-def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """Greedy verification: accept while x_i equals the target's argmax. drafted (gamma,), logits (gamma+1, V)."""
+def verify_greedy(drafted: torch.Tensor, target_logits: torch.Tensor, argmax=greedy) -> Verdict:
+    """Greedy verification: accept while x_i equals the target's argmax. drafted (gamma,), logits (gamma+1, V);
+    argmax: `greedy` or a run's faster way to the same ids (TargetRun.argmax)."""
     gamma = drafted.shape[0]
-    best = greedy(target_logits)  # (gamma+1,)
+    best = argmax(target_logits)  # (gamma+1,)
     match = (best[:gamma] == drafted).tolist()
     n = match.index(False) if False in match else gamma
     ones = tuple(1.0 if m else 0.0 for m in match)
@@ -185,11 +184,14 @@ def children_of(parents: tuple[int, ...] | list[int]) -> list[list[int]]:
     return kids
 
 
-def verify_tree_greedy(drafted: torch.Tensor, parents: tuple[int, ...], target_logits: torch.Tensor) -> TreeVerdict:
+def verify_tree_greedy(
+    drafted: torch.Tensor, parents: tuple[int, ...], target_logits: torch.Tensor, argmax=greedy
+) -> TreeVerdict:
     """Greedy verification of a tree: from the root, descend into the child equal to the target's argmax; where
-    none is, the argmax is the correction. drafted (N,), target_logits (N + 1, V): row 0 the root, row i + 1 node i."""
+    none is, the argmax is the correction. drafted (N,), target_logits (N + 1, V): row 0 the root, row i + 1 node i;
+    argmax as verify_greedy's."""
     N = drafted.shape[0]
-    best = greedy(target_logits).tolist()  # (N + 1,)
+    best = argmax(target_logits).tolist()  # (N + 1,)
     tokens, kids = drafted.tolist(), children_of(parents)
     acc, status, path, u = [math.nan] * N, [""] * N, [], -1
     while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -16,6 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specviz.models.head import DraftHead
+from specviz.request import RunRequest
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead, and CI has two cores
 
@@ -109,6 +111,19 @@ def long_prefill(monkeypatch, how: str) -> None:
     monkeypatch.setattr(
         lean, "CHUNKED_PREFILL", dict.fromkeys(lean.CHUNKED_PREFILL, 10**6 if how == "llama.c calls" else 0)
     )
+
+
+def engine_config(**options):
+    """The engine's configuration (SpecConfig) of a request with these options, built as every run's is
+    (RunRequest(...).spec). What a test does not name is the paper's algorithm, named here: one draft model, gamma 3
+    constant, chains; `sampling` (a SamplingConfig) may stand for temperature, top_k and top_p, and relaxed_w below 1
+    is allowed (the tests measure the lossy switch too)."""
+    sampling = options.pop("sampling", None)
+    if sampling is not None:
+        options |= dataclasses.asdict(sampling)
+    if options.get("relaxed_w", 1.0) < 1.0:
+        options.setdefault("allow_lossy", True)
+    return RunRequest(**{"drafter": "model", "gamma": 3, "tree": "off", **options}).spec
 
 
 def feed_in_calls(run, ids: list[int], at: int) -> tuple[torch.Tensor, int]:

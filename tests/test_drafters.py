@@ -6,12 +6,14 @@ import functools
 
 import pytest
 import torch
+from conftest import engine_config
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import Done, Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz import Done, Round, SamplingConfig, SpecvizError, generate, load_pair
 from specviz.drafters.model import Drafter, LookupDrafter, Proposal
 from specviz.drafters.policies import Auto, Heuristic
 from specviz.engine.loop import autoregressive_decode, speculative_decode
+from specviz.request import RunRequest
 from specviz.theory import (
     accepted_histogram,
     expected_speedup,
@@ -75,7 +77,7 @@ def test_lookup_never_proposes_the_chat_template_s_tokens(loaded_pair):
     never = never_copied(p)
     assert never == {0, 1, 3, 4}  # <unk>, <s>, <|user|>, <|assistant|>; not </s>, its end of turn
     ids = p.tokenizer("<|user|>ab<|assistant|>ab<|user|>ab")["input_ids"]
-    cfg = SpecConfig(gamma=4, max_new_tokens=16, drafter="lookup")
+    cfg = RunRequest(drafter="lookup", gamma=4, tree="off", max_new_tokens=16).spec
     events = list(speculative_decode(p, None, ids, cfg))
     assert not {t for e in events if isinstance(e, Round) for t in e.drafted} & never
     assert events[-1].token_ids == list(autoregressive_decode(p, ids, cfg))[-1].token_ids
@@ -93,7 +95,7 @@ def test_lookup_index_grows_with_the_text():
 def test_lookup_respects_prompt_lookup_num_tokens(loaded_pair):
     p, _ = loaded_pair
     ids = p.tokenizer("abcdefgh abcdefgh abcdefgh")["input_ids"]
-    cfg = SpecConfig(gamma=8, max_new_tokens=24, drafter="lookup", prompt_lookup_num_tokens=2)
+    cfg = RunRequest(drafter="lookup", gamma=8, tree="off", max_new_tokens=24, prompt_lookup_num_tokens=2).spec
     rounds = [e for e in speculative_decode(p, None, ids, cfg) if isinstance(e, Round)]
     assert max(len(r.drafted) for r in rounds) <= 2
     assert any(r.drafted for r in rounds) and all(set(r.sources) <= {"lookup"} for r in rounds)
@@ -194,9 +196,11 @@ def test_auto_times_a_draft_step_the_way_a_round_pays_it(loaded_pair, monkeypatc
     monkeypatch.setattr(
         run_setup, "draft_step_calibration", lambda *a: asked.append(a[:2] + a[5:]) or ([0.123, 0.05], 0.0)
     )
-    _, policy, _, _ = run_setup.make_run(p, q, [1, 2, 3], SpecConfig(gamma="auto", drafter="lookup+model"), None)
+    _, policy, _, _ = run_setup.make_run(
+        p, q, [1, 2, 3], RunRequest(drafter="lookup+model", gamma="auto", tree="off").spec, None
+    )
     assert asked == [(p, q, True)] and policy.step_s == {"model": 0.123} and policy.next_s == {"model": 0.05}
-    sampled = SpecConfig(gamma="auto", drafter="lookup+model", sampling=SamplingConfig(1.0))
+    sampled = RunRequest(drafter="lookup+model", gamma="auto", tree="off", temperature=1.0).spec
     run_setup.make_run(p, q, [1, 2, 3], sampled, None)
     assert asked[1:] == [(p, q, False)]  # a sampled round's steps: this draft has no cut output layer, so feed
 
@@ -216,8 +220,12 @@ def test_auto_prices_a_rounds_first_guess_cold_and_the_next_ones_warm():
 def test_confidence_stops_drafting_when_the_draft_is_unsure(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat on the mat")["input_ids"]
-    sure = SpecConfig(gamma=6, max_new_tokens=30, gamma_policy="confidence", confidence=0.0)
-    unsure = SpecConfig(gamma=6, max_new_tokens=30, gamma_policy="confidence", confidence=0.999)
+    sure = RunRequest(
+        drafter="model", gamma=6, tree="off", max_new_tokens=30, gamma_policy="confidence", confidence=0.0
+    ).spec
+    unsure = RunRequest(
+        drafter="model", gamma=6, tree="off", max_new_tokens=30, gamma_policy="confidence", confidence=0.999
+    ).spec
     r_sure = [e for e in speculative_decode(p, q, ids, sure) if isinstance(e, Round)]
     r_unsure = [e for e in speculative_decode(p, q, ids, unsure) if isinstance(e, Round)]
     assert all(r.stop in ("gamma", "budget") for r in r_sure)
@@ -258,7 +266,7 @@ def test_lookup_and_model_take_turns_and_the_model_catches_up(loaded_pair):
 def generate_events(p, q, prompt, **kw):
     from specviz.api import encode_prompt
 
-    cfg = SpecConfig(max_new_tokens=60, **kw)
+    cfg = engine_config(max_new_tokens=60, **kw)
     return speculative_decode(p, q, encode_prompt(p, prompt), cfg)
 
 
@@ -307,7 +315,7 @@ class Listener(Silent):
 def test_an_empty_proposal_is_a_plain_target_step(loaded_pair, temperature):
     p, q = loaded_pair
     ids = p.tokenizer("hello world")["input_ids"]
-    cfg = SpecConfig(gamma=3, max_new_tokens=20, seed=4, sampling=SamplingConfig(temperature))
+    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=20, seed=4, temperature=temperature).spec
     sp = list(speculative_decode(p, q, ids, cfg, drafter=Silent()))
     ar = list(autoregressive_decode(p, ids, cfg))
     rounds = [e for e in sp if isinstance(e, Round)]
@@ -330,7 +338,7 @@ def test_hidden_states_reach_only_drafters_that_ask(loaded_pair, monkeypatch):
         return forward(self, *a, **kw)
 
     monkeypatch.setattr(type(p.model), "forward", spy)
-    cfg = SpecConfig(gamma=3, max_new_tokens=12)
+    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=12).spec
     list(speculative_decode(p, q, ids, cfg))
     assert asked and not any(asked)  # the model drafter did not ask: nobody paid for hidden states
     asked.clear()
@@ -350,7 +358,7 @@ def test_bad_drafter_and_policy_values_are_one_sentence():
     ]:
         with pytest.raises(SpecvizError, match=match):
             generate("hi", target="/nonexistent/model", **kw)
-    assert SpecConfig(gamma="auto").gamma_policy == "auto"
+    assert RunRequest(drafter="model", gamma="auto", tree="off").spec.gamma_policy == "auto"
 
 
 # --- the accounting ---------------------------------------------------------------------------------------

@@ -1,21 +1,22 @@
 """The decoding loops with tiny real models: greedy exactness, the sampled law, caches, EOS, determinism."""
 
+import dataclasses
 import itertools
 import math
 
 import pytest
 import torch
+from conftest import engine_config
 
-from specviz import Done, Round, SamplingConfig, SpecConfig, Start, Step, generate, race
+from specviz import Done, Round, Start, Step, generate, race
 from specviz.engine.loop import autoregressive_decode, eos_ids, speculative_decode
+from specviz.request import RunRequest
 
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "q", "what is 2+2?", "once upon a time", "x = (1, 2)"]
 
 
 def run(p, q, ids, **kw):
-    cfg = SpecConfig(
-        **{k: v for k, v in kw.items() if k != "temperature"}, sampling=SamplingConfig(kw.get("temperature", 0.0))
-    )
+    cfg = engine_config(**kw)
     events = list(speculative_decode(p, q, ids, cfg) if q is not None else autoregressive_decode(p, ids, cfg))
     return events
 
@@ -157,9 +158,16 @@ def test_sampled_spec_follows_target_distribution_over_two_tokens(small_vocab_pa
         exact.view(V, V)[a] = 0
     N = 3000
     counts = torch.zeros(V * V + V)
-    g = SpecConfig(gamma=1, max_new_tokens=2, sampling=SamplingConfig(1.0))
+    g = RunRequest(drafter="model", gamma=1, tree="off", max_new_tokens=2, temperature=1.0).spec
     for seed in range(N):
-        cfg = SpecConfig(g.gamma, g.max_new_tokens, seed, g.sampling)
+        cfg = RunRequest(
+            drafter="model",
+            gamma=g.gamma,
+            tree="off",
+            max_new_tokens=g.max_new_tokens,
+            seed=seed,
+            **dataclasses.asdict(g.sampling),
+        ).spec
         done = list(speculative_decode(p, q, ids, cfg))[-1]
         t = done.token_ids
         counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
@@ -183,7 +191,7 @@ def test_sampled_spec_follows_target_distribution_over_two_tokens(small_vocab_pa
 def test_race_orders_events_by_each_side_s_own_clock(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("hello world")["input_ids"]
-    cfg = SpecConfig(gamma=3, max_new_tokens=20)
+    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=20).spec
     merged = list(race(autoregressive_decode(p, ids, cfg), speculative_decode(p, q, ids, cfg)))
     sides = {s for s, _ in merged}
     assert sides == {"ar", "spec"}

@@ -11,12 +11,13 @@ import pytest
 import torch
 from test_drafters import PROMPTS
 
-from specviz import Round, SpecConfig, SpecvizError, generate
+from specviz import Round, SpecvizError, generate
 from specviz.drafters.model import HeadDrafter, make_drafter
 from specviz.engine.loop import speculative_decode
 from specviz.models.head import DraftHead, head_for, load_head
 from specviz.native import library as native
 from specviz.native.head import NativeHead
+from specviz.request import RunRequest
 from specviz.training import label_teacher, train_head
 
 TRAIN_PROMPTS = [
@@ -181,7 +182,11 @@ def test_the_heads_cache_after_rejections_equals_a_recomputation(loaded_pair, tr
     for prompt in PROMPTS:
         ids = p.tokenizer(prompt)["input_ids"]
         drafter = Checked(head, p.vocab_size, p)
-        events = list(speculative_decode(p, None, ids, SpecConfig(gamma=4, max_new_tokens=30), drafter=drafter))
+        events = list(
+            speculative_decode(
+                p, None, ids, RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=30).spec, drafter=drafter
+            )
+        )
         resampled += sum(e.kind == "resampled" for e in events if isinstance(e, Round))
         assert drafter.checked > 0
     assert resampled > 0

@@ -104,7 +104,7 @@ def test_a_text_that_reads_back_as_other_tokens_gets_one_sentence(llamacpp_targe
     prompt = specviz.api.encode_prompt(p, "Say hello.")
     split = tok("Hel", add_special_tokens=False)["input_ids"] + tok("lo", add_special_tokens=False)["input_ids"]
     assert tok(tok.decode(split), add_special_tokens=False)["input_ids"] != split
-    run = served.open_run(p, p.vocab_size)
+    run = served.open_served_run(p)
     run.prefill(torch.tensor(prompt))
     with pytest.raises(
         SpecvizError,
@@ -132,7 +132,7 @@ def test_a_guess_its_echo_leaves_out_is_judged_against_the_engine_s_own_token(ll
     greedy = list(specviz.generate("Say hello.", target=url, mode="ar", max_new_tokens=3).token_ids)
     bos = p.tokenizer.bos_token_id
     assert bos not in greedy and scorable(p.tokenizer, prompt, [greedy[0], bos, greedy[2]]) == 1
-    run = served.open_run(p, p.vocab_size)
+    run = served.open_served_run(p)
     run.prefill(torch.tensor(prompt))
     v, logits = run.verify(prompt[-1:], [greedy[0], bos, greedy[2]], None, SamplingConfig(), torch.Generator())
     assert (v.n, v.correction) == (1, greedy[1]) and logits.shape == (4, p.vocab_size)

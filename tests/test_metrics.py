@@ -2,8 +2,9 @@
 
 import pytest
 
-from specviz import SamplingConfig, SpecConfig, race
+from specviz import race
 from specviz.engine.loop import autoregressive_decode, speculative_decode
+from specviz.request import RunRequest
 from specviz.view.metrics import COLUMNS, acceptance_by_position, accepted_histogram, rounds_frame, summaries, summary
 
 
@@ -11,7 +12,7 @@ from specviz.view.metrics import COLUMNS, acceptance_by_position, accepted_histo
 def runs(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat on the mat")["input_ids"]
-    cfg = SpecConfig(gamma=4, max_new_tokens=40, seed=3, sampling=SamplingConfig(1.0))
+    cfg = RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=40, seed=3, temperature=1.0).spec
     return list(speculative_decode(p, q, ids, cfg)), list(autoregressive_decode(p, ids, cfg))
 
 
@@ -49,7 +50,7 @@ def test_ar_frame_has_one_row_per_token(runs):
 def test_race_pairs_split_by_side(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("hello world")["input_ids"]
-    cfg = SpecConfig(gamma=3, max_new_tokens=20)
+    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=20).spec
     merged = list(race(autoregressive_decode(p, ids, cfg), speculative_decode(p, q, ids, cfg)))
     f = rounds_frame(merged)
     by_side = summaries(merged)

@@ -20,6 +20,7 @@ import specviz.models.loaded as models
 from specviz import SpecvizError, load_model, load_pair
 from specviz.models.cache import ModelCache
 from specviz.models.loaded import LoadedModel, pair_dtypes
+from specviz.request import RunRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -283,14 +284,15 @@ def test_kv_bytes_per_token_bounds_the_real_cache(loaded_pair):
 
     from transformers import DynamicCache
 
-    from specviz.config import SpecConfig
     from specviz.engine.loop import speculative_decode
     from specviz.native.forward import LeanCache
 
     p, q = loaded_pair
     caches = (DynamicCache, LeanCache)
     before = {id(o) for o in gc.get_objects() if isinstance(o, caches)}
-    run = speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(4, 16, 0))
+    run = speculative_decode(
+        p, q, [1, 7, 9, 11], RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=16, seed=0).spec
+    )
     events = [next(run) for _ in range(3)]  # Start and two rounds: the caches are alive inside the generator
     tokens = 4 + sum(len(e.tokens) for e in events[1:]) + 4 + 1  # at most gamma + 1 past the tokens kept
     held = 0
@@ -322,7 +324,6 @@ def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh
     """The built-in draft's row 0 is a catch-all for unknown tokens: q(x) = 0 there, output unchanged."""
     from collections import Counter
 
-    from specviz.config import SamplingConfig, SpecConfig
     from specviz.engine.loop import autoregressive_decode, speculative_decode
     from specviz.events import Round
 
@@ -330,7 +331,16 @@ def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh
         return load_pair(tiny_pair[0], _trimmed(tmp_path / name, list(range(40)), **extra), device="cpu")
 
     def proposals(p, q, temperature: float) -> tuple[list[int], list]:
-        events = list(speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(4, 24, 3, SamplingConfig(temperature))))
+        events = list(
+            speculative_decode(
+                p,
+                q,
+                [1, 7, 9, 11],
+                RunRequest(
+                    drafter="model", gamma=4, tree="off", max_new_tokens=24, seed=3, temperature=temperature
+                ).spec,
+            )
+        )
         return [t for e in events if isinstance(e, Round) for t in e.drafted], events
 
     p, free = trimmed("free")
@@ -341,7 +351,13 @@ def test_rows_marked_never_propose_are_never_proposed(tiny_pair, tmp_path, fresh
     for temperature in (0.0, 1.0):
         drafted, events = proposals(p, q, temperature)
         assert drafted and not set(favourite) & set(drafted), (favourite, drafted)
-    ar = list(autoregressive_decode(p, [1, 7, 9, 11], SpecConfig(4, 24, 3, SamplingConfig(0.0))))
+    ar = list(
+        autoregressive_decode(
+            p,
+            [1, 7, 9, 11],
+            RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=24, seed=3, temperature=0.0).spec,
+        )
+    )
     assert proposals(p, q, 0.0)[1][-1].token_ids == ar[-1].token_ids  # greedy output is still the target's
 
 
@@ -460,7 +476,6 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair
     import warnings
 
     from specviz.backends.local import cache_kwargs
-    from specviz.config import SpecConfig
     from specviz.engine.loop import speculative_decode
 
     p, q = loaded_pair
@@ -477,7 +492,11 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair
     assert list(cache_kwargs(p.model, None)) == ["cache" if "cache" in takes else "past_key_values"]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*past_key_values.*")
-        events = list(speculative_decode(p, q, [1, 7, 9, 11], SpecConfig(3, 12, 0)))
+        events = list(
+            speculative_decode(
+                p, q, [1, 7, 9, 11], RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=12, seed=0).spec
+            )
+        )
     done = events[-1]
     assert len(done.token_ids) == 12 or done.finish_reason == "eos"
     assert done.stats["drafted"] > 0  # the draft's cache was used too

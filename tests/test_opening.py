@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-from specviz import SamplingConfig, SpecConfig, generate, load_pair
+from specviz import generate, load_pair
 from specviz.api import encode_prompt
 from specviz.backends.local import _OPENINGS, CachedModel, _forward_key, forget_openings, keep_opening, template_opening
 from specviz.engine.loop import eos_ids, speculative_decode
+from specviz.request import RunRequest
 
 
 def fresh_prefill(lm, ids: list[int], monkeypatch, hidden: bool = False):
@@ -98,7 +99,14 @@ def test_sampled_output_over_a_kept_opening_follows_the_target(small_vocab_pair,
     N = 3000
     counts = torch.zeros(V * V + V)
     for seed in range(N):
-        t = list(speculative_decode(p, q, ids, SpecConfig(1, 2, seed, SamplingConfig(1.0))))[-1].token_ids
+        t = list(
+            speculative_decode(
+                p,
+                q,
+                ids,
+                RunRequest(drafter="model", gamma=1, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec,
+            )
+        )[-1].token_ids
         counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
     assert _OPENINGS[_forward_key(p)].ids == ids[:2] and _OPENINGS[_forward_key(q)].ids == ids[:2]
     keep = law * N >= 5

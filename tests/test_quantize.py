@@ -14,12 +14,13 @@ import pytest
 import torch
 from conftest import PREFILLS, feed_in_calls, long_prefill, save_pair
 
-from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, load_model, load_pair
+from specviz import SpecvizError, generate, load_model, load_pair
 from specviz.backends.local import CachedModel
 from specviz.engine.loop import speculative_decode
 from specviz.models.loaded import CACHE, backend
 from specviz.native import forward as lean
 from specviz.native import library as native
+from specviz.request import RunRequest
 
 bnb = pytest.importorskip("bitsandbytes")  # requirements.txt installs it; a bare environment skips, not fails
 
@@ -105,7 +106,7 @@ def test_sampled_speculative_follows_the_quantised_target(wide_small_vocab, quan
         q_law = torch.softmax(q.model(torch.tensor([ids])).logits[0, -1].float(), -1)
     counts = torch.zeros(V)
     for seed in range(N):
-        cfg = SpecConfig(gamma=1, max_new_tokens=1, seed=seed, sampling=SamplingConfig(1.0), drafter="model")
+        cfg = RunRequest(drafter="model", gamma=1, tree="off", max_new_tokens=1, seed=seed, temperature=1.0).spec
         counts[list(speculative_decode(p, q, ids, cfg))[-1].token_ids[0]] += 1
     keep = law * N >= 5
     chi2 = float((((counts[keep] - N * law[keep]) ** 2) / (N * law[keep])).sum())

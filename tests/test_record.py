@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specviz import SamplingConfig, SpecConfig, load_recording, record_run
+from specviz import SamplingConfig, load_recording, record_run
 from specviz.__main__ import main
 from specviz.engine.loop import autoregressive_decode, race, speculative_decode
 from specviz.events import Done, Round, Start, Step
@@ -20,6 +20,7 @@ from specviz.recording.record import (
     timeline,
     to_json,
 )
+from specviz.request import RunRequest
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -29,7 +30,7 @@ def raced(loaded_pair):
     """A greedy race on the tiny pair: (the merged (side, event) stream, its recording)."""
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat on the mat")["input_ids"]
-    cfg = SpecConfig(gamma=4, max_new_tokens=40)
+    cfg = RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=40).spec
     merged = list(race(autoregressive_decode(p, ids, cfg), speculative_decode(p, q, ids, cfg)))
     lanes = {side: [e for s, e in merged if s == side] for side in ("ar", "spec")}
     rec = make("race", {"prompt": "the cat sat on the mat", "gamma": 4}, lanes, p.tokenizer, environment(p, q))

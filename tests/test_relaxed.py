@@ -1,14 +1,16 @@
 """The lossy switch: relaxed verification against w·p + (1 − w)·q. At w = 1 it is exact speculative sampling;
 below 1 guesses are kept more often and the output provably stops following p (a chi-square test says so)."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from specviz import SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz import SamplingConfig, SpecvizError, generate, load_pair
 from specviz.engine.loop import speculative_decode
 from specviz.recording.record import to_json
+from specviz.request import RunRequest
 from specviz.sampling import relaxed
 from specviz.teach.compute import first_tokens, position_probs, sample_check, speculative_draws, total_variation
 
@@ -45,7 +47,7 @@ def test_relaxed_mix_is_p_at_one_and_q_at_zero():
 @pytest.mark.parametrize("w", [-0.1, 1.5, float("nan"), "half"])
 def test_relaxed_w_outside_0_1_is_one_sentence(w):
     with pytest.raises(SpecvizError, match="relaxed_w"):
-        SpecConfig(relaxed_w=w)
+        RunRequest(drafter="model", gamma=3, tree="off", relaxed_w=w, allow_lossy=True)
 
 
 def test_the_api_refuses_lossy_verification_unless_asked():
@@ -57,9 +59,51 @@ def test_engine_at_w_one_is_exact_verification(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat")["input_ids"]
     s = SamplingConfig(1.0)
-    exact = [to_json(e) for e in speculative_decode(p, q, ids, SpecConfig(3, 24, 4, s))]
-    at_one = [to_json(e) for e in speculative_decode(p, q, ids, SpecConfig(3, 24, 4, s, relaxed_w=1.0))]
-    lossy = [to_json(e) for e in speculative_decode(p, q, ids, SpecConfig(3, 24, 4, s, relaxed_w=0.2))]
+    exact = [
+        to_json(e)
+        for e in speculative_decode(
+            p,
+            q,
+            ids,
+            RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=24, seed=4, **dataclasses.asdict(s)).spec,
+        )
+    ]
+    at_one = [
+        to_json(e)
+        for e in speculative_decode(
+            p,
+            q,
+            ids,
+            RunRequest(
+                drafter="model",
+                gamma=3,
+                tree="off",
+                max_new_tokens=24,
+                seed=4,
+                relaxed_w=1.0,
+                allow_lossy=True,
+                **dataclasses.asdict(s),
+            ).spec,
+        )
+    ]
+    lossy = [
+        to_json(e)
+        for e in speculative_decode(
+            p,
+            q,
+            ids,
+            RunRequest(
+                drafter="model",
+                gamma=3,
+                tree="off",
+                max_new_tokens=24,
+                seed=4,
+                relaxed_w=0.2,
+                allow_lossy=True,
+                **dataclasses.asdict(s),
+            ).spec,
+        )
+    ]
     assert untimed(at_one) == untimed(exact)
     assert untimed(lossy) != untimed(exact)
 
@@ -81,7 +125,19 @@ def test_below_one_the_output_fails_the_chi_square_test_against_p(pq):
     assert chi_square_z(lossy, relaxed(p1, q1, 0.3)) < 4.0  # it follows the mix it was verified against
     # the vectorised draws are the engine's rule: real engine runs give the replayed tokens, seed by seed
     seeds = range(12)
-    cfg = lambda k: SpecConfig(1, 1, k, SamplingConfig(1.0), relaxed_w=0.3)  # noqa: E731
+
+    def cfg(k):
+        return RunRequest(
+            drafter="model",
+            gamma=1,
+            tree="off",
+            max_new_tokens=1,
+            seed=k,
+            relaxed_w=0.3,
+            allow_lossy=True,
+            temperature=1.0,
+        ).spec
+
     engine = [list(speculative_decode(p, q, ids, cfg(k)))[-1].token_ids[0] for k in seeds]
     assert first_tokens(p1, q1, seeds, relaxed_w=0.3) == engine
 

@@ -100,11 +100,12 @@ def test_greedy_is_the_argmax_of_the_cleaned_scores_whatever_nan_or_inf_they_hol
         greedy(torch.tensor([[1.0, 2.0], [nan, -inf]]))
 
 
-def test_greedys_native_argmax_gives_the_cleaned_argmax_on_long_rows_with_ties_nan_and_inf(monkeypatch):
-    """float32 scores go through native.first_max (csrc/greedy.c, 32 scores a block): at every row length around
-    its blocks, with ties, NaN and +-inf anywhere, in a view whose rows are strided, the answer is the cleaned
-    argmax's, and a row with nothing above -inf is refused as PyTorch's way refuses it."""
-    from specviz import sampling
+def test_greedys_native_argmax_gives_the_cleaned_argmax_on_long_rows_with_ties_nan_and_inf():
+    """A run's fast greedy (backends.local.fast_greedy: float32 scores through native.first_max, csrc/greedy.c, 32
+    scores a block): at every row length around its blocks, with ties, NaN and +-inf anywhere, in a view whose rows
+    are strided, the answer is the cleaned argmax's, as sampling.greedy's (the definition, in PyTorch), and a row
+    with nothing above -inf is refused as PyTorch's way refuses it."""
+    from specviz.backends.local import fast_greedy
     from specviz.native import library as native
 
     if native.library() is None:
@@ -119,11 +120,11 @@ def test_greedys_native_argmax_gives_the_cleaned_argmax_on_long_rows_with_ties_n
         assert native.first_max(x) is not None  # the native way ran
         assert native.first_max(x)[0] == -1
         for rows in (x[1:2], x[2:3], x[3:], x[1:]):  # a short row may hold nothing above -inf too: both refuse it
-            assert _argmax_or_refusal(greedy, rows) == _argmax_or_refusal(lambda r: clean_logits(r).argmax(-1), rows)
+            cleaned = _argmax_or_refusal(lambda r: clean_logits(r).argmax(-1), rows)
+            assert _argmax_or_refusal(fast_greedy, rows) == cleaned
+            assert _argmax_or_refusal(greedy, rows) == cleaned  # PyTorch's way: the same answers
         with pytest.raises(SpecvizError, match="NaN or infinite"):
-            greedy(x)
-    monkeypatch.setattr(sampling, "FAST_GREEDY", False)  # PyTorch's way: the same answers
-    assert _argmax_or_refusal(greedy, x[1:]) == _argmax_or_refusal(lambda r: clean_logits(r).argmax(-1), x[1:])
+            fast_greedy(x)
 
 
 def test_native_probs_at_reads_softmax_entries_as_to_probs_does_with_nan_and_inf():

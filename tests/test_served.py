@@ -16,10 +16,11 @@ from server_process import free_port
 import specviz
 from specviz.backends.served import connect as served
 from specviz.backends.served import run as served_run
-from specviz.config import SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import SpecvizError
 from specviz.engine.loop import autoregressive_decode, eos_ids, speculative_decode
 from specviz.events import Round, Start
 from specviz.limits import Limits
+from specviz.request import RunRequest
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_sampled_at_t1_through_the_server_follows_the_target(small_vocab_pair, m
         counts = torch.zeros(V * V + V)
         resampled = 0
         for seed in range(N):
-            cfg = SpecConfig(gamma=1, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+            cfg = RunRequest(drafter="model", gamma=1, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec
             events = list(speculative_decode(p, q, ids, cfg))
             assert events[0].verify == "served exact" and events[-1].stats["verify"] == "exact"
             resampled += sum(ev.kind == "resampled" for ev in events if isinstance(ev, Round))
@@ -126,7 +127,7 @@ def test_plain_lane_at_t1_is_the_engine_s_own_sample(small_vocab_pair):
         N = 800
         counts = torch.zeros(V * V + V)
         for seed in range(N):
-            cfg = SpecConfig(max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+            cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec
             t = list(autoregressive_decode(p, ids, cfg))[-1].token_ids
             counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
         keep = law * N >= 5
@@ -372,3 +373,31 @@ def test_the_bench_has_a_served_target_row(server, tiny_pair):
     assert (table["speedup_vs_ar"] > 0).all()
     text = format_table(table)
     assert "served verify" in text and "spec in requests" in text
+
+
+def test_both_kinds_of_run_offer_what_the_engine_calls_and_say_what_they_cannot(server, tiny_pair):
+    """backends.TargetRun is the engine's one seam: a run here and a served run each have every call it names; the
+    served one decides with its own numbers, has no tree-masked verify and says so in one sentence, and the two
+    kinds' Limits are what the run setup refuses by."""
+    from specviz.backends import DecidingRun, TargetRun, limits_of, open_run
+    from specviz.models.loaded import load_model
+
+    p = load_model(tiny_pair[0], device="cpu")
+    t = served.connect(server.url, tiny_pair[0])
+    members = [n for n in vars(TargetRun) if not n.startswith("_")] + list(TargetRun.__annotations__)
+    here, there = open_run(p, p.vocab_size), open_run(t, t.vocab_size)
+    for run in (here, there):
+        missing = [n for n in members if not hasattr(run, n)]
+        assert missing == [] and isinstance(run, TargetRun)
+    assert isinstance(there, DecidingRun) and not isinstance(here, DecidingRun)  # verify / next_token: the server's
+    assert (here.decides, here.supports_trees) == (False, True)
+    assert (there.decides, there.supports_trees) == (True, False)
+    with pytest.raises(SpecvizError, match="tree-masked verify"):
+        there.feed_tree(torch.tensor([1, 2]), [-1, 0])
+    assert limits_of(p).tree_verify and limits_of(p).runs_here and limits_of(p).hidden_states
+    assert not (limits_of(t).tree_verify or limits_of(t).runs_here or limits_of(t).hidden_states)
+    with pytest.raises(SpecvizError, match="a served target does not send"):
+        specviz.generate("hi", target=server.url, draft=tiny_pair[1], drafter="head", device="cpu")
+    logits = torch.randn(3, p.vocab_size)
+    assert here.argmax(logits).tolist() == there.argmax(logits).tolist() == logits.argmax(-1).tolist()
+    assert here.probs_at(logits, [0, 2], [5, 7]) == pytest.approx(there.probs_at(logits, [0, 2], [5, 7]), rel=2e-5)

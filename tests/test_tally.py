@@ -11,13 +11,14 @@ import re
 
 import pandas as pd
 import pytest
+from conftest import engine_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specviz.bench import measure as bench
 from specviz.bench.inputs import Config
 from specviz.bench.summary import summarise_runs
-from specviz.config import SamplingConfig, SpecConfig
+from specviz.config import SamplingConfig
 from specviz.engine.loop import autoregressive_decode, race, speculative_decode
 from specviz.engine.tally import Tally
 from specviz.events import Done, Round, Start, Step, TreeRound
@@ -369,9 +370,13 @@ def test_the_engine_s_done_stats_are_the_fold_of_its_own_events(loaded_pair, opt
     p, q = loaded_pair
     prompt = p.tokenizer("the cat sat on the mat, the cat sat")["input_ids"]
     for tokens in (7, 23):
-        cfg = SpecConfig(max_new_tokens=tokens, **options)
+        cfg = engine_config(max_new_tokens=tokens, **options)
         spec = list(speculative_decode(p, q, prompt, cfg))
-        ar = list(autoregressive_decode(p, prompt, SpecConfig(max_new_tokens=tokens)))
+        ar = list(
+            autoregressive_decode(
+                p, prompt, RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=tokens).spec
+            )
+        )
         for events in (spec, ar):
             stats, t, ref = events[-1].stats, Tally.of(events), reference(events)
             assert {k: v for k, v in stats.items() if k != "mode"} == t.stats()

@@ -1,5 +1,6 @@
 """The teaching computations: stepping equals the engine, the exactness math is the engine's, timings are sane."""
 
+import dataclasses
 import json
 
 import pytest
@@ -7,8 +8,9 @@ import torch
 from conftest import make_model
 from transformers import PreTrainedTokenizerFast
 
-from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz import Round, SamplingConfig, SpecvizError, generate, load_pair
 from specviz.engine.loop import speculative_decode
+from specviz.request import RunRequest
 from specviz.teach.compute import (
     Stepper,
     StepSettings,
@@ -113,7 +115,23 @@ def test_replayed_first_tokens_are_the_engines_bit_for_bit(loaded_pair):
     s = SamplingConfig(1.0)
     p1, q1 = position_probs(p, q, ids, s)
     seeds = range(40)
-    engine = [next(iter(_done(speculative_decode(p, q, ids, SpecConfig(1, 1, k, s))).token_ids)) for k in seeds]
+    engine = [
+        next(
+            iter(
+                _done(
+                    speculative_decode(
+                        p,
+                        q,
+                        ids,
+                        RunRequest(
+                            drafter="model", gamma=1, tree="off", max_new_tokens=1, seed=k, **dataclasses.asdict(s)
+                        ).spec,
+                    )
+                ).token_ids
+            )
+        )
+        for k in seeds
+    ]
     assert first_tokens(p1, q1, seeds) == engine
     assert len(set(engine)) > 1  # the seeds really gave different tokens
 

@@ -8,11 +8,12 @@ import pytest
 import torch
 from cross_pair import cross_pair, phi3_draft, save, train_lm, useless_tokenizer
 
-from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, check_pair, generate, load_pair, stream
+from specviz import Round, SpecvizError, check_pair, generate, load_pair, stream
 from specviz.api import encode_prompt
 from specviz.drafters.model import TranslatingDrafter
 from specviz.engine.loop import eos_ids, speculative_decode
 from specviz.models.translate import shared_vocabulary, space_marker, translator
+from specviz.request import RunRequest
 from specviz.view.render import Pieces, round_html
 
 PROMPTS = [
@@ -132,7 +133,7 @@ def test_sampled_output_follows_the_target_at_temperature_one(any_pair, method):
     first, second = torch.zeros(V), torch.zeros(V + 1)
     accepted = 0
     for seed in range(N):
-        cfg = SpecConfig(gamma=2, max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0), drafter="model")
+        cfg = RunRequest(drafter="model", gamma=2, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec
         drafter = TranslatingDrafter(q, p, method=method)
         evs = list(speculative_decode(p, q, ids, cfg, drafter=drafter))
         assert evs[0].translation.startswith(method)  # the run says which way it sampled
@@ -148,7 +149,14 @@ def test_the_draft_s_end_of_turn_becomes_the_target_s(pair):
     p, q = pair
     ends = 0
     for prompt in PROMPTS:
-        sp = list(speculative_decode(p, q, encode_prompt(p, prompt), SpecConfig(gamma=4, max_new_tokens=120)))
+        sp = list(
+            speculative_decode(
+                p,
+                q,
+                encode_prompt(p, prompt),
+                RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=120).spec,
+            )
+        )
         rounds = [ev for ev in sp if isinstance(ev, Round)]
         ends += sum(p.tokenizer.eos_token_id in r.drafted for r in rounds)
         assert all(t < p.vocab_size for r in rounds for t in r.drafted)  # never one of the draft's own ids
@@ -157,7 +165,9 @@ def test_the_draft_s_end_of_turn_becomes_the_target_s(pair):
 
 def test_hover_shows_the_draft_s_own_tokens(pair):
     p, q = pair
-    evs = speculative_decode(p, q, encode_prompt(p, "the red fox"), SpecConfig(gamma=4, max_new_tokens=24))
+    evs = speculative_decode(
+        p, q, encode_prompt(p, "the red fox"), RunRequest(drafter="model", gamma=4, tree="off", max_new_tokens=24).spec
+    )
     rounds = [ev for ev in evs if isinstance(ev, Round) and ev.drafted]
     assert rounds and all(len(r.origins) == len(r.drafted) for r in rounds)
     assert any("▁" in o for r in rounds for o in r.origins)  # the draft's own ▁ tokens, not the target's Ġ ones

@@ -7,13 +7,15 @@ import re
 
 import pytest
 import torch
+from conftest import engine_config
 from two_tokens import chi2_z, exact_two_token_law
 
-from specviz import Round, SamplingConfig, SpecConfig, SpecvizError, generate, load_pair
+from specviz import Round, SamplingConfig, SpecvizError, generate, load_pair
 from specviz.backends.local import CachedModel
 from specviz.drafters.model import DraftContext, ModelDrafter
 from specviz.drafters.policies import GammaPolicy, TreePolicy
 from specviz.engine.loop import speculative_decode
+from specviz.request import RunRequest
 from specviz.sampling import verify_tree_greedy, verify_tree_sampled
 
 PROMPTS = ["hello world", "the cat sat on the mat", "abc", "q", "what is 2+2?", "once upon a time", "x = (1, 2)"]
@@ -158,7 +160,7 @@ def test_greedy_tree_decoding_equals_plain_decoding_token_for_token(loaded_pair,
             for pr in PROMPTS:
                 events = list(
                     speculative_decode(
-                        p, q, _ids(p, pr), SpecConfig(gamma=gamma, tree=tree, drafter=drafter, max_new_tokens=40)
+                        p, q, _ids(p, pr), RunRequest(drafter=drafter, gamma=gamma, tree=tree, max_new_tokens=40).spec
                     )
                 )
                 assert events[-1].token_ids == plain[pr], (tree, gamma, pr)
@@ -187,14 +189,9 @@ def test_sampled_tree_decoding_follows_the_target_over_two_tokens(small_vocab_pa
     counts = torch.zeros(V * V + V)
     shapes = set()
     for seed in range(n):
-        cfg = SpecConfig(
-            gamma=2,
-            tree=children * (children + 1),
-            drafter="model",
-            max_new_tokens=2,
-            seed=seed,
-            sampling=SamplingConfig(1.0),
-        )
+        cfg = RunRequest(
+            drafter="model", gamma=2, tree=children * (children + 1), max_new_tokens=2, seed=seed, temperature=1.0
+        ).spec
         events = list(speculative_decode(p, q, ids, cfg))
         first = next(e for e in events if isinstance(e, Round))
         if first.tree is not None:
@@ -241,7 +238,7 @@ def test_greedy_lookup_trees_equal_plain_decoding(loaded_pair, drafter):
                     p,
                     q,
                     p.tokenizer(pr)["input_ids"],
-                    SpecConfig(gamma=4, tree=tree, drafter=drafter, max_new_tokens=40),
+                    RunRequest(drafter=drafter, gamma=4, tree=tree, max_new_tokens=40).spec,
                 )
             )
             assert events[-1].token_ids == plain, (pr, tree)
@@ -257,7 +254,7 @@ def test_sampled_lookup_trees_follow_the_target(small_vocab_pair):
     counts = torch.zeros(V * V + V)
     trees = 0
     for seed in range(n):
-        cfg = SpecConfig(gamma=2, tree=4, drafter="lookup", max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0))
+        cfg = RunRequest(drafter="lookup", gamma=2, tree=4, max_new_tokens=2, seed=seed, temperature=1.0).spec
         events = list(speculative_decode(p, q, ids, cfg))
         trees += any(isinstance(e, Round) and e.tree is not None for e in events)
         t = events[-1].token_ids
@@ -312,9 +309,11 @@ def test_auto_prices_a_tree_node_by_the_drafts_own_timed_read(loaded_pair):
     assert read_s > 0 and again == [read_s] and spent == 0.0  # measured once per loaded model and kind of read
     (sampled_s,), spent = tree_read_calibration(q, ids, p.vocab_size)  # at T > 0 (or with detail): torch's read
     assert sampled_s > 0 and spent > 0.0
-    _, _, tree, _ = make_run(p, q, ids, SpecConfig(gamma_policy="auto", tree="auto", drafter="model"), None)
+    _, _, tree, _ = make_run(
+        p, q, ids, RunRequest(drafter="model", gamma=3, tree="auto", gamma_policy="auto").spec, None
+    )
     assert tree.read_s == read_s and tree.fixed is None
-    _, _, fixed, _ = make_run(p, q, ids, SpecConfig(tree=4, drafter="model"), None)
+    _, _, fixed, _ = make_run(p, q, ids, RunRequest(drafter="model", gamma=3, tree=4).spec, None)
     assert fixed.fixed == 4
 
 
@@ -337,7 +336,7 @@ def test_greedy_runs_that_switch_between_trees_and_chains_equal_plain_decoding(l
     for pr in PROMPTS:
         plain = generate(pr, target=p, mode="ar", max_new_tokens=40).token_ids
         for gamma in (2, 4):
-            cfg = SpecConfig(gamma=gamma, gamma_policy="auto", tree="auto", drafter="model", max_new_tokens=40)
+            cfg = RunRequest(drafter="model", gamma=gamma, tree="auto", gamma_policy="auto", max_new_tokens=40).spec
             events = list(speculative_decode(p, q, _ids(p, pr), cfg))
             assert events[-1].token_ids == plain, (pr, gamma)
             shapes.update(e.tree is not None for e in events if isinstance(e, Round))
@@ -353,15 +352,13 @@ def test_auto_runs_chains_at_a_temperature_above_zero_and_they_follow_the_target
     V = p.vocab_size
     counts = torch.zeros(V * V + V)
     for seed in range(n):
-        cfg = SpecConfig(
-            gamma=2, tree="auto", drafter="model", max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0)
-        )
+        cfg = RunRequest(drafter="model", gamma=2, tree="auto", max_new_tokens=2, seed=seed, temperature=1.0).spec
         events = list(speculative_decode(p, q, ids, cfg))
         assert events[0].tree == "" and not any(isinstance(e, Round) and e.tree for e in events)
         t = events[-1].token_ids
         counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
     assert chi2_z(counts, exact_two_token_law(p, ids), n) < 4.0
-    greedy = SpecConfig(gamma=2, tree="auto", drafter="model", max_new_tokens=8)
+    greedy = RunRequest(drafter="model", gamma=2, tree="auto", max_new_tokens=8).spec
     assert next(iter(speculative_decode(p, q, ids, greedy))).tree == "auto"  # at T = 0 it is made
 
 
@@ -413,7 +410,7 @@ def test_tree_rounds_leave_the_chains_estimates_as_the_chains_own_rounds_would(l
 
     monkeypatch.setattr(engine, "chain_outcome", spy)
     for pr in PROMPTS[:4]:
-        cfg = SpecConfig(gamma=4, gamma_policy="auto", tree=8, drafter="model", max_new_tokens=30)
+        cfg = RunRequest(drafter="model", gamma=4, tree=8, gamma_policy="auto", max_new_tokens=30).spec
         walked += [
             len(e.tree.path) for e in speculative_decode(p, q, _ids(p, pr), cfg) if isinstance(e, Round) and e.tree
         ]
@@ -456,7 +453,7 @@ def test_lookup_is_weighed_against_the_tree_the_model_would_grow():
     "value, want", [("off", "off"), (0, "off"), (None, "off"), ("auto", "auto"), (7, 7), ("12", 12)]
 )
 def test_the_tree_setting(value, want):
-    assert SpecConfig(tree=value).tree == want
+    assert RunRequest(drafter="model", gamma=3, tree=value).spec.tree == want
 
 
 @pytest.mark.parametrize(
@@ -472,12 +469,12 @@ def test_the_tree_setting(value, want):
 )
 def test_a_bad_tree_setting_gets_one_sentence(kw, says):
     with pytest.raises(SpecvizError, match=says):
-        SpecConfig(**kw)
+        engine_config(**kw)
 
 
 def test_a_tree_round_says_what_the_walk_did(loaded_pair):
     p, q = loaded_pair
-    cfg = SpecConfig(gamma=3, tree=8, drafter="model", max_new_tokens=30, detail=4)
+    cfg = RunRequest(drafter="model", gamma=3, tree=8, max_new_tokens=30, detail=4).spec
     events = list(speculative_decode(p, q, _ids(p, "once upon a time"), cfg))
     assert events[0].tree == "8"
     rounds = [e for e in events if isinstance(e, Round) and e.tree is not None]
@@ -507,12 +504,12 @@ def test_a_greedy_tree_round_shows_the_same_p_and_q_whether_or_not_q_rows_were_b
     p, q = loaded_pair
     rounds, parents_only = {}, engine._p_at_parents
 
-    def every_row(p_probs, p_logits, parents, x):  # the reference: p at T = 1 on every row, then read
+    def every_row(p_run, p_probs, p_logits, parents, x):  # the reference: p at T = 1 on every row, then read
         return to_probs(p_logits, SamplingConfig(1.0))[[par + 1 for par in parents], x].tolist()
 
     for detail in (0, 4):
         monkeypatch.setattr(engine, "_p_at_parents", parents_only if detail == 0 else every_row)
-        cfg = SpecConfig(gamma=3, tree=6, drafter="model", max_new_tokens=30, detail=detail)
+        cfg = RunRequest(drafter="model", gamma=3, tree=6, max_new_tokens=30, detail=detail).spec
         events = list(speculative_decode(p, q, _ids(p, "once upon a time"), cfg))
         rounds[detail] = [e for e in events if isinstance(e, Round)]
     assert [r.tokens for r in rounds[0]] == [r.tokens for r in rounds[4]]
@@ -531,7 +528,7 @@ def test_a_greedy_tree_rounds_p_for_the_page_is_read_after_its_clock_stops(loade
     from specviz.engine import loop as engine
 
     p, q = loaded_pair
-    cfg = SpecConfig(gamma=3, tree=6, drafter="model", max_new_tokens=24)
+    cfg = RunRequest(drafter="model", gamma=3, tree=6, max_new_tokens=24).spec
     real_read, now = engine._p_at_parents, [0.0]
     monkeypatch.setattr(engine.time, "perf_counter", lambda: now[0])
 
@@ -585,7 +582,7 @@ def test_a_float16_draft_grows_trees_through_its_own_mask_dtype(tiny_pair, monke
     for pr in PROMPTS[:4]:
         plain = generate(pr, target=p, mode="ar", max_new_tokens=32).token_ids
         events = list(
-            speculative_decode(p, q, _ids(p, pr), SpecConfig(gamma=3, tree=8, drafter="model", max_new_tokens=32))
+            speculative_decode(p, q, _ids(p, pr), RunRequest(drafter="model", gamma=3, tree=8, max_new_tokens=32).spec)
         )
         assert events[-1].token_ids == plain
         trees += sum(isinstance(e, Round) and e.tree is not None and max(e.tree.depths) > 1 for e in events)
@@ -726,9 +723,7 @@ def test_the_step_throughs_leftover_where_the_walk_stopped_is_what_the_correctio
     p, q = load_pair(*small_vocab_pair, device="cpu")
     V, seen, naive_wrong = p.vocab_size, 0, 0
     for seed in range(60):
-        cfg = SpecConfig(
-            gamma=2, tree=6, drafter="model", max_new_tokens=6, seed=seed, detail=V, sampling=SamplingConfig(1.0)
-        )
+        cfg = RunRequest(drafter="model", gamma=2, tree=6, max_new_tokens=6, seed=seed, detail=V, temperature=1.0).spec
         for rd in speculative_decode(p, q, [1, 5, 6], cfg):
             if not isinstance(rd, Round) or rd.tree is None or rd.kind != "resampled":
                 continue

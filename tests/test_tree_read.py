@@ -12,7 +12,7 @@ from conftest import blocking_pair
 from test_chain import BLOCKED, FORWARDS, PROMPTS  # the chain's tiny pair with a cut output layer, and its forwards
 from two_tokens import chi2_z, exact_two_token_law, two_token_counts
 
-from specviz import Round, SpecConfig, generate
+from specviz import Round, generate
 from specviz.api import encode_prompt
 from specviz.backends import local as runtime
 from specviz.backends.local import CachedModel
@@ -20,6 +20,7 @@ from specviz.config import SamplingConfig
 from specviz.drafters.model import TREE_CHILDREN
 from specviz.engine.loop import speculative_decode
 from specviz.native import chain as lean_chain
+from specviz.request import RunRequest
 from specviz.sampling import to_probs
 
 
@@ -119,7 +120,7 @@ def test_greedy_trees_with_native_reads_equal_plain_and_grow_the_torch_reads_tre
         for prompt in PROMPTS:
             ids = encode_prompt(p, prompt)
             ar = generate(prompt, target=p, draft=q, mode="ar", max_new_tokens=32)
-            cfg = SpecConfig(gamma=4, tree=tree, drafter=drafter, max_new_tokens=32)
+            cfg = RunRequest(drafter=drafter, gamma=4, tree=tree, max_new_tokens=32).spec
             reads.clear()
             native = list(speculative_decode(p, q, ids, cfg))
             assert native[-1].token_ids == ar.token_ids, (tree, drafter, prompt)
@@ -148,7 +149,7 @@ def test_reads_stay_in_torch_at_t_above_0_with_detail_and_without_a_cut_output_l
     p, q = pair_with("llama.c", pair=blocking_pair(tiny_pair, tmp_path / "b", BLOCKED))
     ids = encode_prompt(p, "hello world")
     reads.clear()
-    detailed = list(speculative_decode(p, q, ids, SpecConfig(gamma=3, tree=4, drafter="model", detail=3)))
+    detailed = list(speculative_decode(p, q, ids, RunRequest(drafter="model", gamma=3, tree=4, detail=3).spec))
     assert reads == [] and any(isinstance(e, Round) and e.tree is not None for e in detailed)
     plain = generate("hello world", target=p, mode="ar", max_new_tokens=64).token_ids
     assert detailed[-1].token_ids == plain  # the detailed run reads in torch and keeps the target's output

@@ -15,6 +15,7 @@ from specviz.backends.served import connect as served
 from specviz.bench.inputs import load_prompts
 from specviz.config import SpecvizError
 from specviz.events import Round, Start
+from specviz.request import RunRequest
 
 pytestmark = [pytest.mark.real, pytest.mark.vllm]
 
@@ -99,7 +100,6 @@ def test_sampled_output_through_vllm_follows_the_target_at_temperature_one(vllm_
     2 0.62 s, on a 2-core Zen 1; this test 923 s), and more requests a draw also run the loop that asks again."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specviz import SamplingConfig, SpecConfig
     from specviz.backends.local import CachedModel
     from specviz.backends.served import run as served_run
     from specviz.engine.loop import speculative_decode
@@ -114,7 +114,7 @@ def test_sampled_output_through_vllm_follows_the_target_at_temperature_one(vllm_
         q_law = torch.softmax(CachedModel(q, p.vocab_size).feed(torch.tensor(ids), last_only=True)[-1].double(), -1)
 
     def first_token(seed: int) -> int:
-        cfg = SpecConfig(gamma=1, max_new_tokens=1, seed=seed, sampling=SamplingConfig(1.0), drafter="model")
+        cfg = RunRequest(drafter="model", gamma=1, tree="off", max_new_tokens=1, seed=seed, temperature=1.0).spec
         return list(speculative_decode(p, q, ids, cfg))[-1].token_ids[0]
 
     n_draws = 600

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 import torch
+from conftest import engine_config
 
 from specviz.backends.served.target import eos_ids
-from specviz.config import SamplingConfig, SpecConfig
 from specviz.engine.loop import speculative_decode
 from specviz.events import Round
 
@@ -35,7 +35,7 @@ def two_token_counts(p, q, ids, n_runs: int, **cfg_kw):
     counts = torch.zeros(V * V + V)
     sources = set()
     for seed in range(n_runs):
-        cfg = SpecConfig(max_new_tokens=2, seed=seed, sampling=SamplingConfig(1.0), **cfg_kw)
+        cfg = engine_config(max_new_tokens=2, seed=seed, temperature=1.0, **cfg_kw)
         events = list(speculative_decode(p, q, ids, cfg))
         sources.update(s for e in events if isinstance(e, Round) for s in e.sources)
         t = events[-1].token_ids

@@ -1,6 +1,6 @@
 """The engine's runtime: `CachedModel`, one loaded model with its own KV cache, through which every model call
 of the engine, the drafters, the step-through, the pair check and the cost measurements goes; plain feeds, tree
-feeds (`feed_tree` / `keep_path`), rollback, and the lean forward (lean.py) where the model has one.
+feeds (`feed_tree` / `keep_path`), rollback, over the native forward or transformers' (forwards.py, chosen once per run).
 `cache_kwargs` hands transformers a model's cache under the keyword its version takes. p is the target, q the draft.
 
 The chat template's opening (the tokens every chat prompt of a model starts with: SmolLM2's system turn, 24 of a
@@ -10,9 +10,6 @@ prefill that starts with it copies its cache rows instead of computing them agai
 
 from __future__ import annotations
 
-import copy
-import functools
-import inspect
 import os
 import time
 import weakref
@@ -22,20 +19,23 @@ import numpy as np
 import torch
 
 from specviz import sampling
+from specviz.backends.forwards import cache_kwargs, forward_of  # noqa: F401 (cache_kwargs: importable from here)
+from specviz.config import SamplingConfig, SpecvizError
 from specviz.models.loaded import LoadedModel, chat_ids
 from specviz.native import chain as lean_chain
+from specviz.native import library as native
 
 
-def cache_kwargs(model: torch.nn.Module, cache) -> dict:
-    """The keyword that hands a model its KV cache: `cache` from transformers 5.24 on, `past_key_values` before
-    (5.24 still takes the old name but warns that 5.40 drops it). Read from the model's own forward signature."""
-    return {_cache_kwarg(type(model)): cache}
-
-
-@functools.cache
-def _cache_kwarg(cls: type) -> str:
-    params = inspect.signature(cls.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+def fast_greedy(logits: torch.Tensor) -> torch.Tensor:
+    """sampling.greedy's ids (the first index of each row's largest score, NaN never counting), by native.first_max
+    where it runs (float32 scores on the CPU, csrc/greedy.c: no cleaned copy, no second pass), else by
+    sampling.greedy itself; one sentence where a row has no score above -inf."""
+    best = native.first_max(logits)
+    if best is None:
+        return sampling.greedy(logits)
+    if best.numel() and int(best.min()) < 0:
+        raise SpecvizError(sampling.BROKEN)
+    return best
 
 
 class CachedModel:
@@ -43,13 +43,15 @@ class CachedModel:
 
     Every model call of the engine, the drafters, the step-through, the pair check and the cost measurements
     goes through here, so all of them compute the same numbers. `length` is the number of tokens in the cache.
+    A backends.TargetRun whose `decides` is False: it returns all of p and the engine applies the rule.
     """
 
-    def __init__(self, lm: LoadedModel, V: int):
-        from transformers import DynamicCache
+    decides = False
 
+    def __init__(self, lm: LoadedModel, V: int):
         self.lm, self.V = lm, V
-        self.cache = lm.lean.new_cache() if lm.lean is not None else DynamicCache(config=lm.model.config)
+        self.fwd = forward_of(lm)  # the native forward or transformers' (forwards.py), chosen once
+        self.cache = self.fwd.new_cache()
         self.length = 0
         self.calls = 0
         # rows fed as tree nodes (feed_tree): row -> (parent row, position); every other row r continues row r - 1
@@ -62,7 +64,7 @@ class CachedModel:
         if prompt.numel() <= 1:
             return None
         keep_opening(self.lm, self.V)  # every prefill of the process the same way, whoever encodes first
-        kept = _OPENINGS.get(_forward_key(self.lm))
+        kept = _OPENINGS.get(self.fwd.key)
         n = kept.reused_by(prompt) if kept is not None and self.length == 0 else 0
         if n:
             kept.copy_into(self)
@@ -90,27 +92,31 @@ class CachedModel:
             return self._forward(ids, last_only=True, kept_only=True)[0][-1].float(), rows  # (kept,)
         return self.feed(ids, last_only=True)[-1], None
 
+    def kept_ids(self) -> torch.Tensor | None:
+        """The target ids of the output rows this model's forward computes, ascending; None where it computes all."""
+        return lean_chain.kept_ids(self.lm)
+
     def next_greedy(self, ids: torch.Tensor) -> torch.Tensor:
         """Feed ids (L,) and return the argmax next token as a (1,) target id.
 
         The argmax is taken in the model's own (maybe trimmed) vocabulary and mapped, so the V-wide logits are
         never built. Same token as greedy(feed(...)[-1]).
         """
-        lean = self.lm.lean
-        if sampling.FAST_GREEDY and lean is not None and lean.kept is not None and self.lm.vocab_map is not None:
+        kept = self.fwd.kept
+        if kept is not None and self.lm.vocab_map is not None:
             # the rows its output layer computes: every other row would be -inf
             logits = self._forward(ids, last_only=True, kept_only=True)[0][-1]  # (kept,)
-            return self.lm.vocab_map[lean.kept[sampling.greedy(logits)]].view(1)
+            return self.lm.vocab_map[kept[fast_greedy(logits)]].view(1)
         logits = self._forward(ids, last_only=True)[0][-1]  # (Vm,)
         if self.lm.vocab_map is not None:
-            return self.lm.vocab_map[sampling.greedy(logits)].view(1)
-        return sampling.greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
+            return self.lm.vocab_map[fast_greedy(logits)].view(1)
+        return fast_greedy(logits[: self.V]).view(1)  # a padded head: the extra rows never count
 
     def greedy_chain(self, ids: torch.Tensor, k: int, mix: tuple | None = None) -> torch.Tensor | None:
         """`next_greedy` k times, the first fed ids (L,), each later one the token the last chose: the k tokens as
         (k,) target ids, computed in one native call (lean_chain.py) with the same tokens and cache; None where
         that call cannot run (the caller loops next_greedy). mix: lean_chain.greedy_chain's (a mixed first guess)."""
-        if not sampling.FAST_GREEDY or self.tree_rows:
+        if self.tree_rows:
             return None
         return self._chained(ids, k, lean_chain.greedy_chain(self.lm, self.cache, ids, k, mix))
 
@@ -132,7 +138,7 @@ class CachedModel:
         parent None ids (L,) fed as `feed` feeds them (a round's root), else one token continuing cache row `parent`
         as `feed_tree` feeds it; the last token's n likeliest proposals at T = 1 as (probabilities, target ids).
         None: nothing was fed (the caller feeds and reads as before)."""
-        if not sampling.FAST_GREEDY or (parent is not None and (parent < 0 or ids.numel() != 1)):
+        if parent is not None and (parent < 0 or ids.numel() != 1):
             return None
         base, tail = self.length, []
         if parent is None:
@@ -215,62 +221,44 @@ class CachedModel:
         if rows != want:  # gather the path's keys and values into place, in every layer
             idx = torch.tensor(want, dtype=torch.long, device=self.lm.device)
             src = torch.tensor(rows, dtype=torch.long, device=self.lm.device)
-            if self.lm.lean is not None:
-                self.cache.move_rows(src, idx)
-            for layer in [] if self.lm.lean is not None else self.cache.layers:
-                layer.keys[..., idx, :] = layer.keys[..., src, :]
-                layer.values[..., idx, :] = layer.values[..., src, :]
+            self.fwd.move_rows(self.cache, src, idx)
         self.tree_rows = {}
         self.rollback(prefix + len(rows))
 
     @property
     def supports_trees(self) -> bool:
         """Whether `feed_tree` / `keep_path` work on this model's cache (plain full-attention layers only)."""
-        from transformers.cache_utils import DynamicLayer
+        return self.fwd.supports_trees(self.cache)
 
-        if self.lm.lean is not None:
-            return True
-        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """sampling.greedy's ids, the fast way (`fast_greedy`)."""
+        return fast_greedy(logits)
+
+    def probs_at(self, logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+        """sampling.probs_at's numbers, in one native call where it can (native.probs_at: each row's maximum and sum
+        of exponentials, then only the chosen entries')."""
+        known = native.probs_at(logits, rows, cols)
+        return known if known is not None else sampling.probs_at(logits, rows, cols)
+
+    def verify_note(self, s: SamplingConfig, plain: bool = False) -> str:
+        """Nothing to say: p is computed here and the engine's rule decides, exactly, at any temperature."""
+        return ""
+
+    def run_stats(self, s: SamplingConfig, plain: bool = False) -> dict:
+        """Nothing beyond the tally's counts."""
+        return {}
 
     def _forward(
         self, ids: torch.Tensor, last_only: bool, hidden: bool = False, mask=None, position_ids=None, kept_only=False
     ):
         """ids (L,) -> (logits (L or 1, Vm) in the model's own vocabulary, last hidden states or None); kept_only:
-        a lean draft's logits over the rows its output layer computes (LeanLlama.forward)."""
+        a native draft's logits over the rows its output layer computes (LeanLlama.forward)."""
         x = self.lm.rows_of(ids.view(1, -1))  # a trimmed draft: target ids -> its own rows
         if mask is None and self.tree_rows:
             raise RuntimeError("a plain feed after a tree feed: keep_path or rollback first")
-        if self.lm.lean is not None:
-            logits, h = self._lean(x.view(-1), last_only, mask, position_ids, kept_only)
-            return logits, (h if hidden else None)
-        if mask is not None:  # (L, T) with -inf -> transformers' (1, 1, L, T) in the model's dtype, its minimum there
-            dtype = self.lm.model.dtype if self.lm.model.dtype.is_floating_point else torch.float32
-            mask = mask.clamp(min=torch.finfo(dtype).min).to(dtype)[None, None]
-        extra = {} if mask is None else {"attention_mask": mask, "position_ids": position_ids}
-        out = self.lm.model(
-            input_ids=x,
-            **cache_kwargs(self.lm.model, self.cache),
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-            output_hidden_states=hidden,
-            **extra,
-        )
+        logits, h = self.fwd(self.cache, x, last_only, hidden, mask, position_ids, kept_only)
         self.length += x.shape[1]
         self.calls += 1
-        h = out.hidden_states[-1][0] if hidden else None  # (L, H)
-        if self.lm.blocked_rows is not None:  # a draft's catch-all rows: q(x) = 0 there
-            return out.logits[0].index_fill_(-1, self.lm.blocked_rows, -torch.inf), h
-        return out.logits[0], h
-
-    def _lean(self, ids: torch.Tensor, last_only: bool, mask, position_ids, kept_only: bool = False):
-        """The lean forward (lean.py) over this model's cache: (logits (L or 1, Vm), last hidden states (L, H))."""
-        if mask is not None:  # (L, T) float32, -inf where a row is hidden: as the lean forward takes it
-            position_ids = position_ids.view(-1)
-        logits, h = self.lm.lean.forward(self.cache, ids, position_ids, mask, last_only, kept_only)
-        self.length += ids.numel()
-        self.calls += 1
-        if self.lm.blocked_rows is not None and self.lm.lean.kept is None:  # kept: the lean forward did it
-            logits.index_fill_(-1, self.lm.blocked_rows, -torch.inf)
         return logits, h
 
     def rollback(self, keep: int) -> None:
@@ -308,12 +296,7 @@ class _Opening:
 
     def copy_into(self, run: CachedModel) -> None:
         n = len(self.ids)
-        if run.lm.lean is not None:
-            run.cache.reserve(n)
-            run.cache.k[:, :, :n], run.cache.v[:, :, :n] = self.rows
-            run.cache.length = n
-        else:
-            run.cache = copy.deepcopy(self.rows)
+        run.cache = run.fwd.with_opening(run.cache, self.rows, n)
         run.length = n
 
 
@@ -321,8 +304,8 @@ _OPENINGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a model's 
 
 
 def _forward_key(lm: LoadedModel):
-    """What computes a model's rows: its lean forward where it has one (a draft's int8 variant is another one)."""
-    return lm.lean if lm.lean is not None else lm.model
+    """What computes a model's rows: its native forward where it has one (a draft's int8 variant is another one)."""
+    return forward_of(lm).key
 
 
 def opening_kept() -> bool:
@@ -374,9 +357,8 @@ def keep_opening(lm, V: int) -> float:
     rows, hidden = None, None
     if ids:
         run = CachedModel(lm, V)
-        lean = lm.lean is not None  # the lean forward's hidden states come free; transformers' cost extra: on demand
-        _, hidden = run._forward(torch.tensor(ids, device=lm.device), last_only=True, hidden=lean)
-        c, n = run.cache, len(ids)  # the built-in target's 24 rows: 1.1 MB
-        rows = (c.k[:, :, :n].clone(), c.v[:, :, :n].clone()) if lean else c
+        free = run.fwd.hidden_free  # the native forward's hidden states come free; transformers' cost extra: on demand
+        _, hidden = run._forward(torch.tensor(ids, device=lm.device), last_only=True, hidden=free)
+        rows = run.fwd.opening_rows(run.cache, len(ids))
     _OPENINGS[_forward_key(lm)] = _Opening(ids, rows, hidden)
     return time.perf_counter() - t0

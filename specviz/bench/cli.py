@@ -147,6 +147,16 @@ def write_result(folder: str, facts: dict, records: list[dict]) -> Path:
     return path
 
 
+def base_request(args) -> RunRequest:
+    """The options every run of the bench shares, from its arguments: the ones given, RunRequest's for the rest (the
+    grid's configurations then set drafter, gamma, policy and tree)."""
+    given = {
+        k: getattr(args, k, None)
+        for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer", "max_new_tokens", "seed")
+    }
+    return RunRequest.of({k: v for k, v in given.items() if v is not None}, "bench")
+
+
 def main(args) -> dict:
     """The `bench` subcommand; prints the table (unless --json) and returns what --json prints."""
     from specviz.api import load_for
@@ -160,11 +170,7 @@ def main(args) -> dict:
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     trees = parse_trees(getattr(args, "trees", "off"))
     configs = parse_configs(args.configs) if getattr(args, "configs", None) else grid(gammas, drafters, policies, trees)
-    given = {
-        k: getattr(args, k, None)
-        for k in ("target", "draft", "device", "dtype", "quantize", "tokenizer", "max_new_tokens", "seed")
-    }
-    request = RunRequest.of({k: v for k, v in given.items() if v is not None}, "bench")  # unset: RunRequest's
+    request = base_request(args)
     # both models, whatever the configurations (the peers need the draft); a served target: p scores on its server,
     # both lanes through the same endpoint, and no transformers peers
     p, q = load_for(request.replace(drafter="model"))

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specviz.config import ASSETS, TREE_DRAFTERS, SpecConfig, SpecvizError
+from specviz.config import ASSETS, TREE_DRAFTERS, SpecvizError, tree_setting
 from specviz.request import RunRequest
 
 PROMPT_DIR = ASSETS / "prompts"
@@ -80,8 +80,8 @@ def grid(
 
 
 def parse_trees(text: str) -> list:
-    """--trees "off,4,8,auto" -> ["off", 4, 8, "auto"] (each checked as SpecConfig checks it)."""
-    return list(dict.fromkeys(SpecConfig(tree=v.strip()).tree for v in str(text).split(",") if v.strip())) or ["off"]
+    """--trees "off,4,8,auto" -> ["off", 4, 8, "auto"] (each checked as a run's tree is: config.tree_setting)."""
+    return list(dict.fromkeys(tree_setting(v.strip()) for v in str(text).split(",") if v.strip())) or ["off"]
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -92,7 +92,7 @@ def parse_configs(text: str) -> list[Config]:
         parts = item.split(":")
         tree = "off"
         if len(parts) > 2 and parts[-1].startswith("tree="):
-            tree = SpecConfig(tree=parts.pop()[5:]).tree
+            tree = tree_setting(parts.pop()[5:])
         if len(parts) not in (2, 3):
             raise SpecvizError(
                 f"--configs items look like model:3, lookup:auto, model:6:confidence or model:auto:tree=8, not {item!r}."

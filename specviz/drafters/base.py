@@ -9,6 +9,7 @@ Names as in the papers: p the target, q the draft, gamma (here k) the proposals 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +41,7 @@ class DraftContext:
     budget: int  # tokens the answer may still add: proposals past it could never be emitted
     need_q: bool = True  # False: greedy verification with no detail view, so q rows are never built
     tree: TreePolicy | None = None  # set: drafters that can branch propose token trees of this policy's size
+    argmax: Callable[[torch.Tensor], torch.Tensor] = greedy  # greedy's ids, the run's fast way (TargetRun.argmax)
 
     @property
     def threshold(self) -> float:
@@ -121,7 +123,7 @@ def draw(
     if ctx.threshold > 0 and float(probs.max()) < ctx.threshold:
         return None, None
     if s.greedy:
-        return greedy(logits).view(1), None
+        return ctx.argmax(logits).view(1), None
     i = sample(probs, ctx.generator)
     token = torch.tensor([i], device=logits.device) if ids is None else ids[i].view(1)
     return token, widen(probs, ids, logits.shape[-1])
@@ -145,6 +147,7 @@ class Drafter:
 
     name = "drafter"
     wants_hidden = False  # True: `begin` and `update` receive the target's last hidden states
+    chains_only = False  # True: it guesses a line at a time and cannot grow token trees (a translated draft)
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         """The prompt, before the first round (a model drafter encodes it here).

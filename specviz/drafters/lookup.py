@@ -169,7 +169,7 @@ def never_copied(target) -> frozenset[int]:
     """The target's control tokens but its end of turn (a chat template's <|im_start|> and the like): prompt lookup
     copies none of them, since the prompt holds them and a reply does not (the built-in target's first round used
     to guess `<|im_start|>`, copied from the template, and lose it)."""
-    from specviz.backends.served.target import eos_ids
+    from specviz.backends import eos_ids
 
     tok = getattr(target, "tokenizer", None)
     return frozenset(int(i) for i in getattr(tok, "all_special_ids", None) or ()) - eos_ids(target)
@@ -197,6 +197,10 @@ class LookupModelDrafter(Drafter):
 
     def update(self, n: int, correction: int, hidden: torch.Tensor | None = None) -> None:
         self.model.update(n, correction, hidden)  # the head needs every true feature, whoever guessed
+
+    @property
+    def chains_only(self) -> bool:
+        return self.model.chains_only
 
     @property
     def calls(self) -> int:

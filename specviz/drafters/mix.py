@@ -21,8 +21,7 @@ import torch
 
 from specviz.config import HEAD_WEIGHT
 from specviz.drafters.base import STOP_CONFIDENCE, DraftContext, Drafter, Proposal, empty_proposal, widen
-from specviz.native.chain import kept_ids
-from specviz.sampling import greedy, sample, scatter_rows, to_probs
+from specviz.sampling import sample, scatter_rows, to_probs
 
 
 class MixDrafter(Drafter):
@@ -41,6 +40,10 @@ class MixDrafter(Drafter):
     @property
     def calls(self) -> int:
         return self.model.calls + self.head.calls
+
+    @property
+    def chains_only(self) -> bool:
+        return self.model.chains_only
 
     def begin(self, prompt_ids: list[int], hidden: torch.Tensor | None = None) -> None:
         self.model.begin(prompt_ids)
@@ -61,7 +64,7 @@ class MixDrafter(Drafter):
         """The draft's cut output layer (its number of rows), which of the head's rows it also has and where they sit
         in it; None without a cut output layer. Worked out once."""
         if self._rows is None:
-            rows = kept_ids(self.model.lm)
+            rows = self.model.run.kept_ids()
             if rows is None:
                 return None
             h_ids = self.head.head.target_ids.to(rows.device)
@@ -117,7 +120,7 @@ class MixDrafter(Drafter):
         q1, ids = self.first(x, read, ctx)
         if ctx.threshold > 0 and float(q1.max()) < ctx.threshold:
             return empty_proposal(ctx, k, STOP_CONFIDENCE)
-        x = ids[greedy(q1) if s.greedy else sample(q1, ctx.generator)].view(1)
+        x = ids[ctx.argmax(q1) if s.greedy else sample(q1, ctx.generator)].view(1)
         q, shown = None, ()
         if ctx.need_q:  # (1, V): what x was drawn from (greedy: its point mass); the detail view's raw row
             row = scatter_rows(q1.log()[None], ids, ctx.V)

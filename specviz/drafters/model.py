@@ -36,7 +36,7 @@ import heapq
 
 import torch
 
-from specviz.backends.local import CachedModel
+from specviz.backends import open_run
 from specviz.config import DRAFTERS, SamplingConfig, SpecvizError
 from specviz.drafters.base import (
     STOP_BUDGET,
@@ -71,7 +71,7 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, draft: LoadedModel, V: int):
-        self.lm, self.run = draft, CachedModel(draft, V)
+        self.lm, self.run = draft, open_run(draft, V)
         self.ids = draft.proposable  # the target ids it can propose (a trimmed draft), or None: all V
         self.confirmed = 0  # tokens of the text its cache holds
         self.spec: list[int] = []  # proposals it fed after those, in order

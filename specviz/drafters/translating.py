@@ -10,8 +10,7 @@ import time
 
 import torch
 
-from specviz.backends.local import CachedModel
-from specviz.backends.served.target import eos_ids
+from specviz.backends import eos_ids, open_run
 from specviz.config import SamplingConfig, SpecvizError
 from specviz.drafters.base import (
     STOP_CONFIDENCE,
@@ -37,6 +36,7 @@ class TranslatingDrafter(Drafter):
     """
 
     name = "model"
+    chains_only = True  # its guesses are a line of text, translated: no token tree
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, method: str | None = None):
         from specviz.models.translate import METHODS, translator
@@ -45,7 +45,7 @@ class TranslatingDrafter(Drafter):
             raise SpecvizError(f"Unknown translation method {method!r}; use one of {', '.join(METHODS)}.")
         self.lm, self.target, self.method = draft, target, method  # method None: by the sampling settings
         self.tr = translator(target.tokenizer, draft.tokenizer)
-        self.run = CachedModel(draft, draft.vocab_size)  # logits in its own vocabulary
+        self.run = open_run(draft, draft.vocab_size)  # logits in its own vocabulary
         self.q_eos, self.p_eos = eos_ids(draft), _first_eos(target)
         tok = draft.tokenizer
         self.q_special = set(getattr(tok, "all_special_ids", ()) or ()) | set(

@@ -14,7 +14,7 @@ import weakref
 
 import torch
 
-from specviz.backends.served.connect import open_run
+from specviz.backends import limits_of, open_run
 from specviz.config import SamplingConfig
 from specviz.models.loaded import LoadedModel
 from specviz.native.linear import best_seconds
@@ -114,9 +114,7 @@ def draft_step_calibration(
     to back, both numbers alike. greedy: the steps a greedy round takes (`next_greedy`, or a lean draft's chain of
     one: no V-wide logits; the chain's later steps pay no Python, so the second number is a little high), else a
     sampled round's (a lean draft's sampled chain of one, or `feed`)."""
-    from specviz.backends.served.connect import ServedTarget
-
-    if isinstance(target, ServedTarget):
+    if not limits_of(target).runs_here:
         (step,), spent = calibration(draft, draft_ids, 1, vocab_size=vocab_size)
         return [step, step], spent
     memo = _COLD_MEMO.setdefault(draft.model, weakref.WeakKeyDictionary()).setdefault(target.model, {})

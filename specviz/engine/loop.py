@@ -8,7 +8,9 @@ proposals of a round, n accepted count, r draw. A round whose proposal is a toke
 every node in one tree-masked call, walks the tree from the root (sampling.verify_tree_*) and keeps only the
 accepted path in the target's cache; a chain's round is `_chain_round`. The step-through's candidates of each
 round are detail.py's; what a run needs before its first round (drafter, policies, their calibration) is
-run_setup.py's.
+setup.py's. The target runs through backends.TargetRun (`open_run`), whatever runs it: where the run says it
+`decides` (a served target, which sends only some of p), steps 2-3 are its own; elsewhere p comes back and the rule
+here decides.
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ from collections.abc import Iterator
 
 import torch
 
-from specviz.backends.local import CachedModel, keep_opening
-from specviz.backends.served.connect import ServedRun, ServedTarget, open_run
-from specviz.backends.served.target import eos_ids
-from specviz.config import SamplingConfig, SpecConfig, SpecvizError
+from specviz.backends import TargetRun, eos_ids, keep_opening, open_run
+from specviz.config import SpecConfig, SpecvizError
 from specviz.drafters.model import DraftContext, Drafter, Proposal, translation_of
 from specviz.drafters.policies import GammaPolicy, TreePolicy, chain_outcome
 from specviz.engine.detail import chain_candidates, tree_candidates
@@ -30,9 +30,7 @@ from specviz.engine.setup import make_run
 from specviz.engine.tally import Tally
 from specviz.events import Done, Event, Round, Start, Step, TreeRound
 from specviz.models.loaded import LoadedModel
-from specviz.native import library as native
 from specviz.sampling import (
-    greedy,
     relaxed,
     sample,
     to_probs,
@@ -103,18 +101,18 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         temperature=s.temperature,
         prefill_s=clock.lap(),
         calibration_s=setup_s,
-        verify=_served_note(target, s, plain=True),
+        verify=p_run.verify_note(s, plain=True),
     )
     tally = Tally().add(start)
     yield start
     clock.resume()
     pending, out = prompt[-1:], []
     while (finish := run_over(out, eos, cfg.max_new_tokens)) is None:
-        if isinstance(p_run, ServedRun):  # the engine's own greedy token or sample, one request
+        if p_run.decides:  # a served target: its engine's own greedy token or sample, one request
             token, p_x = p_run.next_token(pending.tolist(), s, gen)
         elif s.greedy:
             logits = p_run.feed(pending)[-1]  # (V,)
-            token, p_x = int(greedy(logits)), 1.0
+            token, p_x = int(p_run.argmax(logits)), 1.0
         else:
             probs = to_probs(p_run.feed(pending)[-1], s)  # (V,)
             token = sample(probs, gen)
@@ -126,7 +124,7 @@ def autoregressive_decode(target: LoadedModel, prompt_ids: list[int], cfg: SpecC
         yield step
         clock.resume()
         pending = torch.tensor([token], device=dev)
-    stats = {"mode": "ar", **tally.stats(), **_served_stats(p_run, s, plain=True)}
+    stats = {"mode": "ar", **tally.stats(), **p_run.run_stats(s, plain=True)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -138,7 +136,7 @@ class _SpecRun:
     eos: frozenset[int]
     V: int  # the target's vocabulary: every p and q row is this wide
     device: torch.device
-    p_run: CachedModel | ServedRun  # the target's cache, or its server
+    p_run: TargetRun  # the target's cache, or its server (backends.base)
     drafter: Drafter
     policy: GammaPolicy
     tree: TreePolicy | None
@@ -175,7 +173,7 @@ def speculative_decode(
         run.clock.resume()
         index += 1
 
-    stats = {"mode": "spec", **tally.stats(), **_served_stats(run.p_run, cfg.sampling)}
+    stats = {"mode": "spec", **tally.stats(), **run.p_run.run_stats(cfg.sampling)}
     yield Done(token_ids=tuple(out), finish_reason=finish, stats=stats)
 
 
@@ -199,7 +197,7 @@ def _open_spec(
     start = Start(mode="spec", prompt_ids=tuple(prompt_ids), gamma=cfg.gamma, temperature=s.temperature,
                   prefill_s=clock.lap(), drafter=drafter.name, gamma_policy=policy.name,
                   calibration_s=calibration_s, translation=translation_of(drafter, s),
-                  tree=tree.name if tree is not None else "", verify=_served_note(target, s))  # fmt: skip
+                  tree=tree.name if tree is not None else "", verify=p_run.verify_note(s))  # fmt: skip
     run = _SpecRun(
         cfg=cfg, eos=eos, V=V, device=dev, p_run=p_run, drafter=drafter, policy=policy, tree=tree, gen=gen, clock=clock
     )
@@ -212,7 +210,9 @@ def _round(run: _SpecRun, seq: list[int], index: int, budget: int) -> Round:
     s, cfg, draft_calls = run.cfg.sampling, run.cfg, run.drafter.calls
     # 1. draft: the drafter proposes k tokens (k may be 0, never past the budget) and the q each came from
     need_q = not s.greedy or bool(cfg.detail)
-    ctx = DraftContext(s, run.gen, run.V, run.device, run.policy, budget, need_q=need_q, tree=run.tree)
+    ctx = DraftContext(
+        s, run.gen, run.V, run.device, run.policy, budget, need_q=need_q, tree=run.tree, argmax=run.p_run.argmax
+    )
     prop = run.drafter.propose(seq, ctx)
     draft_s = run.clock.lap()
     if prop.is_tree:
@@ -225,7 +225,7 @@ def _round(run: _SpecRun, seq: list[int], index: int, budget: int) -> Round:
     calls = run.drafter.calls - draft_calls
     rd = dataclasses.replace(rd, tokens=tuple(tokens), elapsed_s=run.clock.total, draft_calls=calls)
     if shown is not None:  # a greedy tree's p(x) at each node's parent: only the page reads it, so off the clock
-        p_node = tuple(_p_at_parents(None, shown, prop.parents, prop.tokens))
+        p_node = tuple(_p_at_parents(run.p_run, None, shown, prop.parents, prop.tokens))
         rd = dataclasses.replace(rd, tree=dataclasses.replace(rd.tree, p=p_node))
     return rd
 
@@ -239,7 +239,7 @@ def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draf
     # 2. verify: p scores every proposal, plus one position for the bonus, in ONE forward call
     fed = torch.tensor(seq[-1:], device=run.device)
     v, hidden = None, None
-    if isinstance(p_run, ServedRun):  # 2-3 in one request: the engine scores, its numbers decide (served.py)
+    if p_run.decides:  # 2-3 in one request: a served target's engine scores, its numbers decide (backends/served)
         v, p_logits = p_run.verify(seq[-1:], x.tolist(), prop.q if k and not s.greedy else None, s, gen)
     elif drafter.wants_hidden:
         p_logits, hidden = p_run.feed(torch.cat([fed, x]), hidden=True)
@@ -248,7 +248,7 @@ def _chain_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draf
 
     # 3. accept / resample (k = 0: a plain target step)
     if v is None and s.greedy:
-        v = verify_greedy(x, p_logits)
+        v = verify_greedy(x, p_logits, p_run.argmax)
     elif v is None:
         q = prop.q if k else p_logits.new_zeros(0, run.V)  # (k, V): exactly what the drafter drew from
         p_probs = to_probs(p_logits, s)  # (k+1, V)
@@ -289,7 +289,7 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
         p_logits, hidden = p_run.feed_tree(fed, rows), None  # (N + 1, V): row 0 the root, row i + 1 node i
     # 3. the walk: descend into a kept child at each node; stop at a leaf (bonus) or where every child is turned down
     if s.greedy:
-        v = verify_tree_greedy(x, prop.parents, p_logits)
+        v = verify_tree_greedy(x, prop.parents, p_logits, p_run.argmax)
         p_probs = None
     else:
         p_probs = to_probs(p_logits, s)  # (N + 1, V)
@@ -305,7 +305,9 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     policy.update(prop.key or drafter.name, *chain_outcome(prop.parents, prop.ranks, path), draft_s, verify_s)
     tree.update(prop.said, prop.ranks, prop.parents, path, [st == "kept" for st in v.status])
     ids = x.tolist()
-    p_node = _p_at_parents(p_probs, p_logits, prop.parents, x) if p_probs is not None else ()  # greedy: `_round`'s
+    p_node = (
+        _p_at_parents(p_run, p_probs, p_logits, prop.parents, x) if p_probs is not None else ()
+    )  # greedy: `_round`'s
     q_node = prop.q[torch.arange(N), x].tolist() if prop.q is not None else list(prop.said) or [1.0] * N
     tr = TreeRound(tokens=tuple(ids), parents=prop.parents, ranks=prop.ranks, sources=prop.sources,
                    p=tuple(p_node), q=tuple(q_node), accept_prob=v.accept_prob, r=v.r, status=v.status,
@@ -323,36 +325,13 @@ def _tree_round(run: _SpecRun, seq: list[int], prop: Proposal, index: int, draft
     return rd, (p_logits if p_probs is None else None)
 
 
-def _p_at_parents(p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor) -> list[float]:
+def _p_at_parents(p_run: TargetRun, p_probs, p_logits: torch.Tensor, parents: tuple[int, ...], x: torch.Tensor):
     """Each tree node's p(x) at its parent: from the verify's probabilities where it sampled, else (greedy) p at T = 1
-    on the parents' rows only (a softmax of every row of the verify, every round, was most of that work): in one native
-    call where it can (native.probs_at: each row's maximum and sum of exponentials, then only the chosen entries'),
-    else in PyTorch."""
+    on the parents' rows only (a softmax of every row of the verify, every round, was most of that work), by the
+    run's fastest way (TargetRun.probs_at)."""
     if p_probs is not None:
         return p_probs[[par + 1 for par in parents], x].tolist()
-    known = native.probs_at(p_logits, [par + 1 for par in parents], x.tolist())
-    if known is not None:
-        return known
-    rows = sorted({par + 1 for par in parents})
-    view = to_probs(p_logits[rows], SamplingConfig(1.0))  # (distinct parents, V): the same rows' same numbers
-    at = {r: i for i, r in enumerate(rows)}
-    return view[[at[par + 1] for par in parents], x].tolist()
-
-
-def _served_mode(target: ServedTarget, s: SamplingConfig, plain: bool) -> str:
-    """How a served target decides under s: "greedy", "exact", "approximate: top-20" (served.verify_mode), or for
-    the plain lane at T > 0 "engine sample" (the engine samples from its own p: exact at any temperature)."""
-    return "engine sample" if plain and not s.greedy else target.verify_mode(s)
-
-
-def _served_note(target, s: SamplingConfig, plain: bool = False) -> str:
-    """Start.verify: "served " + _served_mode for a served target; "" for a local one."""
-    return f"served {_served_mode(target, s, plain)}" if isinstance(target, ServedTarget) else ""
-
-
-def _served_stats(p_run, s: SamplingConfig, plain: bool = False) -> dict:
-    """A served run's requests and their seconds, and how it decided; nothing for a local run."""
-    return {**p_run.stats, "verify": _served_mode(p_run.t, s, plain)} if isinstance(p_run, ServedRun) else {}
+    return p_run.probs_at(p_logits, [par + 1 for par in parents], x.tolist())
 
 
 def race(*runs: Iterator[Event], names: tuple[str, ...] | None = None) -> Iterator[tuple[str, Event]]:

@@ -5,10 +5,10 @@ draft head read from disk where the drafter needs one), the gamma policy and the
 
 from __future__ import annotations
 
-from specviz.backends.served.connect import ServedTarget
+from specviz.backends import Limits, limits_of
 from specviz.config import TREE_AUTO_MAX, SpecConfig, SpecvizError
 from specviz.drafters.lookup import never_copied
-from specviz.drafters.model import Drafter, LookupDrafter, TranslatingDrafter, make_drafter
+from specviz.drafters.model import Drafter, LookupDrafter, make_drafter
 from specviz.drafters.policies import TreePolicy, make_policy
 from specviz.engine.costs import calibration, draft_step_calibration, head_calibration, tree_read_calibration
 from specviz.models.head import head_for
@@ -23,9 +23,8 @@ def make_run(
 
     Returns (drafter, gamma policy, tree policy or None, seconds spent measuring now).
     """
-    V = target.vocab_size
-    if isinstance(target, ServedTarget):
-        check_served(cfg)
+    V, limits = target.vocab_size, limits_of(target)
+    check_limits(cfg, limits)
     lookup = lookup_options(cfg, target)
     head = head_for(target, cfg.head) if drafter is None and cfg.drafter.endswith("head") else None
     drafter = drafter or make_drafter(cfg.drafter, draft, V, head=head, target=target, **lookup)
@@ -57,11 +56,11 @@ def make_run(
 def runs_chains(cfg: SpecConfig, target, drafter: Drafter) -> bool:
     """Whether a run asked for trees runs chains anyway (the race says so): a draft with another tokenizer guesses
     a line of text at a time; a served target has no tree-masked verify (a fixed budget is refused there,
-    check_served); and tree "auto" grows trees at temperature 0 only. At T > 0 its estimates do not hold: a round
+    check_limits); and tree "auto" grows trees at temperature 0 only. At T > 0 its estimates do not hold: a round
     gives fewer tokens than expected and drafting costs more (the q rows every node then needs), so trees ran no
     faster than the chain; a fixed budget still grows them there."""
-    translating = isinstance(getattr(drafter, "model", drafter), TranslatingDrafter)
-    return translating or isinstance(target, ServedTarget) or (cfg.tree == "auto" and not cfg.sampling.greedy)
+    no_tree_verify = not limits_of(target).tree_verify
+    return drafter.chains_only or no_tree_verify or (cfg.tree == "auto" and not cfg.sampling.greedy)
 
 
 def lookup_options(cfg: SpecConfig, target) -> dict:
@@ -73,18 +72,17 @@ def lookup_options(cfg: SpecConfig, target) -> dict:
     )
 
 
-def check_served(cfg: SpecConfig) -> None:
-    """One sentence for what a served target cannot do (hidden states, all of p, a tree-masked verify)."""
-    if cfg.drafter.endswith("head"):
+def check_limits(cfg: SpecConfig, limits: Limits) -> None:
+    """One sentence for what `cfg` asks of a target that it cannot give (its Limits: hidden states, all of p, a
+    tree-masked verify); nothing where it can give all of it."""
+    if cfg.drafter.endswith("head") and not limits.hidden_states:
         raise SpecvizError(
-            "The head drafters read the target's hidden states, which a served target does not send; "
+            f"The head drafters read the target's hidden states, which {limits.what} does not send; "
             "use model, lookup or lookup+model."
         )
-    if cfg.relaxed_w < 1.0:
+    if cfg.relaxed_w < 1.0 and not limits.all_of_p:
+        raise SpecvizError(f"Relaxed verification needs all of p at every position, which {limits.what} does not send.")
+    if cfg.tree not in ("off", "auto") and not limits.tree_verify:  # auto runs chains there
         raise SpecvizError(
-            "Relaxed verification needs all of p at every position, which a served target does not send."
-        )
-    if cfg.tree not in ("off", "auto"):  # auto runs chains there
-        raise SpecvizError(
-            "Token trees need a tree-masked verify, which a served target's API does not offer; use chains."
+            f"Token trees need a tree-masked verify, which {limits.what}'s API does not offer; use chains."
         )

@@ -49,10 +49,9 @@ from specviz.sampling import scatter_rows
 log = logging.getLogger(__name__)
 
 # The longest prefill llama.c runs in calls of up to 16 tokens, by weight type (float32, float16, int8, NF4); a longer
-# one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call (0.1 and 0.5 s of
-# the built-in target's). Calls of up to 16 tokens win up to a crossover that grows with what the batched path must
-# dequantise (`python benchmarks/prefill_costs.py [--quantize 8bit|4bit]` finds it); set at or below the crossovers
-# met, as another CPU's may sit lower (faster batched products).
+# one goes through PyTorch's batched products, which dequantise int8 and NF4 weights for the call. Set at or below
+# the crossover `python benchmarks/prefill_costs.py [--quantize 8bit|4bit]` finds (docs/performance.md), as another
+# CPU's may sit lower (faster batched products).
 CHUNKED_PREFILL = {0: 48, 1: 48, 2: 128, 3: 256}
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rope types whose cos/sin depend on the position only
 _DTYPES = (torch.float32, torch.float16)
@@ -320,15 +319,16 @@ class LeanLlama:
         mask: torch.Tensor | None = None,
         last_only: bool = False,
         kept_only: bool = False,
+        chunked_up_to: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids (L,) fed after the cache's rows -> (logits (L, or 1 with last_only, Vm), last hidden states (L, H)).
 
         positions (L,): RoPE positions (default: the cache's row numbers); mask (L, rows + L) additive: which rows
         each token sees (default: causal); kept_only: a draft's logits over its `kept` rows only, where it has
-        them (a greedy step's argmax needs no -inf rows around them). The cache grows by L rows.
-        """
+        them (a greedy step's argmax needs no -inf rows around them); chunked_up_to: the longest call run in llama.c
+        calls of up to 16 tokens, not PyTorch's ops (default CHUNKED_PREFILL's). The cache grows by L rows."""
         x = F.embedding(ids.view(-1), self.embed).float()
-        return self.forward_embedded(cache, x, positions, mask, last_only, kept_only)
+        return self.forward_embedded(cache, x, positions, mask, last_only, kept_only, chunked_up_to)
 
     @torch.no_grad()
     def forward_embedded(
@@ -339,6 +339,7 @@ class LeanLlama:
         mask: torch.Tensor | None = None,
         last_only: bool = False,
         kept_only: bool = False,
+        chunked_up_to: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` from the tokens' input vectors x (L, H) float32 (a draft head's, head_native.py, are not an
         embedding table's rows); x is overwritten."""
@@ -348,7 +349,7 @@ class LeanLlama:
         self._rope(int(pos.max()) + 1)
         if self.lib is not None and L <= native.MAX_ROWS:
             logits, h = self._native(cache, x, base, pos, mask, 1 if last_only else L)
-        elif self.lib is not None and L <= CHUNKED_PREFILL[self.wtype]:
+        elif self.lib is not None and L <= (CHUNKED_PREFILL[self.wtype] if chunked_up_to is None else chunked_up_to):
             logits, h = self._chunks(cache, x, base, pos, mask, last_only)
         else:
             x = decoder_layers(self, cache, x, base, pos, mask)

@@ -39,6 +39,7 @@ MAX_ROWS = 16  # the kernel's M: the calls speculative decoding makes (a step, a
 ISA_NAMES = {2: "AVX-512", 1: "AVX2"}
 
 _why: list[str] = []  # the reason the last load failed, for why_not()
+_sources: list[tuple[Path, ...]] = [SOURCES]  # what this process's library is built from (`build_from`)
 
 
 def _compiler() -> str | None:
@@ -46,19 +47,30 @@ def _compiler() -> str | None:
     return shutil.which(cc) if cc else shutil.which("gcc") or shutil.which("cc")
 
 
+def build_from(sources: tuple[Path, ...]) -> None:
+    """Build and load this process's library from `sources` instead of SOURCES (a measurement harness's
+    instrumented copies, scripts/forward_steps.py); call it before anything loads the library."""
+    _sources[0] = tuple(sources)
+    library.cache_clear()
+
+
 def _target() -> Path:
     """Where the library for this source and these flags lives (a new source builds a new file)."""
-    tag = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    tag = hashlib.sha256(b"".join(p.read_bytes() for p in _sources[0]) + " ".join(FLAGS).encode()).hexdigest()[:16]
     return specviz_home() / "kernels" / f"few_rows-{tag}.so"
 
 
-def _build(cc: str, out: Path) -> None:
-    """Compile the kernel into `out` (atomically: another process sees the whole file or none)."""
+def _build(cc: str, out: Path, sources: tuple[Path, ...] | None = None) -> None:
+    """Compile the kernel from `sources` (default: this process's) into `out` (atomically: another process sees
+    the whole file or none)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         staged = Path(tmp) / out.name
         done = subprocess.run(
-            [cc, *FLAGS, *map(str, SOURCES), "-o", str(staged), *LIBS], capture_output=True, text=True, timeout=120
+            [cc, *FLAGS, *map(str, sources or _sources[0]), "-o", str(staged), *LIBS],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no message"])[0]

@@ -20,8 +20,9 @@ import time
 
 import torch
 
+from specviz.backends import limits_of
 from specviz.backends.served.connect import ServedTarget, engine_step_s, is_url, load_served_pair
-from specviz.config import CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SpecConfig, SpecvizError
+from specviz.config import CHECK_DRAFTERS, GAMMA_MAX, TREE_DRAFTERS, SpecvizError
 from specviz.engine.costs import forward_times
 from specviz.engine.tally import with_prefill
 from specviz.models.loaded import LoadedModel, load_pair, pair_dtypes, vocab_gap
@@ -30,6 +31,7 @@ from specviz.pairs.deploy import with_card
 from specviz.pairs.measure import CHECK_GAMMA, RoundCosts, acceptance_by_kind, measure_trees
 from specviz.pairs.report import PairReport
 from specviz.pairs.verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
+from specviz.request import RunRequest
 from specviz.theory import expected_speedup, expected_speedup_measured, expected_tokens, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
@@ -73,7 +75,9 @@ def check_pair(
 
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
-    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, drafter=drafter)  # validates them up front
+    cfg = RunRequest(
+        drafter=drafter, gamma=CHECK_GAMMA, tree="off", max_new_tokens=max_new_tokens
+    ).spec  # validates them up front
     if drafter not in CHECK_DRAFTERS:
         raise SpecvizError(f"The pair check measures the {', '.join(CHECK_DRAFTERS)} drafters, not {drafter!r}.")
     if prompts is None:
@@ -145,14 +149,14 @@ def check_pair(
     trees, advice = (), ""
     # a served target takes chains only, and a draft with another tokenizer proposes chains only (its guesses are
     # re-tokenised text, one line of it)
-    if drafter in TREE_DRAFTERS and not isinstance(p, ServedTarget) and not translated:
+    if drafter in TREE_DRAFTERS and limits_of(p).tree_verify and not translated:
         few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
         trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
         advice = tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))
         if verdict == "compatible":
             reasons.append(advice)
     served = {}
-    if isinstance(p, ServedTarget):
+    if not limits_of(p).runs_here:  # a served target: its engine's own step, without a round trip
         e_step = engine_step_s(p, first)
         e_speedups = speedup_table(acc.a, q_s / e_step, MEASURED_GAMMAS)
         e_best = max(range(len(e_speedups)), key=e_speedups.__getitem__)

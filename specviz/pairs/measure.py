@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from specviz.config import AUTO_GAMMA_MAX, SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import AUTO_GAMMA_MAX, SpecvizError
 from specviz.engine.tally import Tally
 from specviz.models.loaded import LoadedModel
+from specviz.request import RunRequest
 from specviz.theory import speedup_per_round, wilson_interval
 
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
@@ -146,7 +147,9 @@ def _acceptance_runs(
     from specviz.events import Round
     from specviz.models.translate import needs_translation
 
-    cfg = SpecConfig(gamma=CHECK_GAMMA, max_new_tokens=max_new_tokens, sampling=SamplingConfig(0.0), drafter=drafter)
+    cfg = RunRequest(
+        drafter=drafter, gamma=CHECK_GAMMA, tree="off", max_new_tokens=max_new_tokens, temperature=0.0
+    ).spec
     t, sizes, translate_s = Tally(), [0] * (CHECK_GAMMA + 1), 0.0
     translated = drafter != "lookup" and needs_translation(target, draft)
     for ids in prompt_ids:
@@ -194,7 +197,7 @@ def acceptance_by_kind(
     from specviz.engine.loop import autoregressive_decode
 
     parts, plain = {}, Tally()
-    plain_cfg = SpecConfig(max_new_tokens=PLAIN_TOKENS)
+    plain_cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=PLAIN_TOKENS).spec
     # A plain run not counted, as the bench warms up: a process's first plain run read a step 15-35% slow (the tiny
     # cross-tokenizer pair), and the prediction as much too high
     Tally.of(_within(autoregressive_decode(target, next(iter(prompt_ids.values()))[0], plain_cfg), deadline))
@@ -238,7 +241,7 @@ def measure_trees(
 
     step, out = times[0], []
     for budget in TREE_BUDGETS:
-        cfg = SpecConfig(gamma=AUTO_GAMMA_MAX, tree=budget, max_new_tokens=max_new_tokens, drafter=drafter)
+        cfg = RunRequest(drafter=drafter, gamma=AUTO_GAMMA_MAX, tree=budget, max_new_tokens=max_new_tokens).spec
         t, verify_s = Tally(), 0.0
         for ids in prompt_ids:
             for ev in _within(speculative_decode(target, draft, ids, cfg), deadline):

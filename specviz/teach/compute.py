@@ -11,6 +11,7 @@ count, r the uniform draw.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,11 +19,12 @@ import torch
 
 from specviz.backends.local import CachedModel
 from specviz.backends.served.target import eos_ids
-from specviz.config import DEFAULT_GAMMA, SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import DEFAULT_GAMMA, SamplingConfig, SpecvizError
 from specviz.engine.costs import forward_times  # noqa: F401  (the step-through's verify-cost chart imports it from here)
 from specviz.engine.loop import autoregressive_decode, run_over, speculative_decode
 from specviz.events import Done, Round
 from specviz.models.loaded import LoadedModel
+from specviz.request import RunRequest
 from specviz.sampling import greedy, relaxed, residual, sample, to_probs, verify_sampled
 from specviz.theory import cost_ratio
 
@@ -62,15 +64,17 @@ class Stepper:
 
     def __init__(self, target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], settings: StepSettings):
         self.target, self.settings, self.prompt_ids = target, settings, list(prompt_ids)
-        cfg = SpecConfig(
-            settings.gamma,
-            settings.max_new_tokens,
-            settings.seed,
-            SamplingConfig(settings.temperature),
-            self.DETAIL,
-            relaxed_w=settings.relaxed_w,
+        cfg = RunRequest(
+            drafter="model",
+            gamma=settings.gamma,
             tree=settings.tree,
-        )
+            max_new_tokens=settings.max_new_tokens,
+            seed=settings.seed,
+            detail=self.DETAIL,
+            relaxed_w=settings.relaxed_w,
+            allow_lossy=True,
+            temperature=settings.temperature,
+        ).spec
         self.config = cfg
         self._eos = eos_ids(target)
         self._events = speculative_decode(target, draft, self.prompt_ids, cfg)
@@ -229,7 +233,9 @@ def greedy_check(
     target: LoadedModel, draft: LoadedModel, prompt_ids: list[int], gamma: int, max_new_tokens: int, tree="off"
 ) -> GreedyCheck:
     """Speculative (with token trees if `tree` is on) and plain greedy decoding of the same prompt, both complete."""
-    cfg = SpecConfig(gamma, max_new_tokens, 0, SamplingConfig(0.0), tree=tree)
+    cfg = RunRequest(
+        drafter="model", gamma=gamma, tree=tree, max_new_tokens=max_new_tokens, seed=0, temperature=0.0
+    ).spec
     spec = _done(speculative_decode(target, draft, prompt_ids, cfg))
     ar = _done(autoregressive_decode(target, prompt_ids, cfg))
     return GreedyCheck(spec.token_ids, ar.token_ids)
@@ -346,7 +352,21 @@ def sample_check(
     seeds = range(seed0, seed0 + real_runs)
     engine = [
         _done(
-            speculative_decode(target, draft, prompt_ids, SpecConfig(1, 1, s, sampling, relaxed_w=relaxed_w))
+            speculative_decode(
+                target,
+                draft,
+                prompt_ids,
+                RunRequest(
+                    drafter="model",
+                    gamma=1,
+                    tree="off",
+                    max_new_tokens=1,
+                    seed=s,
+                    relaxed_w=relaxed_w,
+                    allow_lossy=True,
+                    **dataclasses.asdict(sampling),
+                ).spec,
+            )
         ).token_ids[0]
         for s in seeds
     ]

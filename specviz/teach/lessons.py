@@ -15,9 +15,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from specviz.config import ASSETS, SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import ASSETS, SamplingConfig, SpecvizError
 from specviz.engine.tally import Tally
 from specviz.models.loaded import LoadedModel
+from specviz.request import RunRequest
 
 LESSONS_FILE = ASSETS / "recordings" / "lessons.json"
 
@@ -72,7 +73,9 @@ def _run(p, q, ids, tokens: int, gamma: int = 0, temperature: float = 0.0, seed:
     """One run's events: plain decoding when gamma is 0, else speculative."""
     from specviz.engine.loop import autoregressive_decode, speculative_decode
 
-    cfg = SpecConfig(max(gamma, 1), tokens, seed, SamplingConfig(temperature))
+    cfg = RunRequest(
+        drafter="model", gamma=max(gamma, 1), tree="off", max_new_tokens=tokens, seed=seed, temperature=temperature
+    ).spec
     return list(speculative_decode(p, q, ids, cfg) if gamma else autoregressive_decode(p, ids, cfg))
 
 
@@ -351,10 +354,16 @@ def _lookup_measure(p, q, b: Budget) -> dict:
 
     prompt = _prompt("grounded")  # summarise a pasted text: the answer reuses the text's own words
     ids = _ids(p, prompt)
-    ar = _numbers(list(autoregressive_decode(p, ids, SpecConfig(max_new_tokens=b.tokens))))
+    ar = _numbers(
+        list(
+            autoregressive_decode(
+                p, ids, RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=b.tokens).spec
+            )
+        )
+    )
     out = {"prompt": prompt, "plain": ar}
     for name in ("model", "lookup"):
-        cfg = SpecConfig(gamma="auto", max_new_tokens=b.tokens, drafter=name)
+        cfg = RunRequest(drafter=name, gamma="auto", tree="off", max_new_tokens=b.tokens).spec
         events = list(speculative_decode(p, q if name == "model" else None, ids, cfg))
         out[name] = _numbers(events)
         out[name]["speedup"] = out[name]["tokens_per_s"] / max(ar["tokens_per_s"], 1e-9)

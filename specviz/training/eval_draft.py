@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from specviz.backends.local import cache_kwargs
+from specviz.request import RunRequest
 from specviz.training.common import HELDOUT, ROOT, prompt_ids, read_heldout, target_folder
 
 
@@ -228,20 +229,19 @@ def decode_alphas(target_dir: Path, draft: str, head: str, prompts: list[str], g
     acceptance by position, the overall alpha and tokens per target call."""
     from specviz import load_model, load_pair
     from specviz.api import encode_prompt
-    from specviz.config import SpecConfig
     from specviz.engine.loop import speculative_decode
     from specviz.events import Done, Round
     from specviz.theory import alpha, position_alphas
 
     if head and draft:  # both: the mixture's first guess (drafters_mix.py)
         p, q = load_pair(str(target_dir), draft, device="cpu")
-        cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, drafter="model+head", head=head)
+        cfg = RunRequest(drafter="model+head", gamma=gamma, tree="off", max_new_tokens=max_new_tokens, head=head).spec
     elif head:
         p, q = load_model(str(target_dir), device="cpu"), None
-        cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens, drafter="head", head=head)
+        cfg = RunRequest(drafter="head", gamma=gamma, tree="off", max_new_tokens=max_new_tokens, head=head).spec
     else:
         p, q = load_pair(str(target_dir), draft, device="cpu")
-        cfg = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
+        cfg = RunRequest(drafter="model", gamma=gamma, tree="off", max_new_tokens=max_new_tokens).spec
     rounds, drafted, accepted, resampled, calls, new = [], 0, 0, 0, 0, 0
     for prompt in prompts:
         for ev in speculative_decode(p, q, encode_prompt(p, prompt), cfg):

@@ -16,8 +16,9 @@ import threading
 import gradio as gr
 
 from specviz.api import encode_prompt
-from specviz.config import DEFAULT_GAMMA, TEMPERATURE_MAX, TREE_AUTO_MAX, SamplingConfig, SpecConfig, SpecvizError
+from specviz.config import DEFAULT_GAMMA, TEMPERATURE_MAX, TREE_AUTO_MAX, SamplingConfig, SpecvizError
 from specviz.host import compute
+from specviz.request import RunRequest
 from specviz.teach.compute import (
     Stepper,
     StepSettings,
@@ -81,9 +82,16 @@ def _settings(ctx: UIContext, prompt, gamma, temperature, seed, lossy=False, w=1
     if tree not in TREES and tree not in (None, ""):
         raise SpecvizError(f"tree must be one of {', '.join(TREES)}, not {tree!r}.")
     tokens = min(STEP_TOKENS, ctx.limits.max_new_tokens)
-    cfg = SpecConfig(
-        gamma, tokens, seed, SamplingConfig(temperature), relaxed_w=1.0 if w is None else w, tree=tree or "off"
-    )
+    cfg = RunRequest(
+        drafter="model",
+        gamma=gamma,
+        tree=tree or "off",
+        max_new_tokens=tokens,
+        seed=seed,
+        relaxed_w=1.0 if w is None else w,
+        allow_lossy=True,
+        temperature=temperature,
+    ).spec
     ctx.limits.check_run(cfg.max_new_tokens, cfg.gamma)
     return StepSettings(
         prompt, cfg.gamma, cfg.sampling.temperature, cfg.seed, cfg.max_new_tokens, cfg.relaxed_w, cfg.tree

@@ -2,11 +2,12 @@
 
 Two engines: vLLM's OpenAI-compatible server (token ids in and out: `ServedRun`) and llama-cpp-python's (text in,
 tokens named by their text: `llamacpp.LlamaCppRun`, greedy only in the spec lane). `connect` tells them apart by
-their tokenize endpoints, once per address, with every check made then; `open_run` gives the run the engine feeds.
+their tokenize endpoints, once per address, with every check made then; `open_served_run` gives the run the engine
+feeds (backends.open_run picks it for a served target).
 Requests go only to the URL the caller named (the page allows only the operator's SPECVIZ_TARGET_URLS, limits.py);
 redirects and proxies are never followed. Every failure a user can cause is one SpecvizError sentence.
 
-Here: `connect`, `open_run`, `load_served_pair` and the engine's own numbers (`engine_spec`, `engine_step_s`). The
+Here: `connect`, `open_served_run`, `load_served_pair` and the engine's own numbers (`engine_spec`, `engine_step_s`). The
 wire (addresses, the HTTP client, the /metrics parser) is served_http.py's, `ServedTarget` served_target.py's and
 `ServedRun` served_run.py's; their public names are importable from here too.
 """
@@ -25,14 +26,9 @@ from specviz.backends.served.target import PROBE_TEXT, ServedTarget, check_token
 from specviz.config import SpecvizError
 
 
-def open_run(lm, V: int):
-    """The run object the engine feeds: a ServedRun (LlamaCppRun for llama-cpp-python's server) for a served
-    target, a CachedModel (own KV cache) otherwise."""
-    from specviz.backends.local import CachedModel
-
-    if not isinstance(lm, ServedTarget):
-        return CachedModel(lm, V)
-    return llamacpp.LlamaCppRun(lm) if lm.engine == llamacpp.ENGINE else ServedRun(lm)
+def open_served_run(t: ServedTarget) -> ServedRun:
+    """The run the engine feeds for a served target: a ServedRun, or LlamaCppRun for llama-cpp-python's server."""
+    return llamacpp.LlamaCppRun(t) if t.engine == llamacpp.ENGINE else ServedRun(t)
 
 
 # --- connecting: once per (address, tokenizer, device), every check made then -------------------------------
@@ -113,7 +109,7 @@ def _probe_tokenize(client: Client, model: str) -> tuple[str, object]:
 def _check_prompt_logprobs(t: ServedTarget) -> None:
     """One token-id request with prompt logprobs: the server must send a logprob and rank for each prompt token."""
     ids = t.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"][:6]
-    run = open_run(t, t.vocab_size)
+    run = open_served_run(t)
     run._set(ids[:-2])
     logits = run.feed(torch.tensor(ids[-2:]))  # (2, V)
     scored = logits[0, ids[-1]] if t.engine == "vllm" else logits[0].max()  # llama-cpp-python: its top tokens

@@ -38,11 +38,12 @@ import torch
 
 from specviz.backends.served.target import APPROX_TOP, ServedTarget, missing
 from specviz.config import SamplingConfig, SpecvizError
-from specviz.sampling import Verdict, residual, sample, to_probs, verify_greedy, verify_sampled
+from specviz.sampling import Verdict, greedy, probs_at, residual, sample, to_probs, verify_greedy, verify_sampled
 
 RESIDUAL_SAMPLES = 8  # engine samples per request when drawing a rejected position's residual
 RESIDUAL_REQUESTS = 4  # requests of them before asking for the whole distribution at that position
 _SEED_MAX = 2**31 - 1
+NO_TREES = "Token trees need a tree-masked verify, which a served target's API does not offer; use chains."
 
 
 def sampling_body(s: SamplingConfig, gen: torch.Generator | None = None) -> dict:
@@ -76,9 +77,13 @@ def _token_id(key) -> int:
 class ServedRun:
     """CachedModel's seam over a served target: the text so far lives here and each request sends it whole.
 
-    `length`, `calls`, `prefill`, `feed` and `rollback` behave as CachedModel's; `verify` (one speculative round)
-    and `next_token` (one plain step) let the engine's own numbers decide. `stats` adds the request counts.
+    A backends.TargetRun whose `decides` is True: `length`, `calls`, `prefill`, `feed` and `rollback` behave as
+    CachedModel's; `verify` (one speculative round) and `next_token` (one plain step) let the engine's own numbers
+    decide, as a server sends only some of p. No tree-masked verify. `stats` adds the request counts.
     """
+
+    decides = True
+    supports_trees = False  # an OpenAI-compatible completions request has no tree-masked verify
 
     def __init__(self, target: ServedTarget):
         self.t = target
@@ -99,6 +104,30 @@ class ServedRun:
 
     def rollback(self, keep: int) -> None:
         self._set(self.ids[:keep])
+
+    def feed_tree(self, ids: torch.Tensor, parents: list[int], hidden: bool = False):
+        raise SpecvizError(NO_TREES)
+
+    def keep_path(self, prefix: int, rows: list[int]) -> None:
+        raise SpecvizError(NO_TREES)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return greedy(logits)
+
+    def probs_at(self, logits: torch.Tensor, rows: list[int], cols: list[int]) -> list[float]:
+        return probs_at(logits, rows, cols)
+
+    def mode(self, s: SamplingConfig, plain: bool = False) -> str:
+        """How this run decides under s: "greedy", "exact", "approximate: top-20" (ServedTarget.verify_mode), or for
+        the plain lane at T > 0 "engine sample" (the engine samples from its own p: exact at any temperature)."""
+        return "engine sample" if plain and not s.greedy else self.t.verify_mode(s)
+
+    def verify_note(self, s: SamplingConfig, plain: bool = False) -> str:
+        return f"served {self.mode(s, plain)}"
+
+    def run_stats(self, s: SamplingConfig, plain: bool = False) -> dict:
+        """The requests this run sent and their seconds, and how it decided."""
+        return {**self.stats, "verify": self.mode(s, plain)}
 
     def _set(self, ids: list[int]) -> None:
         self.ids, self.length = ids, len(ids)

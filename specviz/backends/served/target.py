@@ -1,6 +1,6 @@
 """What specviz knows of a target p behind a server: its tokenizer, vocabulary and EOS here, its scores there.
 
-`ServedTarget` is what the engine reads where it would read a LoadedModel (served.open_run gives its run);
+`ServedTarget` is what the engine reads where it would read a LoadedModel (backends.open_run gives its run);
 `load_tokenizer` and `check_tokenizer` are the connection's checks that need no request beyond /tokenize
 (served.connect makes them all, once per connection). `eos_ids` reads the stop tokens of either kind of target.
 """

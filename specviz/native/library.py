@@ -49,7 +49,7 @@ def _compiler() -> str | None:
 
 def build_from(sources: tuple[Path, ...]) -> None:
     """Build and load this process's library from `sources` instead of SOURCES (a measurement harness's
-    instrumented copies, scripts/forward_steps.py); call it before anything loads the library."""
+    instrumented copies, benchmarks/forward_steps.py); call it before anything loads the library."""
     _sources[0] = tuple(sources)
     library.cache_clear()
 

@@ -127,7 +127,7 @@ def test_model_load_failure_and_oom_are_one_sentence(tiny_pair, monkeypatch):
     import torch
 
     from specviz.request import RunRequest
-    from specviz.ui.race import race_page
+    from specviz.ui.race_run import race_page
     from specviz.ui.sweep import sweep_stream
 
     ctx = UIContext(device="cpu")

@@ -119,7 +119,7 @@ def test_bench_and_recordings_name_the_heads_path(loaded_pair, tmp_path, monkeyp
 def test_the_race_names_the_heads_path_when_a_head_drafted(tiny_pair, tmp_path, monkeypatch):
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
-    from specviz.ui.race import race_stream
+    from specviz.ui.race_run import race_stream
 
     ctx = UIContext(device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
     p, _ = ctx.pair()

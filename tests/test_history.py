@@ -12,7 +12,7 @@ from specviz.recording import export, record
 from specviz.request import RunRequest
 from specviz.theory import expected_speedup
 from specviz.ui.history import HISTORY_MAX, add_race, empty, points_of, table
-from specviz.ui.race import RaceView
+from specviz.ui.race_run import RaceView
 from specviz.view import render
 from specviz.view.history import EMPTY_HISTORY, history_figure
 

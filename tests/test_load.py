@@ -30,8 +30,7 @@ from specviz.backends.local import CachedModel  # noqa: E402
 from specviz.host import memory  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
 from specviz.ui import build_demo, serve_locally  # noqa: E402
-from specviz.ui.common import UIContext  # noqa: E402
-from specviz.ui.race import HTML_EVERY_S  # noqa: E402
+from specviz.ui.common import HTML_EVERY_S, UIContext  # noqa: E402
 from specviz.view.render import Pieces  # noqa: E402
 
 ECHO, AR, SPEC, AR_STATS, SPEC_STATS, MESSAGE = range(6)  # the outputs of /race, in order

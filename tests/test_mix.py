@@ -186,7 +186,7 @@ def test_the_race_streams_the_plain_text_in_every_mixing_lane(tiny_pair, tmp_pat
     tokens, and the closing sentences name how the head ran."""
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
-    from specviz.ui.race import race_stream
+    from specviz.ui.race_run import race_stream
 
     ctx = UIContext(device="cpu", default_target=tiny_pair[0], default_draft=tiny_pair[1])
     p, _ = ctx.pair()

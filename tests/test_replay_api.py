@@ -14,7 +14,7 @@ from specviz.recording.record import loads, shipped
 from specviz.ui import build_demo, serve_locally
 from specviz.ui.common import UIContext
 from specviz.ui.inputs import PAGE
-from specviz.ui.race import race_page
+from specviz.ui.race_run import race_page
 from specviz.ui.replay import race_recording
 
 

@@ -13,7 +13,7 @@ from specviz.limits import Limits
 from specviz.ui import build_demo
 from specviz.ui.common import UIContext
 from specviz.ui.inputs import PAGE, RACE_INPUTS, SWEEP_INPUTS, named, page_request
-from specviz.ui.race import RaceView
+from specviz.ui.race_run import RaceView
 
 
 @pytest.mark.parametrize(

@@ -323,7 +323,7 @@ def test_the_app_s_race_runs_against_a_served_target(server, tiny_pair):
     the same text, and the served label and share of time in requests under each pane."""
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
-    from specviz.ui.race import race_stream
+    from specviz.ui.race_run import race_stream
 
     ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
     ctx.default_target, ctx.default_draft = server.url, tiny_pair[1]

@@ -26,7 +26,7 @@ from specviz.pairs.measure import Acceptance
 from specviz.recording import export, record
 from specviz.request import RunRequest
 from specviz.teach import lessons
-from specviz.ui.race import RaceView
+from specviz.ui.race_run import RaceView
 from specviz.ui.sweep import sweep_numbers
 from specviz.view import metrics, render
 from specviz.view.render import ACCEPTANCE_LABELS

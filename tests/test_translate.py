@@ -204,7 +204,7 @@ def test_a_draft_whose_vocabulary_shares_nothing_useful_gets_a_sentence(pair_dir
 def test_the_race_page_says_the_guesses_were_translated_and_how(pair_dirs):
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
-    from specviz.ui.race import race_stream
+    from specviz.ui.race_run import race_stream
 
     ctx = UIContext(device="cpu", default_target=pair_dirs[0], default_draft=pair_dirs[1])
     for temperature, method in ((0.0, "text"), (1.0, "intersection")):
@@ -223,7 +223,7 @@ def test_a_tree_setting_with_a_translated_draft_runs_chains_and_the_race_says_so
     and the race's message says the setting had no effect instead of leaving it silent."""
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
-    from specviz.ui.race import race_stream
+    from specviz.ui.race_run import race_stream
 
     for tree in (4, "auto"):
         events = list(stream("the red fox", target=pair_dirs[0], draft=pair_dirs[1], device="cpu", tree=tree,

@@ -189,7 +189,7 @@ def test_the_app_s_race_runs_against_vllm(vllm_target):
     from specviz.limits import Limits
     from specviz.request import RunRequest
     from specviz.ui.common import UIContext
-    from specviz.ui.race import race_stream
+    from specviz.ui.race_run import race_stream
 
     url, _ = vllm_target
     _engine_generates(url, "x y z x y z x y z x y z x y", 12)

@@ -56,7 +56,7 @@ def _key(view) -> tuple:
 
 
 def add_race(history: dict | None, view) -> dict:
-    """`history` with the finished race `view` (race.RaceView) added once; unchanged for an unfinished race or
+    """`history` with the finished race `view` (race_run.RaceView) added once; unchanged for an unfinished race or
     one already in (the page adds after each race, an API client may ask /history again)."""
     history = history if isinstance(history, dict) and "points" in history else empty()
     if view is None or getattr(view, "pieces", None) is None or not all(view.done[k] for k in view.lanes):

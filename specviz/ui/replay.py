@@ -19,7 +19,7 @@ from specviz.recording import export, record
 from specviz.ui.common import UIContext, error_html, gpu, message
 from specviz.ui.inputs import PAGE, race_requests
 from specviz.ui.keep import downloads, race_recording, step_recording, sweep_recording  # noqa: F401 (the last two: as before)
-from specviz.ui.race import race_stream
+from specviz.ui.race_run import race_stream
 
 SPEEDS = {"recorded speed": 1.0, "4× faster": 4.0, "all at once": 0.0}
 FRAME_S = 0.1  # at most ~10 page updates a second while playing

@@ -13,8 +13,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 def main() -> None:
     import logging
 
+    from specviz.config import env_int
     from specviz.host import memory
-    from specviz.limits import env_int
     from specviz.ui import build_demo, launch_kwargs
 
     log = logging.getLogger("specviz")  # the operator's lines (memory, load failures) go to stderr

@@ -122,8 +122,8 @@ def bench_worker(max_new_tokens: int) -> None:
     one prompt at a time, each read from stdin as a JSON line, answered on stdout as (spec/ar, plain tokens/s)."""
     from specviz.api import load_for
     from specviz.bench.inputs import parse_configs
+    from specviz.bench.machine import machine_info
     from specviz.bench.measure import measure
-    from specviz.host.machine import machine_info
     from specviz.models.loaded import pair_backend
 
     request = RunRequest.of({"max_new_tokens": max_new_tokens}, "bench")

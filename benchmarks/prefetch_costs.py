@@ -31,9 +31,9 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
+    from specviz.bench.machine import machine_info
     from specviz.config import BUILTIN_TARGET
     from specviz.engine.costs import feed_seconds, open_run, read_bandwidth
-    from specviz.host.machine import machine_info
     from specviz.models.loaded import load_model, pair_backend
     from specviz.native import library as native
 

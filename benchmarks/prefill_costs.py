@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from specviz.bench.machine import machine_info  # noqa: E402
 from specviz.config import BUILTIN_TARGET  # noqa: E402
-from specviz.host.machine import machine_info  # noqa: E402
 from specviz.models.loaded import load_model  # noqa: E402
 from specviz.native import library as native
 

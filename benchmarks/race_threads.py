@@ -29,9 +29,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     from specviz.bench.inputs import load_prompts
+    from specviz.bench.machine import machine_info
     from specviz.engine.loop import autoregressive_decode, race, speculative_decode
     from specviz.host import compute
-    from specviz.host.machine import machine_info
     from specviz.models.loaded import pair_backend
     from specviz.request import RunRequest
     from specviz.ui.common import default_context

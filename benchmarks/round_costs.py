@@ -31,9 +31,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=0, help="0: the page's default")
     a = ap.parse_args()
     from specviz.bench.inputs import load_prompts
+    from specviz.bench.machine import machine_info
     from specviz.engine.loop import autoregressive_decode, race, speculative_decode
     from specviz.events import Round, Start, Step
-    from specviz.host.machine import machine_info
     from specviz.models.loaded import pair_backend
     from specviz.request import RunRequest
     from specviz.ui.common import default_context

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's specviz, from any folder
 
 from specviz.backends.local import CachedModel  # noqa: E402
-from specviz.host.machine import machine_info  # noqa: E402
+from specviz.bench.machine import machine_info  # noqa: E402
 from specviz.models.loaded import load_pair  # noqa: E402
 
 

@@ -85,7 +85,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one, a.tokens)))
         return
-    from specviz.host.machine import machine_info
+    from specviz.bench.machine import machine_info
 
     paths = [x.strip() for x in a.paths.split(",") if x.strip()]
     runs: dict[str, list[dict]] = {x: [] for x in paths}

@@ -264,3 +264,17 @@ PRESETS: tuple[PairPreset, ...] = (
     ),
     PairPreset("pythia-1.4b + pythia-160m (hub)", "EleutherAI/pythia-1.4b", "EleutherAI/pythia-160m"),
 )
+
+
+def env_int(name: str, default: int, lowest: int = 1) -> int:
+    """A whole number >= `lowest` from the environment variable `name` (unset or empty: `default`)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SpecvizError(f"{name} must be a whole number, not {raw!r}.") from None
+    if value < lowest:
+        raise SpecvizError(f"{name} must be at least {lowest}, not {value}.")
+    return value

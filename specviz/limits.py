@@ -41,27 +41,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from specviz.backends.served.http import base_url, is_url
-from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, GAMMA_MAX, SpecvizError
+from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, GAMMA_MAX, SpecvizError, env_int
 
 T = TypeVar("T")
 
 # A Hugging Face repo id: "name" or "owner/name", ASCII letters, digits, "-", "_", "."; no "..", no "--".
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,95})?", re.ASCII)
 _MAX_NAME = 300
-
-
-def env_int(name: str, default: int, lowest: int = 1) -> int:
-    """A whole number >= `lowest` from the environment variable `name` (unset or empty: `default`)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SpecvizError(f"{name} must be a whole number, not {raw!r}.") from None
-    if value < lowest:
-        raise SpecvizError(f"{name} must be at least {lowest}, not {value}.")
-    return value
 
 
 def _list(name: str) -> tuple[str, ...] | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
@@ -163,20 +162,22 @@ def test_a_command_that_does_not_parse_fails():
         parser().parse_args(_argv("python -m specviz bench --gamma-policy auto"))  # generate's option, not bench's
 
 
+def _load(path: Path):
+    """A script as a module, by its path (scripts/ and benchmarks/ never go on sys.path)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_performance_tables_are_what_the_result_files_make():
-    spec = importlib.util.spec_from_file_location("make_performance", ROOT / "benchmarks" / "make_performance.py")
-    make_performance = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_performance)
+    make_performance = _load(ROOT / "benchmarks" / "make_performance.py")
     for path, text in make_performance.render().items():
         assert path.read_text() == text, f"{_name(path)} is stale: run python benchmarks/make_performance.py"
 
 
 def test_the_api_and_cli_pages_are_what_the_code_makes():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import api_docs
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    api_docs = _load(ROOT / "scripts" / "api_docs.py")
     for path, text in api_docs.render().items():
         assert path.read_text() == text, f"{_name(path)} is stale: run python scripts/api_docs.py"
     assert "## `generate`" in text or "## `bench`" in text  # the pages hold what they are for

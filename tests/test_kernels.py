@@ -120,7 +120,7 @@ def test_the_int8_activation_kernel_gives_the_same_bits_on_every_instruction_set
 def test_the_nf4_kernel_multiplies_by_bitsandbytes_weights_and_a_row_gets_the_same_bits_in_any_call(k, n):
     """NF4 (two weights a byte, the first in the high nibble; code[q] * absmax per block of 64), checked against
     bitsandbytes' own dequantisation where it is installed and against the layout written out here."""
-    from specviz.models.quant import nf4_dense
+    from specviz.quant import nf4_dense
 
     torch.manual_seed(0)
     code = torch.linspace(-1, 1, 16) ** 3  # any 16 values: the kernel reads the table it is given

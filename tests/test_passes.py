@@ -205,7 +205,7 @@ def test_the_header_names_counts_that_timing_changed_and_only_those(monkeypatch)
 
 @needs_avx2
 def test_the_pairs_backend_line_and_the_machine_facts_carry_the_counts(avx2, rows_pair, monkeypatch):
-    from specviz.host.machine import machine_info
+    from specviz.bench.machine import machine_info
     from specviz.models.loaded import pair_backend
 
     p, q = rows_pair()

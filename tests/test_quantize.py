@@ -229,7 +229,7 @@ def test_nf4_weights_read_with_nested_absmax_are_bitsandbytes_own():
 
     from bitsandbytes.functional import dequantize_4bit, quantize_4bit
 
-    from specviz.models.quant import nf4_absmax, nf4_dense
+    from specviz.quant import nf4_absmax, nf4_dense
 
     w = torch.randn(96, 256, generator=torch.Generator().manual_seed(0))
     for nested in (False, True):

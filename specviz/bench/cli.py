@@ -18,11 +18,11 @@ import pandas as pd
 from specviz.api import encode_prompt
 from specviz.backends.local import opening_note
 from specviz.bench.inputs import grid, load_prompts, parse_configs, parse_grid, parse_trees
+from specviz.bench.machine import machine_info
 from specviz.bench.measure import draft_ranks, measure, ranks_line
 from specviz.bench.plots import write_plots
 from specviz.bench.summary import summarise_runs
 from specviz.engine.costs import read_bandwidth
-from specviz.host.machine import machine_info
 from specviz.models.loaded import LoadedModel
 from specviz.models.translate import needs_translation
 from specviz.request import RunRequest

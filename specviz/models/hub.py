@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from specviz.config import BUILTIN_DRAFT, BUILTIN_DRAFT_DIR, BUILTIN_TARGET, SpecvizError
-from specviz.models.quant import quant_config as _quant_config
 from specviz.native import forward as lean
 from specviz.native.linear import KERNEL_MARGIN, LEAN_MARGIN, use_fast_linear
+from specviz.quant import quant_config as _quant_config
 
 HUB_PROBE_TIMEOUT_S = 3.0  # huggingface_hub retries a dead network 5 times with backoff (~25 s): ask once first
 HUB_PROBE_TTL_S = 60.0  # remember the answer a minute, so a UI does not probe on every load

@@ -16,19 +16,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError
+from specviz.config import BUILTIN_DRAFT, BUILTIN_TARGET, SpecvizError, env_int
 from specviz.host import cpus
-from specviz.limits import env_int
 from specviz.models import hub
 from specviz.models.cache import ModelCache
-from specviz.models.quant import QUANT_LABELS, QUANTIZE, exact_cpu_layers, quant_state_bytes, weights_held  # noqa: F401 (QUANTIZE)
-from specviz.models.quant import quant_config as _quant_config
 from specviz.native import draft as lean_draft
 from specviz.native import forward as lean
 from specviz.native import linear as kernels
 from specviz.native import panels as lean_panels
 from specviz.native.forward import LeanCache, LeanLlama
 from specviz.native.linear import draft_dtype
+from specviz.quant import QUANT_LABELS, QUANTIZE, exact_cpu_layers, quant_state_bytes, weights_held  # noqa: F401 (QUANTIZE)
+from specviz.quant import quant_config as _quant_config
 from specviz.sampling import scatter_rows
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -38,8 +38,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from specviz import quant
 from specviz.host import cpus
-from specviz.models import quant
 from specviz.native import library as native
 from specviz.native import panels as lean_panels
 from specviz.native.kv_cache import LeanCache

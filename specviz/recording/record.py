@@ -170,7 +170,7 @@ def token_ids(evs: Iterable) -> set[int]:
 def environment(target=None, draft=None, settings: dict | None = None) -> dict:
     """The models, the machine and the date: what a reader needs to judge the recorded times (and, where
     `settings` ran a head drafter, how the head computed: head_native.py's choice)."""
-    from specviz.host.machine import machine_info
+    from specviz.bench.machine import machine_info
 
     info = machine_info()
     keys = (

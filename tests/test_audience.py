@@ -153,6 +153,7 @@ def _held() -> tuple[int, int]:
 IDLE_S = 3
 
 
+@pytest.mark.full  # waits out the idle limit: the full tier
 def test_sixty_abandoned_step_sessions_are_freed_after_the_idle_limit(root):
     """A class opens the tab, clicks once and leaves (one click takes ~0.2 s here, so the earliest runs are already
     freed while the last are opened): the sessions pile up, then all are freed, and a returning visitor is told."""

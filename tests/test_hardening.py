@@ -222,7 +222,8 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from conftest import make_model, make_tokenizer
-from specviz import generate, load_pair, memory
+from specviz import generate, load_pair
+from specviz.host import memory
 from specviz.backends.local import CachedModel
 
 root, tok, paths = Path(sys.argv[1]), make_tokenizer(64, chat=True), []

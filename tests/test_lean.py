@@ -247,6 +247,7 @@ def test_a_team_smaller_than_the_threads_asked_for_still_computes_every_column()
     assert done.returncode == 0 and "same bits" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.full  # minutes on two cores: the full tier
 @pytest.mark.parametrize("forward", FORWARDS[:2])
 def test_on_two_threads_greedy_spec_equals_plain_and_sampled_runs_draw_what_one_thread_draws(
     pair_with, small_vocab_pair, forward, threads

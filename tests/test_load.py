@@ -178,6 +178,7 @@ def _requests(n: int) -> list[tuple]:
 # --- load ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.full  # a load run: the full tier
 def test_twenty_concurrent_clients_each_get_exactly_their_own_result(app, pair, probe):
     """20 clients at once, concurrency 1: all finish, the waiting ones are told their place in the queue, and
     each result equals the same request run alone (tokens, prompt echo), so no run saw another's settings."""
@@ -244,6 +245,7 @@ def kept_rss() -> float:
     return memory.rss_mib()
 
 
+@pytest.mark.full  # a load run: the full tier
 def test_memory_is_flat_over_sequential_races(app, client):
     """RSS (server and client share this process) and the engine's per-run objects, after a warm-up."""
     for i in range(5):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.full  # a minute of visitors against a child app: the full tier
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -42,7 +42,7 @@ def phi3_pair(pair_dirs, tmp_path_factory):
     return load_pair(pair_dirs[0], phi3_draft(tmp_path_factory.mktemp("phi3")), device="cpu", dtype="float32")
 
 
-@pytest.fixture(params=["trained ▁ tokenizer", "Phi-3's tokenizer"])
+@pytest.fixture(params=["trained ▁ tokenizer", pytest.param("Phi-3's tokenizer", marks=pytest.mark.full)])
 def any_pair(request):
     """Each exactness test runs with both drafts: the tokenizer trained here and a real one with its quirks."""
     return request.getfixturevalue("pair" if request.param.startswith("trained") else "phi3_pair")
@@ -58,6 +58,7 @@ def test_the_two_tokenizers_really_differ(pair):
     assert q.tokenizer.convert_ids_to_tokens(int(shared.q_rows[shared.p_ids.tolist().index(the)])) == "▁the"
 
 
+@pytest.mark.full  # trains a draft on Phi-3's tokenizer first: the full tier
 def test_phi3_s_real_tokenizer_differs_as_real_pairs_do(phi3_pair):
     p, q = phi3_pair
     assert (space_marker(p.tokenizer), space_marker(q.tokenizer)) == ("Ġ", "▁") and len(q.tokenizer) == 32064

@@ -113,3 +113,16 @@ def test_the_gamma_timeline_shows_each_rounds_guesses_under_its_cap_with_whole_t
     frame["nodes"] = [9, 5, 2]  # a tree's nodes, not the walked line's gamma, are what its round proposed
     assert list(plots.gamma_timeline_figure({"spec": frame}).data[0].y) == [9, 5, 2]
     assert len(plots.gamma_timeline_figure({"spec": plots.rounds_frame([])}).data) == 0
+
+
+def test_the_temperature_sweep_draws_a_point_per_temperature_on_the_sweeps_two_panels():
+    from specviz.view.temperature import temperature_figure
+
+    rows = [
+        {"temperature": 0.0, "acceptance": 0.4, "alpha": 0.6, "speedup": 1.7},
+        {"temperature": 1.0, "acceptance": 0.2, "alpha": 0.3, "speedup": 1.2},
+    ]
+    fig = temperature_figure(rows)
+    assert [list(t.x) for t in fig.data] == [[0.0, 1.0]] * 3
+    assert [list(t.y) for t in fig.data] == [[0.4, 0.2], [0.6, 0.3], [1.7, 1.2]]
+    assert fig.layout.yaxis.tickformat == ".0%" and fig.layout.yaxis2.title.text == "× plain tokens/s"

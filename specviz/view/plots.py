@@ -302,6 +302,11 @@ def sweep_figure(measured: pd.DataFrame, theory: pd.DataFrame | None = None) -> 
         )
         fig.update_xaxes(range=[0.5, 8.5])
     fig.update_xaxes(title_text="gamma (tokens drafted per round)", dtick=1 if len(measured) < 10 else None)
+    return acceptance_and_speedup_axes(fig)
+
+
+def acceptance_and_speedup_axes(fig: go.Figure) -> go.Figure:
+    """The two panels of a sweep (acceptance on the left, speedup over plain decoding on the right), styled alike."""
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
     fig.update_yaxes(title_text="× plain tokens/s", rangemode="tozero", row=1, col=2)
     fig.update_layout(

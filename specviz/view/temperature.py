@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.view.plots import BLUE, GREY, VERMILLION, empty_figure
+from specviz.view.plots import BLUE, GREY, VERMILLION, acceptance_and_speedup_axes, empty_figure
 
 EMPTY_TEMPERATURE = (
     "Press “Sweep temperature” to race the current prompt at temperatures from 0 to 1.3: "
@@ -52,12 +52,4 @@ def temperature_figure(rows: Sequence[dict]) -> go.Figure:
     )
     fig.add_hline(y=1.0, line={"color": VERMILLION, "width": 1}, row=1, col=2)
     fig.update_xaxes(title_text="temperature (0 = greedy)", range=[-0.05, max(1.35, max(x) + 0.05)])
-    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=1, col=1)
-    fig.update_yaxes(title_text="× plain tokens/s", rangemode="tozero", row=1, col=2)
-    fig.update_layout(
-        template="plotly_white",
-        height=320,
-        margin={"l": 50, "r": 15, "t": 50, "b": 45},
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.08, "xanchor": "right", "x": 1},
-    )
-    return fig
+    return acceptance_and_speedup_axes(fig)

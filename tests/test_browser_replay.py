@@ -95,8 +95,12 @@ def test_the_exported_page_shows_the_same_tokens_colours_and_numbers_offline(bro
     assert _tokens(ar, "tok-ar") == _tokens(live.locator("#sv-ar"), "tok-ar")
     assert page.locator("#sv-lane-spec .sv-stats").inner_text() == live.locator("#sv-spec-stats").inner_text()
     assert page.locator("#sv-lane-ar .sv-stats").inner_text() == live.locator("#sv-ar-stats").inner_text()
-    expect(page.locator(".js-plotly-plot")).to_have_count(4)  # plotly ran from the inlined script
-    assert page.locator(".js-plotly-plot .main-svg").count() >= 4
+    # plotly ran from the inlined script: the race's four charts and the history of the settings tried, which a
+    # page's race recording carries (the race above added its points)
+    expect(page.locator(".js-plotly-plot")).to_have_count(5)
+    assert page.locator(".js-plotly-plot .main-svg").count() >= 5
+    history = page.locator(".js-plotly-plot").nth(4).inner_text()
+    assert "gamma" in history and "temperature" in history  # the history's two x axes
     assert PROMPT in page.locator(".sv-settings").inner_text() and "recorded on" in page.inner_text("body")
     assert page.outside == [] and page.dialogs == []
     page.close()

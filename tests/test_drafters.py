@@ -315,7 +315,7 @@ class Listener(Silent):
 def test_an_empty_proposal_is_a_plain_target_step(loaded_pair, temperature):
     p, q = loaded_pair
     ids = p.tokenizer("hello world")["input_ids"]
-    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=20, seed=4, temperature=temperature).spec
+    cfg = engine_config(max_new_tokens=20, seed=4, temperature=temperature)
     sp = list(speculative_decode(p, q, ids, cfg, drafter=Silent()))
     ar = list(autoregressive_decode(p, ids, cfg))
     rounds = [e for e in sp if isinstance(e, Round)]
@@ -338,7 +338,7 @@ def test_hidden_states_reach_only_drafters_that_ask(loaded_pair, monkeypatch):
         return forward(self, *a, **kw)
 
     monkeypatch.setattr(type(p.model), "forward", spy)
-    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=12).spec
+    cfg = engine_config(max_new_tokens=12)
     list(speculative_decode(p, q, ids, cfg))
     assert asked and not any(asked)  # the model drafter did not ask: nobody paid for hidden states
     asked.clear()

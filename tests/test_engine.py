@@ -191,7 +191,7 @@ def test_sampled_spec_follows_target_distribution_over_two_tokens(small_vocab_pa
 def test_race_orders_events_by_each_side_s_own_clock(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("hello world")["input_ids"]
-    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=20).spec
+    cfg = engine_config(max_new_tokens=20)
     merged = list(race(autoregressive_decode(p, ids, cfg), speculative_decode(p, q, ids, cfg)))
     sides = {s for s, _ in merged}
     assert sides == {"ar", "spec"}

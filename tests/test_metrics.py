@@ -1,6 +1,7 @@
 """Events -> frames and summary numbers: the frames add up to what the run reported."""
 
 import pytest
+from conftest import engine_config
 
 from specviz import race
 from specviz.engine.loop import autoregressive_decode, speculative_decode
@@ -50,7 +51,7 @@ def test_ar_frame_has_one_row_per_token(runs):
 def test_race_pairs_split_by_side(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("hello world")["input_ids"]
-    cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=20).spec
+    cfg = engine_config(max_new_tokens=20)
     merged = list(race(autoregressive_decode(p, ids, cfg), speculative_decode(p, q, ids, cfg)))
     f = rounds_frame(merged)
     by_side = summaries(merged)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_model, make_tokenizer
+from conftest import engine_config, make_model, make_tokenizer
 from transformers import BertConfig, BertModel
 
 import specviz.models.hub as hub
@@ -492,11 +492,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(loaded_pair
     assert list(cache_kwargs(p.model, None)) == ["cache" if "cache" in takes else "past_key_values"]
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*past_key_values.*")
-        events = list(
-            speculative_decode(
-                p, q, [1, 7, 9, 11], RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=12, seed=0).spec
-            )
-        )
+        events = list(speculative_decode(p, q, [1, 7, 9, 11], engine_config(max_new_tokens=12, seed=0)))
     done = events[-1]
     assert len(done.token_ids) == 12 or done.finish_reason == "eos"
     assert done.stats["drafted"] > 0  # the draft's cache was used too

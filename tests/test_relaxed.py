@@ -1,11 +1,11 @@
 """The lossy switch: relaxed verification against w·p + (1 − w)·q. At w = 1 it is exact speculative sampling;
 below 1 guesses are kept more often and the output provably stops following p (a chi-square test says so)."""
 
-import dataclasses
 import math
 
 import pytest
 import torch
+from conftest import engine_config
 
 from specviz import SamplingConfig, SpecvizError, generate, load_pair
 from specviz.engine.loop import speculative_decode
@@ -59,50 +59,16 @@ def test_engine_at_w_one_is_exact_verification(loaded_pair):
     p, q = loaded_pair
     ids = p.tokenizer("the cat sat")["input_ids"]
     s = SamplingConfig(1.0)
-    exact = [
-        to_json(e)
-        for e in speculative_decode(
-            p,
-            q,
-            ids,
-            RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=24, seed=4, **dataclasses.asdict(s)).spec,
-        )
-    ]
+    exact = [to_json(e) for e in speculative_decode(p, q, ids, engine_config(max_new_tokens=24, seed=4, sampling=s))]
     at_one = [
         to_json(e)
         for e in speculative_decode(
-            p,
-            q,
-            ids,
-            RunRequest(
-                drafter="model",
-                gamma=3,
-                tree="off",
-                max_new_tokens=24,
-                seed=4,
-                relaxed_w=1.0,
-                allow_lossy=True,
-                **dataclasses.asdict(s),
-            ).spec,
+            p, q, ids, engine_config(max_new_tokens=24, seed=4, sampling=s, relaxed_w=1.0, allow_lossy=True)
         )
     ]
     lossy = [
         to_json(e)
-        for e in speculative_decode(
-            p,
-            q,
-            ids,
-            RunRequest(
-                drafter="model",
-                gamma=3,
-                tree="off",
-                max_new_tokens=24,
-                seed=4,
-                relaxed_w=0.2,
-                allow_lossy=True,
-                **dataclasses.asdict(s),
-            ).spec,
-        )
+        for e in speculative_decode(p, q, ids, engine_config(max_new_tokens=24, seed=4, sampling=s, relaxed_w=0.2))
     ]
     assert untimed(at_one) == untimed(exact)
     assert untimed(lossy) != untimed(exact)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import engine_config
 from protocol_server import ProtocolServer
 from server_process import free_port
 
@@ -127,7 +128,7 @@ def test_plain_lane_at_t1_is_the_engine_s_own_sample(small_vocab_pair):
         N = 800
         counts = torch.zeros(V * V + V)
         for seed in range(N):
-            cfg = RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=2, seed=seed, temperature=1.0).spec
+            cfg = engine_config(max_new_tokens=2, seed=seed, temperature=1.0)
             t = list(autoregressive_decode(p, ids, cfg))[-1].token_ids
             counts[V * V + t[0] if len(t) == 1 else t[0] * V + t[1]] += 1
         keep = law * N >= 5

@@ -372,11 +372,7 @@ def test_the_engine_s_done_stats_are_the_fold_of_its_own_events(loaded_pair, opt
     for tokens in (7, 23):
         cfg = engine_config(max_new_tokens=tokens, **options)
         spec = list(speculative_decode(p, q, prompt, cfg))
-        ar = list(
-            autoregressive_decode(
-                p, prompt, RunRequest(drafter="model", gamma=3, tree="off", max_new_tokens=tokens).spec
-            )
-        )
+        ar = list(autoregressive_decode(p, prompt, engine_config(max_new_tokens=tokens)))
         for events in (spec, ar):
             stats, t, ref = events[-1].stats, Tally.of(events), reference(events)
             assert {k: v for k, v in stats.items() if k != "mode"} == t.stats()

@@ -126,6 +126,19 @@ def engine_config(**options):
     return RunRequest(**{"drafter": "model", "gamma": 3, "tree": "off", **options}).spec
 
 
+def served_app(pair, limits):
+    """The app on `pair` (target, draft) under `limits`, served on 127.0.0.1 for a test module, closed after it:
+    `yield from served_app(tiny_pair, Limits(...))` in a module fixture yields its URL."""
+    from specviz.ui import build_demo, serve_locally
+    from specviz.ui.common import UIContext
+
+    ctx = UIContext(limits=limits, device="cpu")
+    ctx.default_target, ctx.default_draft = pair
+    demo = build_demo(ctx)
+    yield serve_locally(demo)
+    demo.close()
+
+
 def feed_in_calls(run, ids: list[int], at: int) -> tuple[torch.Tensor, int]:
     """Feed ids[at:] to a CachedModel in calls of 1-16 tokens (1, 4, 8, 2, 1, 5, 16, 12, again) until the next call
     would run past the end: (every fed token's logits, where feeding stopped)."""

@@ -6,12 +6,13 @@ import re
 
 import httpx
 import pytest
+from conftest import served_app
 
 gr = pytest.importorskip("gradio")
 from gradio_client import Client  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, serve_locally  # noqa: E402
+from specviz.ui import build_demo  # noqa: E402
 from specviz.ui.common import UIContext  # noqa: E402
 
 # (prompt, gamma, temperature, top_k, top_p, max_new_tokens, seed): with the tiny pair this run has
@@ -24,13 +25,7 @@ ECHO, AR, SPEC, AR_STATS, SPEC_STATS, MESSAGE = range(6)
 
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
-    target, draft = tiny_pair
-    ctx = UIContext(limits=Limits(max_prompt_tokens=40, max_new_tokens=64), device="cpu")
-    ctx.default_target, ctx.default_draft = target, draft
-    demo = build_demo(ctx)
-    url = serve_locally(demo)
-    yield url
-    demo.close()
+    yield from served_app(tiny_pair, Limits(max_prompt_tokens=40, max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")

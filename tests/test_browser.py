@@ -10,14 +10,13 @@ from urllib.parse import urlparse
 
 import pytest
 from chromium import launched, require_chromium
+from conftest import served_app
 
 require_chromium()
 
 from playwright.sync_api import expect  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, serve_locally  # noqa: E402
-from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.inputs import number_box  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -28,12 +27,7 @@ TIMEOUT_MS = 90_000
 
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
-    ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
-    ctx.default_target, ctx.default_draft = tiny_pair
-    demo = build_demo(ctx)
-    url = serve_locally(demo)
-    yield url
-    demo.close()
+    yield from served_app(tiny_pair, Limits(max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")

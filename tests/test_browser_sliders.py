@@ -8,6 +8,7 @@ import time
 
 import pytest
 from chromium import launched, require_chromium
+from conftest import served_app
 
 require_chromium()
 
@@ -15,8 +16,6 @@ from playwright.sync_api import expect  # noqa: E402
 
 from specviz.backends.local import CachedModel  # noqa: E402
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, serve_locally  # noqa: E402
-from specviz.ui.common import UIContext  # noqa: E402
 from specviz.ui.inputs import TEMPERATURE_LABEL, number_box  # noqa: E402
 
 pytestmark = pytest.mark.browser
@@ -32,12 +31,7 @@ POINTS_JS = """() => {
 
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
-    ctx = UIContext(limits=Limits(max_new_tokens=64), device="cpu")
-    ctx.default_target, ctx.default_draft = tiny_pair
-    demo = build_demo(ctx)
-    url = serve_locally(demo)
-    yield url
-    demo.close()
+    yield from served_app(tiny_pair, Limits(max_new_tokens=64))
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/check_vs_vllm.py [--method draft_model|ngram] [--max-new-tokens 32] [--out FILE]
 
 1. The pair check on the built-in pair (drafter "model", or "lookup" for --method ngram): its acceptance a and best
-   gamma k; its prediction per draft position i is a^(i+1) (the share of rounds whose guess i is kept, the i.i.d.
-   model) and per round 1 + a + ... + a^k tokens.
+   gamma k; its prediction per draft position i (the share of rounds whose guess i is kept) from its acceptance
+   measured per position, and tokens per round 1 + their sum; the one-alpha model a^(i+1) beside it.
 2. specviz's own greedy decoding with the same drafter and k on the check's prompts: the same shares, measured.
 3. The built-in draft exported with the target's full vocabulary (specviz export-draft), vLLM's CPU server started
    on the built-in target with the card's --speculative-config (the draft's path: the export), the same prompts sent
@@ -59,11 +59,17 @@ def prompt_ids(prompts: list[str]) -> list[list[int]]:
     return [encode_prompt(p, x) for x in prompts]
 
 
-def predicted(a: float, k: int) -> Side:
-    """The check's i.i.d. prediction at k speculative tokens."""
+def predicted(acceptance, k: int) -> Side:
+    """The check's prediction at k speculative tokens: per position the share of rounds that keep it, from the
+    check's acceptance measured per position (pairs.measure.Acceptance.kept_shares), and tokens per round."""
+    return Side("check (predicted)", acceptance.kept_shares(k), acceptance.tokens_per_round(k), 0)
+
+
+def iid(a: float, k: int) -> Side:
+    """The equal-alpha model the check used before it counted positions: a^(i+1) per position, shown beside."""
     from specviz.theory import expected_tokens
 
-    return Side("check (predicted)", [a ** (i + 1) for i in range(k)], expected_tokens(a, k), 0)
+    return Side("one alpha (a^(i+1))", [a ** (i + 1) for i in range(k)], expected_tokens(a, k), 0)
 
 
 def specviz_side(prompts: list[str], k: int, drafter: str, max_new_tokens: int, draft: str | None = None) -> Side:
@@ -251,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("[3] specviz's own greedy runs ...", file=sys.stderr)
     ours = specviz_side(prompts, k, drafter, a.max_new_tokens)
-    sides = [predicted(alpha, k), ours, engine]
+    sides = [predicted(rep.acceptance, k), iid(alpha, k), ours, engine]
     if not a.no_transformers:
         print("[4] transformers' assisted generation ...", file=sys.stderr)
         c = _Pair(target_dir, draft_dir or "", drafter, k, False, False, rep)
@@ -270,9 +276,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{_cpu()}; {method}, k = {k}, greedy, {len(prompts)} prompts of the check, {a.max_new_tokens} tokens")
     print(table(sides, k))
     print(f"greedy output equal to specviz's on {sum(same)} of {len(prompts)} prompts")
+    result["vs_prediction"] = gaps = against(sides[0], engine)
+    print(
+        f"vLLM against the check's prediction: tokens per round {gaps['tokens_per_round_rel']:+.1%}, acceptance per "
+        f"position at most {gaps['max_position_diff']:.3f} apart"
+    )
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2))
     return 0
+
+
+def against(prediction: Side, engine: Side) -> dict:
+    """How far the engine's counters are from the prediction: tokens per round relative, per position absolute."""
+    diffs = [abs(x - y) for x, y in zip(engine.per_position, prediction.per_position)]
+    return {
+        "tokens_per_round_rel": engine.tokens_per_round / prediction.tokens_per_round - 1,
+        "max_position_diff": max(diffs, default=0.0),
+        "position_diffs": diffs,
+    }
 
 
 def _vllm_json(text: str) -> str:

@@ -8,6 +8,8 @@ cost of one draft step relative to one target step, gamma the proposals of a rou
 - `expected_tokens_by_position(alphas)`: the same from conditional acceptance per position alpha_1, alpha_2, ...:
   1 + sum over i of prod over j <= i of alpha_j. Where acceptance rises or falls along a round, the equal-alpha
   formula is wrong by the difference.
+- `position_counts`, `alphas_at`, `kept_shares`: acceptance per position counted, extended past the positions a run
+  measured, and read as the share of rounds that keep each position (what an engine's per-position counters show).
 - `expected_speedup(alpha, gamma, c)`: Theorem 3.8, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)); it assumes
   a verify of gamma + 1 tokens costs one target step. `expected_speedup_measured` uses measured costs: the
   verify call, the decode loop's own work per round, and a plain decoding step's.
@@ -38,11 +40,11 @@ def cost_ratio(draft_s: float, draft_calls: int, target_step_s: float) -> float:
     return draft_s / draft_calls / target_step_s if draft_calls > 0 else 0.0
 
 
-def position_alphas(rounds: Iterable[tuple[int, int]]) -> list[float]:
-    """Conditional acceptance alpha_k per draft position k = 1, 2, ...: of the rounds that reached position k
-    (proposed at least k tokens and accepted the k - 1 before it), the share that accepted it.
+def position_counts(rounds: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """(kept, reached) per draft position k = 1, 2, ...: the rounds that reached position k (proposed at least k
+    tokens and accepted the k - 1 before it), and of those the ones that accepted it.
 
-    rounds: (proposed, accepted) per round. Positions no round reached are left out (the list ends there).
+    rounds: (proposed, accepted) per round. Positions no round reached are left out (the lists end there).
     """
     reached: list[int] = []
     kept: list[int] = []
@@ -53,7 +55,35 @@ def position_alphas(rounds: Iterable[tuple[int, int]]) -> list[float]:
                 kept.append(0)
             reached[j] += 1
             kept[j] += j < n
+    return kept, reached
+
+
+def position_alphas(rounds: Iterable[tuple[int, int]]) -> list[float]:
+    """Conditional acceptance alpha_k per draft position k = 1, 2, ...: of the rounds that reached position k, the
+    share that accepted it (position_counts)."""
+    kept, reached = position_counts(rounds)
     return [a / r for a, r in zip(kept, reached)]
+
+
+def alphas_at(kept: Sequence[int], reached: Sequence[int], gamma: int, a: float) -> list[float]:
+    """Conditional acceptance at positions 1 .. gamma from position_counts measured over fewer positions: each
+    measured position its own; past them the pooled rate of positions 2 and on (a guess given the one before was
+    kept), else `a`. The first guess of a round is kept less often than a later one whose predecessor was, so one
+    alpha for every position mispredicts each position although the tokens per round come out close."""
+    measured = [k / r for k, r in zip(kept, reached)][:gamma]  # every listed position was reached (r > 0)
+    later_r = sum(reached[1:])
+    later = sum(kept[1:]) / later_r if later_r else a
+    return measured + [later] * (gamma - len(measured))
+
+
+def kept_shares(alphas: Sequence[float]) -> list[float]:
+    """Per position, the share of rounds whose guess there is kept (and every one before it): the running product
+    of the conditional alphas. What vLLM logs as its per-position acceptance rate (accepted at i / drafts)."""
+    out, reach = [], 1.0
+    for x in alphas:
+        reach *= x
+        out.append(reach)
+    return out
 
 
 def accepted_histogram(rounds: Iterable[tuple[int, int]]) -> list[int]:
@@ -96,11 +126,7 @@ def expected_tokens(a: float, gamma: int) -> float:
 
 def expected_tokens_by_position(alphas: Sequence[float]) -> float:
     """Expected tokens per round from conditional acceptance per position: 1 + sum_i prod_{j<=i} alpha_j."""
-    total, reach = 1.0, 1.0
-    for a in alphas:
-        reach *= a
-        total += reach
-    return total
+    return 1.0 + sum(kept_shares(alphas))
 
 
 def expected_speedup(a: float, gamma: int, c: float) -> float:

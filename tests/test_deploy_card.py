@@ -170,6 +170,11 @@ def test_every_engine_line_parses(reports, kind):
         assert all(any("no lookup-then-model" in n for n in by[e].notes) for e in by)
     text, js = rep.report(), json.dumps(rep.to_dict())
     assert card.text() in text and "--speculative-config" in text
+    # what the engine's own counters should read at k: the check's acceptance per position, k shares, falling
+    shares = rep.acceptance.kept_shares(k)
+    assert len(shares) == k and all(1 >= x >= y >= 0 for x, y in zip(shares, shares[1:]))
+    assert f"about {rep.acceptance.tokens_per_round(k):.2f} tokens a drafting round" in card.expect
+    assert ", ".join(f"{x:.2f}" for x in shares) in card.expect and "expect:" in card.text()
     assert json.loads(js)["deploy"]["engines"][0]["engine"] == "vLLM"
     for e in card.engines:
         assert e.checked and all(n.endswith(".") and "\n" not in n for n in e.notes), e

@@ -372,6 +372,20 @@ def test_position_alphas_count_only_rounds_that_reached_the_position():
     assert accepted_histogram(rounds) == [1, 1, 1, 1][:4] and accepted_histogram([(2, 2)]) == [0, 0, 1]
 
 
+def test_acceptance_past_the_measured_positions_is_the_rate_given_a_kept_predecessor():
+    from specviz.theory import alphas_at, kept_shares, position_counts
+
+    rounds = [(3, 3), (3, 1), (3, 0), (2, 2), (0, 0)]
+    kept, reached = position_counts(rounds)
+    assert (kept, reached) == ([3, 2, 1], [4, 3, 1])
+    # positions 1-3 as measured; 4 and 5 at the pooled rate of positions 2 and 3: (2 + 1) / (3 + 1)
+    assert alphas_at(kept, reached, 5, a=0.1) == [3 / 4, 2 / 3, 1.0, 3 / 4, 3 / 4]
+    assert alphas_at(kept, reached, 2, a=0.1) == [3 / 4, 2 / 3]
+    assert alphas_at([2], [4], 3, a=0.5) == [0.5, 0.5, 0.5]  # nothing past the first measured: the one alpha
+    assert alphas_at([], [], 2, a=0.3) == [0.3, 0.3]
+    assert kept_shares([0.5, 0.5, 1.0]) == [0.5, 0.25, 0.25]  # of all rounds: each position with the ones before
+
+
 def test_expected_tokens_by_position_generalises_the_equal_alpha_formula():
     for a in (0.0, 0.3, 0.8, 1.0):
         for g in (1, 4):

@@ -182,8 +182,12 @@ def test_identical_tokenizers_fast_draft_is_compatible_with_numbers(fast_pair):
     assert 0 < rep.draft_cost < 1 and 0 <= rep.round_overhead < 5 and 0 < rep.plain_cost < 5, rep.report()
     assert acc.rounds == sum(acc.block_sizes) and acc.drafted == sum(k * n for k, n in enumerate(acc.block_sizes))
     assert 0 < acc.draft_s < acc.decode_s
+    # acceptance per position: every judged guess counted once at its position, every kept one once
+    assert sum(acc.position_reached) == acc.tested and sum(acc.position_kept) == acc.accepted
+    assert len(acc.position_reached) <= 4 and acc.alphas(2) == acc.alphas(4)[:2] and len(acc.alphas(8)) == 8
     for g, (s, v) in enumerate(zip(rep.speedups_measured, rep.verify_costs), start=1):
-        tokens = expected_speedup(acc.a, g, 0.0)  # 1 + a + ... + a^g
+        tokens = acc.tokens_per_round(g)  # 1 + the shares of rounds keeping each position
+        assert tokens == pytest.approx(1 + sum(acc.kept_shares(g)))
         assert s == pytest.approx(tokens * rep.plain_cost / (g * rep.draft_cost + v + rep.round_overhead))
     assert rep.best_speedup == max(rep.speedups_measured) >= 1.05
     assert "compatible" in rep.reasons[0].lower() or "faster" in rep.reasons[0]
@@ -191,6 +195,8 @@ def test_identical_tokenizers_fast_draft_is_compatible_with_numbers(fast_pair):
     d = json.loads(json.dumps(rep.to_dict()))
     assert d["verdict"] == "compatible" and d["c"] == rep.c and len(d["speedups"]) == 16
     assert d["speedups_measured"][rep.best_gamma - 1]["speedup"] == rep.best_speedup
+    assert d["predicted_rounds"]["tokens_per_round"] == acc.tokens_per_round(rep.best_gamma)
+    assert d["predicted_rounds"]["kept_by_position"] == acc.kept_shares(rep.best_gamma)
     text = rep.report()
     assert "COMPATIBLE" in text and f"c = {rep.c:.3f}" in text and f"a = {acc.a:.3f}" in text
     assert f"gamma {rep.best_gamma:2d}" in text and "<- best" in text

@@ -7,10 +7,11 @@ the formula). From a and c the expected speedup for each block size gamma follow
 Theorem 3.8): (1 - a^(gamma+1)) / ((1 - a)(gamma c + 1)). That formula lives in theory.py; a and c are read from
 the decoding runs' tally.Tally (measured in the decode loops, as the benchmark and the sweep measure them). The
 prediction the verdict and the recommended gamma rest on prices a round of each gamma from the rounds the acceptance
-runs paid, against the plain steps beside them (pairs_measure.RoundCosts), and the report gives what those runs
-gained, measured, beside it.
+runs paid, against the plain steps beside them (pairs.measure.RoundCosts), with the tokens a round yields from the
+acceptance measured per draft position (Acceptance.alphas: a first guess is kept less often than a later one whose
+predecessor was), and the report gives what those runs gained, measured, beside it.
 
-The measurements are pairs_measure.py, the findings in sentences pairs_verdict.py, the report pairs_report.py and
+The measurements are pairs/measure.py, the findings in sentences pairs/verdict.py, the report pairs/report.py and
 the tokenizer comparison translate.compare_tokenizers; this module runs the check.
 """
 
@@ -32,7 +33,7 @@ from specviz.pairs.measure import CHECK_GAMMA, RoundCosts, acceptance_by_kind, m
 from specviz.pairs.report import PairReport
 from specviz.pairs.verdict import tokenizer_findings, translation_findings, tree_advice, worth_verdict
 from specviz.request import RunRequest
-from specviz.theory import expected_speedup, expected_speedup_measured, expected_tokens, speedup_table  # noqa: F401  (expected_speedup: re-exported)
+from specviz.theory import expected_speedup, expected_speedup_measured, speedup_table  # noqa: F401  (expected_speedup: re-exported)
 
 SAMPLE_PROMPTS: dict[str, tuple[str, ...]] = {  # a user's prompts differ: acceptance is measured per kind
     "chat": ("Tell me about gravity.", "What is the capital of France, and why is it famous?"),
@@ -137,7 +138,8 @@ def check_pair(
     draft_cost, overhead, plain = rc.guess_s / step, rc.rest_s / step, rc.plain_s / step
     speedups = speedup_table(acc.a, c, range(1, GAMMA_MAX + 1))
     measured = tuple(
-        expected_speedup_measured([acc.a] * g, draft_cost, v, overhead, plain) for g, v in zip(MEASURED_GAMMAS, verify)
+        expected_speedup_measured(acc.alphas(g), draft_cost, v, overhead, plain)
+        for g, v in zip(MEASURED_GAMMAS, verify)
     )
     checked = acc.tally.decode_tokens_per_s / plain_runs.decode_tokens_per_s  # what the acceptance runs gained
     best_gamma = max(range(len(measured)), key=measured.__getitem__) + 1
@@ -152,7 +154,7 @@ def check_pair(
     if drafter in TREE_DRAFTERS and limits_of(p).tree_verify and not translated:
         few = [v[0] for v in ids.values()]  # the first prompt of each kind: trees cost the check a little time only
         trees = measure_trees(p, q, few, cfg.max_new_tokens, times, plain, deadline, drafter)
-        advice = tree_advice(trees, best, best_gamma, expected_tokens(acc.a, best_gamma))
+        advice = tree_advice(trees, best, best_gamma, acc.tokens_per_round(best_gamma))
         if verdict == "compatible":
             reasons.append(advice)
     served = {}

@@ -61,6 +61,7 @@ class DeployCard:
     engines: tuple[EngineCard, ...]
     prepare: str = ""  # a command to run first (the trimmed draft exported), or ""
     proven: str = ""  # where this card was run on a real engine and compared with the check, or ""
+    expect: str = ""  # what an engine's own counters should read running the card greedily on prompts like the check's
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,6 +71,8 @@ class DeployCard:
         lines = [f"deploy      {self.headline}"]
         if self.prepare:
             lines.append(f"  first:    {self.prepare}")
+        if self.expect:
+            lines.append(f"  expect:   {self.expect}")
         if self.proven:
             lines.append(f"  proven:   {self.proven}")
         for e in self.engines:
@@ -125,7 +128,16 @@ def deploy_card(report: PairReport) -> DeployCard | None:
     proven = ""
     if report.target == BUILTIN_TARGET and report.draft == BUILTIN_DRAFT and method in PROVEN:
         proven = PROVEN[method]
-    return DeployCard(method=method, gamma=k, headline=headline, engines=engines, prepare=prepare, proven=proven)
+    acc = report.acceptance
+    shares = ", ".join(f"{x:.2f}" for x in acc.kept_shares(k))
+    expect = (
+        f"greedy, on prompts like the check's, about {acc.tokens_per_round(k):.2f} tokens a drafting round (vLLM's "
+        f"mean acceptance length) and the guess at position 1..{k} kept in {shares} of rounds (vLLM's per-position "
+        "acceptance rate)"
+    )
+    return DeployCard(
+        method=method, gamma=k, headline=headline, engines=engines, prepare=prepare, proven=proven, expect=expect
+    )
 
 
 @dataclass(frozen=True)

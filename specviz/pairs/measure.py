@@ -14,7 +14,14 @@ from specviz.config import AUTO_GAMMA_MAX, SpecvizError
 from specviz.engine.tally import Tally
 from specviz.models.loaded import LoadedModel
 from specviz.request import RunRequest
-from specviz.theory import speedup_per_round, wilson_interval
+from specviz.theory import (
+    alphas_at,
+    expected_tokens_by_position,
+    kept_shares,
+    position_counts,
+    speedup_per_round,
+    wilson_interval,
+)
 
 CHECK_GAMMA = 4  # the block size of the acceptance run; a is per position, so it barely depends on this
 PLAIN_TOKENS = 16  # a plain run this long beside each kind's acceptance runs: c's plain step is their mean. A run's
@@ -52,10 +59,16 @@ class Acceptance:
     block_sizes: tuple[int, ...] = ()  # rounds that proposed k = 0, 1, ... tokens
     translate_s: float = 0.0  # a draft with another tokenizer: of draft_s, the seconds spent re-tokenising
     draft_calls: int = 0  # forward calls of the draft model
+    # per draft position 1 .. CHECK_GAMMA (theory.position_counts): rounds that reached it, and of those that kept it
+    position_reached: tuple[int, ...] = ()
+    position_kept: tuple[int, ...] = ()
     tally: Tally = field(default_factory=Tally, repr=False, compare=False)
 
     @classmethod
-    def of(cls, t: Tally, block_sizes: tuple[int, ...], translate_s: float, by_kind=()) -> Acceptance:
+    def of(
+        cls, t: Tally, block_sizes: tuple[int, ...], translate_s: float, positions=((), ()), by_kind=()
+    ) -> Acceptance:
+        """positions: (kept, reached) per draft position (theory.position_counts)."""
         low, high = wilson_interval(t.accepted, t.judged)
         return cls(
             t.alpha,
@@ -72,8 +85,25 @@ class Acceptance:
             tuple(block_sizes),
             translate_s,
             t.draft_calls,
+            tuple(positions[1]),
+            tuple(positions[0]),
             t,
         )
+
+    def alphas(self, gamma: int) -> list[float]:
+        """Conditional acceptance at draft positions 1 .. gamma: as measured where the runs reached (gamma
+        CHECK_GAMMA), past that the measured rate of a guess whose predecessor was kept (theory.alphas_at)."""
+        return alphas_at(self.position_kept, self.position_reached, gamma, self.a)
+
+    def kept_shares(self, gamma: int) -> list[float]:
+        """The predicted share of rounds of gamma guesses that keep the guess at each position: what vLLM's
+        per-position acceptance counters read (accepted at position i / drafts)."""
+        return kept_shares(self.alphas(gamma))
+
+    def tokens_per_round(self, gamma: int) -> float:
+        """The predicted tokens a round of gamma guesses yields: 1 + the kept shares (vLLM's mean acceptance
+        length)."""
+        return expected_tokens_by_position(self.alphas(gamma))
 
 
 @dataclass(frozen=True)
@@ -138,9 +168,9 @@ def _acceptance_runs(
     max_new_tokens: int,
     deadline: float | None,
     drafter: str,
-) -> tuple[Tally, list[int], float]:
+) -> tuple[Tally, list[int], float, tuple[list[int], list[int]]]:
     """Greedy speculative decoding of each prompt at CHECK_GAMMA: (their Tally, rounds by block size, seconds spent
-    re-tokenising)."""
+    re-tokenising, (kept, reached) per draft position)."""
     from specviz.drafters.model import make_drafter
     from specviz.engine.loop import speculative_decode
     from specviz.engine.setup import lookup_options
@@ -150,7 +180,7 @@ def _acceptance_runs(
     cfg = RunRequest(
         drafter=drafter, gamma=CHECK_GAMMA, tree="off", max_new_tokens=max_new_tokens, temperature=0.0
     ).spec
-    t, sizes, translate_s = Tally(), [0] * (CHECK_GAMMA + 1), 0.0
+    t, sizes, translate_s, rounds = Tally(), [0] * (CHECK_GAMMA + 1), 0.0, []
     translated = drafter != "lookup" and needs_translation(target, draft)
     for ids in prompt_ids:
         made = None
@@ -161,8 +191,9 @@ def _acceptance_runs(
             if isinstance(ev, Round):
                 sizes += [0] * (len(ev.drafted) + 1 - len(sizes))
                 sizes[len(ev.drafted)] += 1
+                rounds.append((len(ev.drafted), ev.n))
         translate_s += getattr(getattr(made, "model", made), "translate_s", 0.0)
-    return t, sizes, translate_s
+    return t, sizes, translate_s, position_counts(rounds)
 
 
 def measure_acceptance(
@@ -207,7 +238,18 @@ def acceptance_by_kind(
     kinds = tuple(KindAcceptance(k, x.a, x.low, x.high, x.accepted, x.tested) for k, x in parts.items())
     sizes = tuple(map(sum, zip(*(x.block_sizes for x in parts.values()))))
     pooled = sum((x.tally for x in parts.values()), Tally())
-    return Acceptance.of(pooled, sizes, sum(x.translate_s for x in parts.values()), kinds), plain
+    positions = (_add(x.position_kept for x in parts.values()), _add(x.position_reached for x in parts.values()))
+    return Acceptance.of(pooled, sizes, sum(x.translate_s for x in parts.values()), positions, kinds), plain
+
+
+def _add(counts) -> list[int]:
+    """Counts per position of several runs, added (a shorter list counts 0 past its end)."""
+    out: list[int] = []
+    for c in counts:
+        out += [0] * (len(c) - len(out))
+        for i, x in enumerate(c):
+            out[i] += x
+    return out
 
 
 @dataclass(frozen=True)

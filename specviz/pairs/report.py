@@ -102,6 +102,14 @@ class PairReport:
         d["tokenizer"]["mismatch_fraction"] = self.tokenizer.mismatch_fraction
         d["tokenizer"]["compatible"] = self.tokenizer.compatible
         d["speedups"] = [{"gamma": g, "speedup": s} for g, s in enumerate(self.speedups, start=1)]
+        if self.acceptance is not None and self.best_gamma:  # what an engine's counters should read at the advice
+            k = self.best_gamma
+            d["predicted_rounds"] = {
+                "gamma": k,
+                "alphas": self.acceptance.alphas(k),
+                "kept_by_position": self.acceptance.kept_shares(k),
+                "tokens_per_round": self.acceptance.tokens_per_round(k),
+            }
         d["speedups_measured"] = [
             {"gamma": g, "speedup": s, "verify_cost": v}
             for g, (s, v) in enumerate(zip(self.speedups_measured, self.verify_costs), start=1)
@@ -150,7 +158,10 @@ class PairReport:
                 f"in {acc.rounds} rounds)",
                 f"            95% interval {acc.low:.2f}-{acc.high:.2f}; by kind: "
                 + ", ".join(f"{k.kind} {k.a:.2f} ({k.low:.2f}-{k.high:.2f})" for k in acc.by_kind),
-                "expected speedup by gamma: tokens per round (1 - a^(g+1)) / (1 - a) times a plain step's cost P, over",
+                f"by position a guess is kept {_list(acc.alphas(CHECK_GAMMA))} of the times it is ruled on (positions "
+                f"1-{CHECK_GAMMA}; later ones priced at {acc.alphas(CHECK_GAMMA + 1)[-1]:.2f}, a guess whose predecessor "
+                "was kept)",
+                "expected speedup by gamma: tokens per round from the acceptance by position times a plain step's cost P, over",
                 "(g c' + v_g + o), priced from the rounds measured here, in target forward steps: v_g a verify over",
                 f"g + 1 tokens as the loop pays it, c' = {self.draft_cost:.3f} drafting one proposal, o = "
                 f"{self.round_overhead:.3f} the work paid once a round (re-tokenising, accept, roll back), P = "
@@ -195,6 +206,10 @@ class PairReport:
         if self.deploy is not None:
             lines.append(self.deploy.text())
         return "\n".join(lines)
+
+
+def _list(xs) -> str:
+    return ", ".join(f"{x:.2f}" for x in xs)
 
 
 def _params(n: int) -> str:

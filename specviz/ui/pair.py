@@ -167,7 +167,8 @@ def card_head_html(card: dict | None) -> str:
         return '<div class="sv-card">No deploy card: the check measured nothing to deploy.</div>'
     first = f"<br>First: <code>{html.escape(card['prepare'])}</code>" if card.get("prepare") else ""
     proven = f"<br>Proven: {html.escape(card['proven'])}." if card.get("proven") else ""
-    return f'<div class="sv-card"><b>Deploy it:</b> {html.escape(card["headline"])}.{first}{proven}</div>'
+    expect = f"<br>Expect: {html.escape(card['expect'])}." if card.get("expect") else ""
+    return f'<div class="sv-card"><b>Deploy it:</b> {html.escape(card["headline"])}.{first}{expect}{proven}</div>'
 
 
 def engine_notes_html(engine: dict) -> str:

@@ -47,6 +47,7 @@ class Side:
     tokens_per_round: float
     rounds: int
     outputs: list = field(default_factory=list)  # the greedy text per prompt
+    steps: list = field(default_factory=list)  # vLLM: (drafted, accepted) per verify step, as its replies counted them
 
 
 def prompt_ids(prompts: list[str]) -> list[list[int]]:
@@ -109,17 +110,22 @@ def metrics(url: str):
 
 
 def vllm_side(url: str, model: str, ids: list[list[int]], max_new_tokens: int, k: int) -> Side:
-    """The prompts sent to vLLM as token ids, greedy, one at a time; its counters' change over them."""
+    """The prompts sent to vLLM as token ids, greedy, one at a time; its counters' change over them, and the verify
+    steps each reply carries (--per-request-spec-decode-metrics detailed; the race's vLLM lane draws the same)."""
+    from specviz.backends.served.steps import speculative_metrics
+
     before = metrics(url)
-    outputs = []
+    outputs, steps = [], []
     for prompt in ids:
         body = {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0}
         req = urllib.request.Request(
             url + "/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
         with urllib.request.urlopen(req, timeout=600) as r:
-            choice = json.load(r)["choices"][0]
-        outputs.append(choice["text"])
+            reply = json.load(r)
+        outputs.append(reply["choices"][0]["text"])
+        counts = speculative_metrics(reply) or {}
+        steps += zip(counts.get("per_step_drafted") or (), counts.get("per_step_accepted") or ())
     after = metrics(url)
     drafts = after.drafts - before.drafts
     pos = [
@@ -129,7 +135,15 @@ def vllm_side(url: str, model: str, ids: list[list[int]], max_new_tokens: int, k
         for i in range(k)
     ]
     accepted = after.accepted - before.accepted
-    return Side("vLLM (its /metrics)", pos, 1 + accepted / drafts if drafts else 0.0, drafts, outputs)
+    return Side("vLLM (its /metrics)", pos, 1 + accepted / drafts if drafts else 0.0, drafts, outputs, steps)
+
+
+def replies_agree(engine: Side) -> bool:
+    """The replies' own verify steps count what /metrics counted: as many drafts, the same kept share per position."""
+    if len(engine.steps) != engine.rounds:
+        return False
+    kept = [sum(n > i for _, n in engine.steps) / engine.rounds for i in range(len(engine.per_position))]
+    return all(abs(x - y) < 1e-9 for x, y in zip(kept, engine.per_position))
 
 
 def transformers_side(target_dir: str, draft_dir: str | None, ids: list[list[int]], kw: dict, max_new: int) -> Side:
@@ -160,7 +174,7 @@ def start_vllm(target_dir: str, spec: dict, log: Path, port: int = 8765) -> tupl
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
     cmd = ["nice", "-n", "19", str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", target_dir]
     cmd += ["--dtype", "float32", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--speculative-config", json.dumps(spec)]
+    cmd += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
     out = open(log, "wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     t0 = time.monotonic()
@@ -277,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(sides, k))
     print(f"greedy output equal to specviz's on {sum(same)} of {len(prompts)} prompts")
     result["vs_prediction"] = gaps = against(sides[0], engine)
+    result["replies_agree_with_metrics"] = agree = replies_agree(engine)
+    print(f"the replies' own verify steps {'equal' if agree else 'DIFFER FROM'} what /metrics counted")
     print(
         f"vLLM against the check's prediction: tokens per round {gaps['tokens_per_round_rel']:+.1%}, acceptance per "
         f"position at most {gaps['max_position_diff']:.3f} apart"

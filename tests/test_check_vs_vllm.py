@@ -35,5 +35,6 @@ def test_the_comparison_reads_vllm_s_counters_beside_specviz_s_rounds(vllm_targe
         assert all(1 >= a >= b >= 0 for a, b in zip(side.per_position, side.per_position[1:])), side
         assert side.tokens_per_round == pytest.approx(1 + sum(side.per_position))
     assert engine.outputs == ours.outputs  # greedy: the same text from vLLM and from specviz
+    assert bench.replies_agree(engine)  # each reply's verify steps add up to what /metrics counted
     iid = bench.iid(0.5, k)
     assert iid.per_position == [0.5, 0.25, 0.125] and iid.tokens_per_round == pytest.approx(1.875)

@@ -83,6 +83,53 @@ def test_the_lane_draws_the_server_s_rounds_in_the_race_s_colours():
     assert "4 tokens came from steps that drafted nothing" in gappy
 
 
+class _Client:
+    """A served target's client that answers /v1/completions with a canned reply and keeps the request."""
+
+    def __init__(self, reply):
+        self.reply, self.sent = reply, []
+
+    def post(self, path, body):
+        self.sent.append((path, body))
+        return self.reply
+
+
+def _target(reply):
+    from types import SimpleNamespace
+
+    from conftest import make_tokenizer
+
+    return SimpleNamespace(client=_Client(reply), model="m", tokenizer=make_tokenizer(64, chat=False))
+
+
+def test_the_race_s_vllm_pane_draws_the_reply_and_compares_it_with_specviz_s_lane():
+    from specviz.request import RunRequest
+    from specviz.ui.vllm_lane import engine_pane
+
+    ids = [10, 11, 12, 13, 14, 15, 16]
+    reply = {"choices": [{"token_ids": ids}], "metrics": {"speculative_decoding": spec([2, 2], [3, 2])}}
+    t = _target(reply)
+    greedy = RunRequest(drafter="model", gamma=3, max_new_tokens=7)
+    out = engine_pane(t, [1, 2], greedy, tuple(ids))
+    assert "7 tokens in 2 verify steps of up to 3 guesses (3.00 tokens a round)" in out
+    assert "Its text equals the speculative lane" in out and out.count('class="sv-round ') == 2
+    path, body = t.client.sent[0]
+    assert path == "/v1/completions" and body["prompt"] == [1, 2] and body["max_tokens"] == 7
+    assert body["temperature"] == 0 and body["return_token_ids"] and "seed" not in body
+    assert "parts from the speculative lane&#x27;s at token 3: a near-tie" in engine_pane(t, [1], greedy, (10, 11, 99))
+    sampled = RunRequest(drafter="model", temperature=0.8, top_p=0.9, seed=5)
+    assert "two samples of the same distribution differ" in engine_pane(t, [1], sampled, (10, 99))
+    assert {k: t.client.sent[-1][1][k] for k in ("temperature", "top_p", "seed")} == {
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "seed": 5,
+    } and "top_k" not in t.client.sent[-1][1]
+    # a server without the per-step counts, or whose reply lacks token ids: one sentence in the pane
+    assert "--per-request-spec-decode-metrics detailed" in engine_pane(_target({"choices": []}), [1], greedy, None)
+    no_ids = {"choices": [{}], "metrics": {"speculative_decoding": spec([1], [3])}}
+    assert "carries no token ids" in engine_pane(_target(no_ids), [1], greedy, None)
+
+
 def html_escape(s: str) -> str:
     import html
 

@@ -206,3 +206,5 @@ def test_the_app_s_race_runs_against_vllm(vllm_target):
     assert "sv-error" not in message and 'data-state="done"' in ar and 'data-state="done"' in spec
     assert "<b>greedy</b><span>served target</span>" in spec_stats and "of the time in requests" in ar_stats
     assert "The engine&#x27;s own speculative decoding since it started: acceptance by position" in message
+    lane = final[-1]  # the server's own rounds of the same prompt (n-gram: steps without a match are not placed)
+    assert "vLLM&#x27;s own speculative decoding" in lane and "Its text equals the speculative lane" in lane

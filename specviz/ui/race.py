@@ -114,6 +114,7 @@ def build_race_tab(ctx: UIContext) -> None:
         with gr.Column(visible=False) as lane3:
             spec2_pane = gr.HTML(elem_id="sv-spec2", js_on_load=None)
             spec2_stats = gr.HTML(elem_id="sv-spec2-stats", js_on_load=None)
+    engine_pane = gr.HTML(elem_id="sv-vllm", js_on_load=None)  # a vLLM target's own rounds (race_run, vllm_lane)
     race_dl = download_buttons()  # a finished race as a JSON recording and a self-contained HTML page
     gr.Markdown(TIMING_NOTE, elem_classes=["sv-timing"])
     figs = view.figures()
@@ -178,6 +179,7 @@ def build_race_tab(ctx: UIContext) -> None:
         spec2_stats,
         fig_position,
         fig_timeline,
+        engine_pane,
     ]
     by_name = dict(
         prompt=prompt,

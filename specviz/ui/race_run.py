@@ -1,5 +1,6 @@
 """A race's runs and what the Race tab shows of them, without the components: `race_stream` (plain decoding and up
-to two speculative lanes on one clock), `RaceView` (the panes, numbers and figures a race's events make) and
+to two speculative lanes on one clock; a vLLM target's own speculative decoding of the prompt after them, drawn by
+vllm_lane.py), `RaceView` (the panes, numbers and figures a race's events make) and
 `race_page` (a visitor's values checked, then the race streamed as the tab's outputs). The components and their
 wiring are race.py's.
 """
@@ -17,6 +18,7 @@ from specviz.host import compute
 from specviz.models.head import head_backend
 from specviz.request import RunRequest
 from specviz.theory import position_alphas
+from specviz.ui import vllm_lane
 from specviz.ui.common import HTML_EVERY_S, UIContext, error_html
 from specviz.ui.inputs import PAGE, check_caps, note, prepare, race_requests
 from specviz.view import metrics, plots, render
@@ -51,6 +53,7 @@ class RaceView:
         self.greedy = True
         self.translation: dict[str, str] = {}  # lane -> how a draft with another tokenizer's guesses were translated
         self._figs: tuple | None = None  # the last figures sent, sent again between plot refreshes
+        self.engine = ""  # a vLLM target's own speculative decoding of the prompt (vllm_lane.engine_pane), or ""
 
     def add(self, side: str, ev) -> None:
         self.events[side].append(ev)
@@ -130,7 +133,7 @@ class RaceView:
         prompt = render.prompt_html(self.prompt) if self.prompt.strip() else ""
         panes = (self.pane("ar", waiting), self.pane("spec", waiting))
         spec2 = self.pane("spec2", waiting) if "spec2" in self.lanes else ""
-        return (prompt, *panes, ar_stats, spec_stats, message, *f[:4], spec2, spec2_stats, *f[4:])
+        return (prompt, *panes, ar_stats, spec_stats, message, *f[:4], spec2, spec2_stats, *f[4:], self.engine)
 
     def summary(self, engine: EngineSpec | None = None, heads: tuple[str, ...] = ()) -> str:
         """The closing sentences; with `engine` (a served target's own speculative decoding, from its /metrics)
@@ -213,7 +216,13 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
                 last_html, last_plots = now, now if with_plots else last_plots
                 yield view.outputs(note("Racing…"), with_plots=with_plots)
         heads = tuple(head_backend(p, r.head) for r in requests.values() if r.drafter.endswith("head"))
-        yield view.outputs(view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None, heads))
+        summary = view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None, heads)
+        if isinstance(p, ServedTarget) and p.engine == "vllm":  # the server's own rounds of the same prompt, drawn
+            view.engine = f'<div class="sv-vllm"><h4>{vllm_lane.TITLE}</h4><p>Asking the server…</p></div>'
+            yield view.outputs(summary)
+            ours = view.done["spec"].token_ids if view.done["spec"] else None
+            view.engine = vllm_lane.engine_pane(p, ids, first, ours)
+        yield view.outputs(summary)
     except Exception as err:  # one sentence in the page; the app keeps serving
         yield view.outputs(error_html(err))
     return view  # the finished view, for the downloads (ui/keep.py)

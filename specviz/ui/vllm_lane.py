@@ -10,12 +10,15 @@ cannot place every token (steps that drafted nothing).
 from __future__ import annotations
 
 import html
-import json
-import urllib.request
+import time
 
-from specviz.backends.served.steps import ServerRun, server_rounds, speculative_metrics
+from specviz.backends.served.http import Client
+from specviz.backends.served.steps import ServerRun, reply_rounds
 from specviz.config import SpecvizError
+from specviz.request import RunRequest
 from specviz.view.render import Pieces
+
+TITLE = "vLLM's own speculative decoding of this prompt"
 
 NOTE = (
     "vLLM's own rounds, from the counts it returns with the reply (per verify step: guesses drafted, guesses kept); "
@@ -60,17 +63,50 @@ def lane_html(run: ServerRun, tokenizer) -> str:
 def server_run(url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout_s: float = 300) -> ServerRun:
     """One greedy request to a vLLM server started with --per-request-spec-decode-metrics detailed: its rounds;
     one SpecvizError sentence where the server sends no counts."""
-    body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0}
-    body["return_token_ids"] = True
-    req = urllib.request.Request(
-        url.rstrip("/") + "/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    return reply_rounds(Client(url, timeout_s), model, prompt_ids, max_tokens)
+
+
+def sampling_of(req: RunRequest) -> dict:
+    """The race's sampling as vLLM's completion fields: temperature, and top-k, top-p and the seed where they bite."""
+    out: dict = {"temperature": req.temperature}
+    if req.temperature > 0:
+        out |= {"seed": req.seed, "top_k": req.top_k or None, "top_p": req.top_p if req.top_p < 1 else None}
+    return out
+
+
+def engine_pane(target, prompt_ids: list[int], req: RunRequest, ours: tuple[int, ...] | None) -> str:
+    """The race's vLLM lane: the server's own speculative decoding of the race's prompt with the race's sampling and
+    budget, drawn from the counts its reply carries, and how its text compares with specviz's speculative lane
+    (`ours`: that lane's token ids). A server that sends no counts, or fails, is one sentence in the pane."""
+    t0 = time.monotonic()
+    try:
+        run = reply_rounds(target.client, target.model, prompt_ids, req.max_new_tokens, sampling_of(req))
+    except SpecvizError as err:
+        return f'<div class="sv-vllm"><h4>{TITLE}</h4><p class="sv-warn">{html.escape(str(err))}</p></div>'
+    wall = time.monotonic() - t0
+    k = max((r.drafted for r in run.rounds), default=0)
+    tokens = sum(len(r.tokens) for r in run.rounds)
+    per_round = f"{tokens / len(run.rounds):.2f} tokens a round" if run.rounds else "no round drafted"
+    head = (
+        f"{len(run.token_ids)} tokens in {len(run.rounds)} verify steps of up to {k} guesses ({per_round}); "
+        f"{wall:.2f} s for the request, on the server's clock, not the race's."
     )
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        reply = json.load(r)
-    counts = speculative_metrics(reply)
-    if counts is None:
-        raise SpecvizError(
-            "The server sent no per-step speculative counts; start vLLM with speculative decoding and "
-            "--per-request-spec-decode-metrics detailed."
-        )
-    return server_rounds(list(reply["choices"][0].get("token_ids") or ()), counts)
+    return (
+        f'<div class="sv-vllm"><h4>{TITLE}</h4><p>{html.escape(head)} {html.escape(_same(run, ours, req))}</p>'
+        f"{lane_html(run, target.tokenizer)}</div>"
+    )
+
+
+def _same(run: ServerRun, ours: tuple[int, ...] | None, req: RunRequest) -> str:
+    """One sentence: does the server's text equal specviz's speculative lane's?"""
+    if ours is None:
+        return ""
+    if tuple(run.token_ids) == tuple(ours):
+        return "Its text equals the speculative lane's, token for token."
+    at = next((i for i, (a, b) in enumerate(zip(run.token_ids, ours)) if a != b), min(len(run.token_ids), len(ours)))
+    why = (
+        "two samples of the same distribution differ"
+        if req.temperature > 0
+        else "a near-tie that the two computations break differently, or a length the two stop at differently"
+    )
+    return f"Its text parts from the speculative lane's at token {at + 1}: {why}."

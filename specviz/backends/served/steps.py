@@ -85,3 +85,33 @@ def server_rounds(token_ids: list[int], spec: dict) -> ServerRun:
         at += added is not None
         rounds.append(ServerRound(kept, added, d, n))
     return ServerRun(first, tuple(rounds), max(len(token_ids) - at, 0), histogram, tuple(token_ids))
+
+
+NO_COUNTS = (
+    "The server sent no per-step speculative counts; start vLLM with --speculative-config and "
+    "--per-request-spec-decode-metrics detailed to see its own rounds."
+)
+
+
+def reply_rounds(client, model: str, prompt_ids: list[int], max_tokens: int, sampling: dict | None = None) -> ServerRun:
+    """One request of `prompt_ids` to a vLLM server (`client`: http.Client, so only the address the operator
+    allowed), greedy unless `sampling` gives temperature, top_k, top_p, seed; the server's rounds for its reply.
+    One SpecvizError sentence where the reply carries no counts or no token ids."""
+    from specviz.config import SpecvizError
+
+    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": max_tokens, "temperature": 0.0}
+    body |= {k: v for k, v in (sampling or {}).items() if v is not None}
+    body["return_token_ids"] = True
+    reply = client.post("/v1/completions", body)
+    counts = speculative_metrics(reply)
+    if counts is None:
+        raise SpecvizError(NO_COUNTS)
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    ids = (
+        choices[0].get("token_ids") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    )
+    if not isinstance(ids, list):
+        raise SpecvizError(
+            "The server's reply carries no token ids (return_token_ids); specviz needs them to draw its rounds."
+        )
+    return server_rounds([int(x) for x in ids], counts)

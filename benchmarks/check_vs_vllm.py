@@ -235,7 +235,21 @@ def main(argv: list[str] | None = None) -> int:
 
     prompts = [x for v in SAMPLE_PROMPTS.values() for x in v]
     target_dir = str(ensure_target())
-    result: dict = {"cpu": _cpu(), "method": a.method, "max_new_tokens": a.max_new_tokens}
+    from datetime import datetime, timezone
+
+    from specviz.bench.cli import _commit
+    from specviz.bench.machine import machine_info
+
+    result: dict = {
+        "command": "python benchmarks/check_vs_vllm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": _commit(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "machine": machine_info(),
+        "cpu": _cpu(),
+        "vllm": _vllm_version(),
+        "method": a.method,
+        "max_new_tokens": a.max_new_tokens,
+    }
     method = a.method
     while True:
         drafter = "model" if method == "draft_model" else "lookup"
@@ -317,6 +331,13 @@ def _vllm_json(text: str) -> str:
 
     words = shlex.split(text.replace("\\\n", " "))
     return words[words.index("--speculative-config") + 1]
+
+
+def _vllm_version() -> str:
+    out = subprocess.run(
+        [str(VLLM_PYTHON), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
+    )
+    return out.stdout.strip() or "unknown"
 
 
 def _cpu() -> str:

@@ -1,4 +1,5 @@
-"""Rewrite docs/performance.md's tables (and README.md's short one) from the result files in benchmarks/results/.
+"""Rewrite docs/performance.md's tables (and README.md's short one) from the result files in benchmarks/results/
+(and the pair check against vLLM from benchmarks/results/check_vs_vllm/, benchmarks/check_vs_vllm.py's files).
 
     python benchmarks/make_performance.py           # rewrite the pages
     python benchmarks/make_performance.py --check   # exit 1 if a page differs from what the files make
@@ -24,6 +25,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "performance.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- results:begin (benchmarks/make_performance.py) -->", "<!-- results:end -->"
+ENGINE_BEGIN, ENGINE_END = "<!-- engine:begin (benchmarks/make_performance.py) -->", "<!-- engine:end -->"
+ENGINE_RESULTS = RESULTS / "check_vs_vllm"  # benchmarks/check_vs_vllm.py --out: one file per method
 SPEED_BEGIN, SPEED_END = "<!-- speed:begin (benchmarks/make_performance.py) -->", "<!-- speed:end -->"
 SETS = ("everyday", "stories")  # README's two columns
 README_RUNS = (6, 64)  # README's table counts runs of at least 6 prompts of 64 new tokens: a quick check stays here
@@ -156,6 +159,39 @@ def speed_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def engine_tables(results: list[dict]) -> str:
+    """Per method, the check's prediction beside specviz's own rounds, vLLM's counters and transformers' tokens per
+    call (benchmarks/check_vs_vllm.py's result files), with how far vLLM is from the prediction."""
+    blocks = []
+    for res in results:
+        k = res["gamma"]
+        head = "| per drafting round | " + " | ".join(f"pos {i + 1}" for i in range(k)) + " | tokens / round | rounds |"
+        lines = [head, "|---|" + "---:|" * (k + 2)]
+        for side in res["sides"]:
+            cells = [f"{x:.3f}" for x in side["per_position"]] or [""] * k
+            rounds = str(side["rounds"]) if side["rounds"] else ""
+            lines.append(f"| {side['name']} | {' | '.join(cells)} | {side['tokens_per_round']:.3f} | {rounds} |")
+        gap = res["vs_prediction"]
+        m = res["machine"]
+        facts = [
+            f"vLLM against the check's prediction: tokens per round {gap['tokens_per_round_rel']:+.1%}, acceptance per "
+            f"position at most {gap['max_position_diff']:.3f} apart",
+            f"vLLM's greedy text equals specviz's on {res['greedy_text_equal']} of {res['prompts']} prompts",
+            "each reply's own verify steps (`--per-request-spec-decode-metrics detailed`) "
+            + ("count what `/metrics` counted" if res.get("replies_agree_with_metrics") else "**differ from `/metrics`**"),
+        ]
+        title = f"{res['method']} (the check's {res['drafter']} drafter), k = {k}, a = {res['a']:.3f}"
+        where = f"{res['date']} UTC, {machine_class(m)}, vLLM {res['vllm']}, commit {res['commit']}"
+        blocks.append(
+            f"### {title}\n\n{where}; greedy, the check's {res['prompts']} prompts, {res['max_new_tokens']} tokens.\n\n"
+            + "\n".join(lines)
+            + "\n\n"
+            + "\n".join(f"- {x}." for x in facts)
+            + f"\n\nCommand: `{res['command']}`"
+        )
+    return "\n\n".join(blocks)
+
+
 def _between(text: str, begin: str, end: str, body: str, name: str) -> str:
     if begin not in text or end not in text:
         raise SystemExit(f"{name} has no {begin} ... {end} markers.")
@@ -167,6 +203,8 @@ def render(results: list[dict] | None = None) -> dict[Path, str]:
     """The pages as this script would write them: {path: text}."""
     results = load() if results is None else results
     page = _between(PAGE.read_text(), BEGIN, END, performance_tables(results), "docs/performance.md")
+    engines = [json.loads(f.read_text()) for f in sorted(ENGINE_RESULTS.glob("*.json"))]
+    page = _between(page, ENGINE_BEGIN, ENGINE_END, engine_tables(engines), "docs/performance.md")
     readme = _between(README.read_text(), SPEED_BEGIN, SPEED_END, speed_table(results), "README.md")
     return {PAGE: page, README: readme}
 

@@ -216,8 +216,9 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
                 last_html, last_plots = now, now if with_plots else last_plots
                 yield view.outputs(note("Racing…"), with_plots=with_plots)
         heads = tuple(head_backend(p, r.head) for r in requests.values() if r.drafter.endswith("head"))
-        summary = view.summary(engine_spec(p) if isinstance(p, ServedTarget) else None, heads)
-        if isinstance(p, ServedTarget) and p.engine == "vllm":  # the server's own rounds of the same prompt, drawn
+        engine = engine_spec(p) if isinstance(p, ServedTarget) else None  # None: no engine that speculates itself
+        summary = view.summary(engine, heads)
+        if engine is not None:  # a vLLM server that speculates: its own rounds of the same prompt, drawn
             view.engine = f'<div class="sv-vllm"><h4>{vllm_lane.TITLE}</h4><p>Asking the server…</p></div>'
             yield view.outputs(summary)
             ours = view.done["spec"].token_ids if view.done["spec"] else None

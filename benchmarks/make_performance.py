@@ -178,8 +178,19 @@ def engine_tables(results: list[dict]) -> str:
             f"position at most {gap['max_position_diff']:.3f} apart",
             f"vLLM's greedy text equals specviz's on {res['greedy_text_equal']} of {res['prompts']} prompts",
             "each reply's own verify steps (`--per-request-spec-decode-metrics detailed`) "
-            + ("count what `/metrics` counted" if res.get("replies_agree_with_metrics") else "**differ from `/metrics`**"),
+            + (
+                "count what `/metrics` counted"
+                if res.get("replies_agree_with_metrics")
+                else "**differ from `/metrics`**"
+            ),
         ]
+        hf = next((x for x in res["sides"] if x["name"].startswith("transformers")), None)
+        if hf is not None:
+            rel = hf["tokens_per_round"] / res["sides"][0]["tokens_per_round"] - 1
+            counted = (
+                "the prefill and the steps where lookup found nothing" if res["method"] == "ngram" else "the prefill"
+            )
+            facts.append(f"transformers' tokens per target call ({counted} counted too) {rel:+.1%} from the prediction")
         title = f"{res['method']} (the check's {res['drafter']} drafter), k = {k}, a = {res['a']:.3f}"
         where = f"{res['date']} UTC, {machine_class(m)}, vLLM {res['vllm']}, commit {res['commit']}"
         blocks.append(

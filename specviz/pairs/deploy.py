@@ -33,9 +33,9 @@ ENGINE_SOURCES = {
 # The built-in pair's cards that were run on a real engine beside the check (benchmarks/check_vs_vllm.py)
 PROVEN = {
     "model": "vLLM 0.32.0's CPU server ran this card with the exported draft beside the check "
-    "(benchmarks/check_vs_vllm.py; the numbers in docs/deploy.md)",
+    "(benchmarks/check_vs_vllm.py; the numbers in docs/performance.md)",
     "lookup": "vLLM 0.32.0's CPU server ran this card (ngram) beside the check "
-    "(benchmarks/check_vs_vllm.py --method ngram; the numbers in docs/deploy.md)",
+    "(benchmarks/check_vs_vllm.py --method ngram; the numbers in docs/performance.md)",
 }
 EXPORTED_DRAFT = "./specviz-draft"  # the folder the card tells `specviz export-draft` to write
 

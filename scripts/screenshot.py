@@ -111,6 +111,8 @@ def main() -> None:
                 page.wait_for_function("() => /Sweep done/.test(document.body.innerText)", timeout=SLOW_MS)
             page.get_by_role("button", name="Run race").click()
             expect(page.locator("#sv-message .sv-note")).to_contain_text("Done.", timeout=SLOW_MS)
+            # a vLLM target that speculates: its own rounds arrive after the lanes (race_run, vllm_lane)
+            page.wait_for_function("() => !/Asking the server/.test(document.body.innerText)", timeout=SLOW_MS)
             if args.tab:
                 page.get_by_role("tab", name=args.tab).click()
                 page.wait_for_timeout(1000)

@@ -113,6 +113,7 @@ def test_the_race_s_vllm_pane_draws_the_reply_and_compares_it_with_specviz_s_lan
     out = engine_pane(t, [1, 2], greedy, tuple(ids))
     assert "7 tokens in 2 verify steps of up to 3 guesses (3.00 tokens a round)" in out
     assert "Its text equals the speculative lane" in out and out.count('class="sv-round ') == 2
+    assert out.startswith('<div class="sv-vllm"><h4>vLLM&#x27;s own speculative decoding of this prompt</h4>')
     path, body = t.client.sent[0]
     assert path == "/v1/completions" and body["prompt"] == [1, 2] and body["max_tokens"] == 7
     assert body["temperature"] == 0 and body["return_token_ids"] and "seed" not in body

@@ -219,7 +219,7 @@ def race_stream(ctx: UIContext, prompt, requests: dict[str, RunRequest]):
         engine = engine_spec(p) if isinstance(p, ServedTarget) else None  # None: no engine that speculates itself
         summary = view.summary(engine, heads)
         if engine is not None:  # a vLLM server that speculates: its own rounds of the same prompt, drawn
-            view.engine = f'<div class="sv-vllm"><h4>{vllm_lane.TITLE}</h4><p>Asking the server…</p></div>'
+            view.engine = vllm_lane.titled("<p>Asking the server…</p>")
             yield view.outputs(summary)
             ours = view.done["spec"].token_ids if view.done["spec"] else None
             view.engine = vllm_lane.engine_pane(p, ids, first, ours)

@@ -20,6 +20,12 @@ from specviz.view.render import Pieces
 
 TITLE = "vLLM's own speculative decoding of this prompt"
 
+
+def titled(body: str) -> str:
+    """The race's vLLM pane: its title, then `body` (HTML)."""
+    return f'<div class="sv-vllm"><h4>{html.escape(TITLE)}</h4>{body}</div>'
+
+
 NOTE = (
     "vLLM's own rounds, from the counts it returns with the reply (per verify step: guesses drafted, guesses kept); "
     "it does not return the guesses it turned down, so a round shows its kept guesses and the target's token only."
@@ -82,7 +88,7 @@ def engine_pane(target, prompt_ids: list[int], req: RunRequest, ours: tuple[int,
     try:
         run = reply_rounds(target.client, target.model, prompt_ids, req.max_new_tokens, sampling_of(req))
     except SpecvizError as err:
-        return f'<div class="sv-vllm"><h4>{TITLE}</h4><p class="sv-warn">{html.escape(str(err))}</p></div>'
+        return titled(f'<p class="sv-warn">{html.escape(str(err))}</p>')
     wall = time.monotonic() - t0
     k = max((r.drafted for r in run.rounds), default=0)
     tokens = sum(len(r.tokens) for r in run.rounds)
@@ -91,10 +97,7 @@ def engine_pane(target, prompt_ids: list[int], req: RunRequest, ours: tuple[int,
         f"{len(run.token_ids)} tokens in {len(run.rounds)} verify steps of up to {k} guesses ({per_round}); "
         f"{wall:.2f} s for the request, on the server's clock, not the race's."
     )
-    return (
-        f'<div class="sv-vllm"><h4>{TITLE}</h4><p>{html.escape(head)} {html.escape(_same(run, ours, req))}</p>'
-        f"{lane_html(run, target.tokenizer)}</div>"
-    )
+    return titled(f"<p>{html.escape(head)} {html.escape(_same(run, ours, req))}</p>{lane_html(run, target.tokenizer)}")
 
 
 def _same(run: ServerRun, ours: tuple[int, ...] | None, req: RunRequest) -> str:

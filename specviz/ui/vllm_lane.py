@@ -95,8 +95,10 @@ def engine_pane(target, prompt_ids: list[int], req: RunRequest, ours: tuple[int,
     per_round = f"{tokens / len(run.rounds):.2f} tokens a round" if run.rounds else "no round drafted"
     head = (
         f"{len(run.token_ids)} tokens in {len(run.rounds)} verify steps of up to {k} guesses ({per_round}); "
-        f"{wall:.2f} s for the request, on the server's clock, not the race's."
+        f"{wall:.2f} s for the request (the server's time and the round trip), not on the race's clock."
     )
+    if k and (req.gamma_policy != "constant" or req.gamma != k):
+        head += f" The server drafts up to {k} a round: gamma {k}, constant, races the same rounds here."
     return titled(f"<p>{html.escape(head)} {html.escape(_same(run, ours, req))}</p>{lane_html(run, target.tokenizer)}")
 
 

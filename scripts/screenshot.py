@@ -90,6 +90,8 @@ def main() -> None:
                 browser.close()
                 print(f"wrote {args.out}")
                 return
+            # settings chosen below would each race ("Race when a setting changes"): only the button's race is wanted
+            page.locator("#sv-auto input").uncheck()
             if args.prompt:
                 page.get_by_label("Prompt", exact=True).fill(args.prompt)
             if args.temperature:

@@ -76,7 +76,7 @@ def test_the_lane_draws_the_server_s_rounds_in_the_race_s_colours():
     ids = [10, 11, 12, 13, 14, 15, 16]  # prefill 10; round 1 keeps 2 of 3 and the target adds 13; round 2 all 2 + 16
     run = server_rounds(ids, spec([2, 2], [3, 2]))
     out = lane_html(run, tok)
-    assert out.count('class="sv-round ') == 2 and out.count("tok-plain") == 1
+    assert out.count('class="sv-round ') == 2 and out.count("tok-ar") == 1
     assert out.count("tok-accepted") == 4 and out.count("tok-resampled") == 1 and out.count("tok-bonus") == 1
     assert "turned down guess 3 of 3 (not returned)" in out and html_escape(NOTE) in out
     gappy = lane_html(server_rounds(ids, spec([1], [2])), tok)
@@ -119,7 +119,7 @@ def test_the_race_s_vllm_pane_draws_the_reply_and_compares_it_with_specviz_s_lan
     assert body["temperature"] == 0 and body["return_token_ids"] and "seed" not in body
     assert "parts from the speculative lane&#x27;s at token 3: a near-tie" in engine_pane(t, [1], greedy, (10, 11, 99))
     assert "gamma 3, constant" not in out
-    assert "The server drafts up to 3 a round: gamma 3, constant" in engine_pane(t, [1], greedy.replace(gamma=4), None)
+    assert "The server drafts up to 3 a round; set gamma to 3, constant" in engine_pane(t, [1], greedy.replace(gamma=4), None)
     sampled = RunRequest(drafter="model", temperature=0.8, top_p=0.9, seed=5)
     assert "two samples of the same distribution differ" in engine_pane(t, [1], sampled, (10, 99))
     assert {k: t.client.sent[-1][1][k] for k in ("temperature", "top_p", "seed")} == {

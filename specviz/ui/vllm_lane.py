@@ -41,7 +41,7 @@ def lane_html(run: ServerRun, tokenizer) -> str:
     pieces = Pieces(tokenizer)
     parts = []
     if run.first is not None:
-        parts.append(_tok("tok-plain", pieces, run.first, "the prefill's token: one plain target step"))
+        parts.append(_tok("tok-ar", pieces, run.first, "the prefill's token: one plain target step"))
     for i, r in enumerate(run.rounds):
         body = [_tok("tok-accepted", pieces, t, f"round {i + 1}: a guess the target kept") for t in r.kept]
         if r.added is not None:
@@ -98,7 +98,7 @@ def engine_pane(target, prompt_ids: list[int], req: RunRequest, ours: tuple[int,
         f"{wall:.2f} s for the request (the server's time and the round trip), not on the race's clock."
     )
     if k and (req.gamma_policy != "constant" or req.gamma != k):
-        head += f" The server drafts up to {k} a round: gamma {k}, constant, races the same rounds here."
+        head += f" The server drafts up to {k} a round; set gamma to {k}, constant, to race the same rounds here."
     return titled(f"<p>{html.escape(head)} {html.escape(_same(run, ours, req))}</p>{lane_html(run, target.tokenizer)}")
 
 

@@ -119,7 +119,9 @@ def test_the_race_s_vllm_pane_draws_the_reply_and_compares_it_with_specviz_s_lan
     assert body["temperature"] == 0 and body["return_token_ids"] and "seed" not in body
     assert "parts from the speculative lane&#x27;s at token 3: a near-tie" in engine_pane(t, [1], greedy, (10, 11, 99))
     assert "gamma 3, constant" not in out
-    assert "The server drafts up to 3 a round; set gamma to 3, constant" in engine_pane(t, [1], greedy.replace(gamma=4), None)
+    assert "The server drafts up to 3 a round; set gamma to 3, constant" in engine_pane(
+        t, [1], greedy.replace(gamma=4), None
+    )
     sampled = RunRequest(drafter="model", temperature=0.8, top_p=0.9, seed=5)
     assert "two samples of the same distribution differ" in engine_pane(t, [1], sampled, (10, 99))
     assert {k: t.client.sent[-1][1][k] for k in ("temperature", "top_p", "seed")} == {

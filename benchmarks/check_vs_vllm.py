@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -78,21 +77,28 @@ def specviz_side(prompts: list[str], k: int, drafter: str, max_new_tokens: int, 
     import specviz
     from specviz.events import Done, Round
 
-    kept, rounds, tokens, outputs = [0] * k, 0, 0, []
+    steps, outputs = [], []
     for text in prompts:
         done = None
         for ev in specviz.stream(
             text, draft=draft, drafter=drafter, gamma=k, tree="off", temperature=0, max_new_tokens=max_new_tokens
         ):
             if isinstance(ev, Round) and ev.drafted:
-                rounds += 1
-                tokens += 1 + ev.n
-                for i in range(ev.n):
-                    kept[i] += 1
+                steps.append((len(ev.drafted), ev.n))
             elif isinstance(ev, Done):
                 done = ev
         outputs.append(_text(done.token_ids))
-    return Side(f"specviz ({drafter})", [x / rounds for x in kept], tokens / rounds, rounds, outputs)
+    tokens = len(steps) + sum(n for _, n in steps)
+    return Side(f"specviz ({drafter})", kept_shares(steps, k), tokens / len(steps), len(steps), outputs)
+
+
+def kept_shares(steps: list[tuple[int, int]], k: int) -> list[float]:
+    """Per draft position 1..k, the share of drafting rounds (drafted, accepted) that kept the guess there: what
+    vLLM's per-position counters divided by its drafts read."""
+    from specviz.theory import position_counts
+
+    kept = position_counts(steps)[0]
+    return [(kept[i] if i < len(kept) else 0) / len(steps) for i in range(k)]
 
 
 def _text(ids) -> str:
@@ -103,26 +109,22 @@ def _text(ids) -> str:
 
 
 def metrics(url: str):
-    from specviz.backends.served.http import parse_spec_metrics
+    from specviz.backends.served.http import Client, parse_spec_metrics
 
-    with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as r:
-        return parse_spec_metrics(r.read().decode("utf-8", "replace"))
+    return parse_spec_metrics(Client(url, 30).get("/metrics").decode("utf-8", "replace"))
 
 
 def vllm_side(url: str, model: str, ids: list[list[int]], max_new_tokens: int, k: int) -> Side:
     """The prompts sent to vLLM as token ids, greedy, one at a time; its counters' change over them, and the verify
     steps each reply carries (--per-request-spec-decode-metrics detailed; the race's vLLM lane draws the same)."""
+    from specviz.backends.served.http import Client
     from specviz.backends.served.steps import speculative_metrics
 
-    before = metrics(url)
+    client, before = Client(url, 600), metrics(url)
     outputs, steps = [], []
     for prompt in ids:
         body = {"model": model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0}
-        req = urllib.request.Request(
-            url + "/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=600) as r:
-            reply = json.load(r)
+        reply = client.post("/v1/completions", body)
         outputs.append(reply["choices"][0]["text"])
         counts = speculative_metrics(reply) or {}
         steps += zip(counts.get("per_step_drafted") or (), counts.get("per_step_accepted") or ())
@@ -140,10 +142,10 @@ def vllm_side(url: str, model: str, ids: list[list[int]], max_new_tokens: int, k
 
 def replies_agree(engine: Side) -> bool:
     """The replies' own verify steps count what /metrics counted: as many drafts, the same kept share per position."""
-    if len(engine.steps) != engine.rounds:
+    if not engine.steps or len(engine.steps) != engine.rounds:
         return False
-    kept = [sum(n > i for _, n in engine.steps) / engine.rounds for i in range(len(engine.per_position))]
-    return all(abs(x - y) < 1e-9 for x, y in zip(kept, engine.per_position))
+    shares = kept_shares(engine.steps, len(engine.per_position))
+    return all(abs(x - y) < 1e-9 for x, y in zip(shares, engine.per_position))
 
 
 def transformers_side(target_dir: str, draft_dir: str | None, ids: list[list[int]], kw: dict, max_new: int) -> Side:
@@ -245,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
         "commit": _commit(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "machine": machine_info(),
-        "cpu": _cpu(),
         "vllm": _vllm_version(),
         "method": a.method,
         "max_new_tokens": a.max_new_tokens,
@@ -301,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         "greedy_text_equal": sum(same),
         "prompts": len(prompts),
     }
-    print(f"\n{_cpu()}; {method}, k = {k}, greedy, {len(prompts)} prompts of the check, {a.max_new_tokens} tokens")
+    m = result["machine"]
+    print(
+        f"\n{m['cpu']}, {m['usable_cpus']} CPUs; {method}, k = {k}, greedy, {len(prompts)} prompts of the check, {a.max_new_tokens} tokens"
+    )
     print(table(sides, k))
     print(f"greedy output equal to specviz's on {sum(same)} of {len(prompts)} prompts")
     result["vs_prediction"] = gaps = against(sides[0], engine)
@@ -338,15 +342,6 @@ def _vllm_version() -> str:
         [str(VLLM_PYTHON), "-c", "import vllm; print(vllm.__version__)"], capture_output=True, text=True
     )
     return out.stdout.strip() or "unknown"
-
-
-def _cpu() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next(x.split(":", 1)[1].strip() for x in out.splitlines() if x.startswith("Model name"))
-    except (OSError, StopIteration):
-        name = platform.processor() or "unknown CPU"
-    return f"{name}, {os.cpu_count()} CPUs"
 
 
 if __name__ == "__main__":

@@ -147,13 +147,14 @@ def test_the_lane_of_the_real_server_adds_up_and_says_what_specviz_says_greedily
     drafter, 3 tokens: the session server's n-gram method)."""
     import specviz
     from specviz.api import encode_prompt
+    from specviz.backends.served.http import Client
+    from specviz.backends.served.steps import reply_rounds
     from specviz.models.loaded import load_model
-    from specviz.ui.vllm_lane import server_run
 
     url, folder = vllm_target
     prompt = "Write a short poem about the sea. Write a short poem about the sea."
     p = load_model(folder, device="cpu")
-    run = server_run(url, folder, encode_prompt(p, prompt), 32)
+    run = reply_rounds(Client(url, 300), folder, encode_prompt(p, prompt), 32)
     ids = [run.first] + [t for r in run.rounds for t in r.tokens]
     assert run.counted_histogram() == run.histogram
     ours = specviz.generate(prompt, target=folder, drafter="lookup", gamma=3, temperature=0, max_new_tokens=32)

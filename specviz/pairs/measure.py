@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from specviz.config import AUTO_GAMMA_MAX, SpecvizError
 from specviz.engine.tally import Tally
@@ -59,9 +60,9 @@ class Acceptance:
     block_sizes: tuple[int, ...] = ()  # rounds that proposed k = 0, 1, ... tokens
     translate_s: float = 0.0  # a draft with another tokenizer: of draft_s, the seconds spent re-tokenising
     draft_calls: int = 0  # forward calls of the draft model
-    # per draft position 1 .. CHECK_GAMMA (theory.position_counts): rounds that reached it, and of those that kept it
-    position_reached: tuple[int, ...] = ()
+    # per draft position 1 .. CHECK_GAMMA (theory.position_counts): rounds that kept it, of those that reached it
     position_kept: tuple[int, ...] = ()
+    position_reached: tuple[int, ...] = ()
     tally: Tally = field(default_factory=Tally, repr=False, compare=False)
 
     @classmethod
@@ -85,8 +86,7 @@ class Acceptance:
             tuple(block_sizes),
             translate_s,
             t.draft_calls,
-            tuple(positions[1]),
-            tuple(positions[0]),
+            *map(tuple, positions),
             t,
         )
 
@@ -238,18 +238,10 @@ def acceptance_by_kind(
     kinds = tuple(KindAcceptance(k, x.a, x.low, x.high, x.accepted, x.tested) for k, x in parts.items())
     sizes = tuple(map(sum, zip(*(x.block_sizes for x in parts.values()))))
     pooled = sum((x.tally for x in parts.values()), Tally())
-    positions = (_add(x.position_kept for x in parts.values()), _add(x.position_reached for x in parts.values()))
-    return Acceptance.of(pooled, sizes, sum(x.translate_s for x in parts.values()), positions, kinds), plain
-
-
-def _add(counts) -> list[int]:
-    """Counts per position of several runs, added (a shorter list counts 0 past its end)."""
-    out: list[int] = []
-    for c in counts:
-        out += [0] * (len(c) - len(out))
-        for i, x in enumerate(c):
-            out[i] += x
-    return out
+    kept = map(sum, zip_longest(*(x.position_kept for x in parts.values()), fillvalue=0))
+    reached = map(sum, zip_longest(*(x.position_reached for x in parts.values()), fillvalue=0))
+    translate_s = sum(x.translate_s for x in parts.values())
+    return Acceptance.of(pooled, sizes, translate_s, (kept, reached), kinds), plain
 
 
 @dataclass(frozen=True)

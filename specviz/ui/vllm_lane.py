@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import time
 
-from specviz.backends.served.http import Client
 from specviz.backends.served.steps import ServerRun, reply_rounds
 from specviz.config import SpecvizError
 from specviz.request import RunRequest
@@ -64,12 +63,6 @@ def lane_html(run: ServerRun, tokenizer) -> str:
             " drawn as if those came last."
         )
     return f'<div class="sv-vllm-lane">{"".join(parts)}</div><p class="sv-warn">{html.escape(note)}</p>'
-
-
-def server_run(url: str, model: str, prompt_ids: list[int], max_tokens: int, timeout_s: float = 300) -> ServerRun:
-    """One greedy request to a vLLM server started with --per-request-spec-decode-metrics detailed: its rounds;
-    one SpecvizError sentence where the server sends no counts."""
-    return reply_rounds(Client(url, timeout_s), model, prompt_ids, max_tokens)
 
 
 def sampling_of(req: RunRequest) -> dict:

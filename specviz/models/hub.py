@@ -88,20 +88,26 @@ def _on_hub(repo_id: str) -> bool | None:
     (a gated or private repository: its load gives the hub's own sentence)."""
     from huggingface_hub import file_exists
 
-    answer: dict[str, bool | None] = {}
+    return _within_probe_time(lambda: file_exists(repo_id, "config.json"), None)
+
+
+def _within_probe_time(ask, otherwise):
+    """ask() in a thread, so that even a hanging DNS lookup costs at most HUB_PROBE_TIMEOUT_S: its answer, or
+    `otherwise` where it raised or did not answer in time."""
+    answer = {"value": otherwise}
     done = threading.Event()
 
-    def ask() -> None:
+    def run() -> None:
         try:
-            answer["ok"] = file_exists(repo_id, "config.json")
+            answer["value"] = ask()
         except Exception:
-            answer["ok"] = None
+            pass
         finally:
             done.set()
 
-    threading.Thread(target=ask, daemon=True).start()
+    threading.Thread(target=run, daemon=True).start()
     done.wait(HUB_PROBE_TIMEOUT_S)
-    return answer.get("ok")
+    return answer["value"] if done.is_set() else otherwise
 
 
 def _offline() -> bool:
@@ -124,21 +130,11 @@ def hub_reachable() -> bool:
         return bool(_probe["ok"])
     from huggingface_hub import constants, get_session
 
-    answer: dict[str, bool] = {}
-    done = threading.Event()
+    def ask() -> bool:
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+        return True  # any status, even an error page, means the network works
 
-    def ask() -> None:
-        try:
-            get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
-            answer["ok"] = True  # any status, even an error page, means the network works
-        except Exception:
-            answer["ok"] = False
-        finally:
-            done.set()
-
-    threading.Thread(target=ask, daemon=True).start()
-    done.wait(HUB_PROBE_TIMEOUT_S)
-    ok = answer.get("ok", False)
+    ok = _within_probe_time(ask, False)
     _probe.update(at=time.monotonic(), ok=ok)
     return ok
 

@@ -1,4 +1,4 @@
-"""Debian's chromium for the browser tests: where it is, how it starts here, and what happens without it."""
+"""Debian's chromium for the browser tests: where it is, and what happens without it (conftest's `browser` starts it)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specviz.ui.browser import CHROMIUM, launch
+from specviz.ui.browser import CHROMIUM
 
 
 def require_chromium() -> None:
@@ -17,13 +17,3 @@ def require_chromium() -> None:
         pytest.skip(
             f"{CHROMIUM} is missing (apt-get install chromium); in CI this test fails instead", allow_module_level=True
         )
-
-
-def launched():
-    """A chromium browser for a test module, closed after it: `yield from launched()` in a module fixture."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        yield b
-        b.close()

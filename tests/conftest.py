@@ -139,6 +139,19 @@ def served_app(pair, limits):
     demo.close()
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium for one test module, started as the browser checks start it here, closed after it."""
+    from playwright.sync_api import sync_playwright
+
+    from specviz.ui.browser import launch
+
+    with sync_playwright() as p:
+        b = launch(p)
+        yield b
+        b.close()
+
+
 def feed_in_calls(run, ids: list[int], at: int) -> tuple[torch.Tensor, int]:
     """Feed ids[at:] to a CachedModel in calls of 1-16 tokens (1, 4, 8, 2, 1, 5, 16, 12, again) until the next call
     would run past the end: (every fed token's logits, where feeding stopped)."""

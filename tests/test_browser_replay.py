@@ -9,7 +9,7 @@ import re
 from urllib.parse import urlparse
 
 import pytest
-from chromium import launched, require_chromium
+from chromium import require_chromium
 from conftest import served_app
 
 require_chromium()
@@ -28,11 +28,6 @@ XSS = "<img src=x onerror=alert(1)>"
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
     yield from served_app(tiny_pair, Limits(max_new_tokens=64))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 def _page(browser, width=1400, height=1000):

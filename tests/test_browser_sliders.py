@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from chromium import launched, require_chromium
+from chromium import require_chromium
 from conftest import served_app
 
 require_chromium()
@@ -32,11 +32,6 @@ POINTS_JS = """() => {
 @pytest.fixture(scope="module")
 def app_url(tiny_pair):
     yield from served_app(tiny_pair, Limits(max_new_tokens=64))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    yield from launched()
 
 
 @pytest.fixture

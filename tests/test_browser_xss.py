@@ -10,15 +10,13 @@ import shutil
 
 import pytest
 from chromium import require_chromium
+from conftest import served_app
 
 require_chromium()
 
-from playwright.sync_api import expect, sync_playwright  # noqa: E402
+from playwright.sync_api import expect  # noqa: E402
 
 from specviz.limits import Limits  # noqa: E402
-from specviz.ui import build_demo, serve_locally  # noqa: E402
-from specviz.ui.browser import launch  # noqa: E402
-from specviz.ui.common import UIContext  # noqa: E402
 
 pytestmark = pytest.mark.browser
 TIMEOUT_MS = 90_000
@@ -38,20 +36,17 @@ def models(tiny_pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(tiny_pair, models):
-    ctx = UIContext(limits=Limits(max_new_tokens=32, model_dirs=(str(models),)), device="cpu")
-    ctx.default_target, ctx.default_draft = tiny_pair
-    demo = build_demo(ctx)
-    url = serve_locally(demo)
-    with sync_playwright() as p:
-        browser = launch(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.dialogs = []
-        page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-        page.goto(url, wait_until="load", timeout=TIMEOUT_MS)
-        yield page
-        browser.close()
-    demo.close()
+def app_url(tiny_pair, models):
+    yield from served_app(tiny_pair, Limits(max_new_tokens=32, model_dirs=(str(models),)))
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.dialogs = []
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.goto(app_url, wait_until="load", timeout=TIMEOUT_MS)
+    return page
 
 
 def _clean(page) -> None:
